@@ -1,0 +1,74 @@
+"""Errors that name the field, the value, the rule and the fix.
+
+Every user-facing failure in muse-stack raises a subclass of :class:`MuseStackError`;
+the CLI prints it and exits with its ``exit_code`` without leaving partial output behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MuseStackError(Exception):
+    """A failure the user can act on."""
+
+    exit_code = 2
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        value: Any = None,
+        rule: str | None = None,
+        fix: str | None = None,
+        exit_code: int | None = None,
+    ) -> None:
+        self.message = message
+        self.field = field
+        self.value = value
+        self.rule = rule
+        self.fix = fix
+        if exit_code is not None:
+            self.exit_code = exit_code
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        parts = []
+        if self.field is not None:
+            parts.append(f"{self.field} = {self.value!r}: {self.message}")
+        else:
+            parts.append(self.message)
+        if self.rule:
+            parts.append(f"  rule: {self.rule}")
+        if self.fix:
+            parts.append(f"  fix:  {self.fix}")
+        return "\n".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "error": type(self).__name__,
+            "message": self.message,
+            "field": self.field,
+            "value": self.value if isinstance(self.value, (int, float, str, bool, type(None))) else repr(self.value),
+            "rule": self.rule,
+            "fix": self.fix,
+        }
+
+
+class RecipeError(MuseStackError):
+    """A recipe file is missing, malformed or names an unknown recipe."""
+
+
+class LayoutError(MuseStackError):
+    """A parallel layout or batch setting breaks a rule of megatron-core."""
+
+
+class InputError(MuseStackError):
+    """A file given on the command line is missing, unreadable or corrupt."""
+
+    exit_code = 3
+
+
+class EngineUnavailable(MuseStackError):
+    """The recipe needs an engine (e.g. megatron-core on GPUs) that this machine lacks."""
