@@ -1,0 +1,74 @@
+"""The `muse-stack` command line.
+
+Each area of the product registers its own commands through a ``register(app)`` function
+listed in ``_AREAS``; this module only assembles them and turns :class:`MuseStackError`
+into a clear message and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+from rich.console import Console
+
+from muse_stack import __version__
+from muse_stack.errors import MuseStackError
+
+app = typer.Typer(
+    name="muse-stack",
+    help="Reproducible training stack for Muse Spark Open: recipes, planner, runner, fingerprints.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# module paths whose register(app) adds commands; one line per area
+_AREAS: list[str] = [
+]
+
+err_console = Console(stderr=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"muse-stack {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """Reproducible training stack for Muse Spark Open (816B-A42B)."""
+
+
+for _mod in _AREAS:
+    importlib.import_module(_mod).register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        app(args=argv, standalone_mode=False)
+    except MuseStackError as exc:
+        err_console.print(f"[bold red]error:[/] {exc.render()}", highlight=False, soft_wrap=True)
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        err_console.print("aborted")
+        return 130
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # usage errors from the command-line parser
+        show = getattr(exc, "show", None)
+        if callable(show) and hasattr(exc, "exit_code"):
+            show()
+            return int(exc.exit_code)
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
