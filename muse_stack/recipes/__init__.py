@@ -1,0 +1,1 @@
+"""Recipes: the declarative format, the catalogue, overrides and OpenRecipes records."""
