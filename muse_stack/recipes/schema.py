@@ -8,6 +8,7 @@ recipe can be read and shown even when its layout is wrong.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -41,6 +42,7 @@ class Hardware(_Strict):
     instance: str | None = None
     memory_gib: float | None = Field(None, gt=0, description="memory per GPU; default from the GPU table")
     price_per_gpu_hour: float | None = Field(None, ge=0, description="USD per GPU-hour")
+    nominal_memory_gb: float | None = Field(None, gt=0, description="memory as the vendor names it (GB)")
 
     @property
     def nodes(self) -> int:
@@ -75,6 +77,9 @@ class Layout(_Strict):
     dispatcher: Literal["alltoall", "allgather", "flex"] | None = None
     distributed_optimizer: bool | None = None
     attention_backend: str | None = None
+    label: str | None = None
+    summary: str | None = None
+    highlights: str | None = None
 
 
 class Batch(_Strict):
@@ -162,7 +167,7 @@ class RecordedResult(_Strict):
     mfu: float | None = None
     mfu_note: str | None = None
     active_params: dict[str, Any] | None = None
-    measured: str | None = None
+    measured: datetime.date | None = None
     steps_per_run: int | None = None
     window: list[int] | None = None
     window_tokens: int | None = None
