@@ -1,0 +1,64 @@
+"""Derived layout facts: world size, data-parallel sizes, the pipeline split, packing alignment."""
+
+from __future__ import annotations
+
+import math
+
+from muse_stack.recipes.schema import Layout
+
+
+def pack_alignment(layout: Layout) -> int:
+    """Packed sequences are padded to a multiple of this: lcm(2 x CP, TP x CP with sequence
+    parallelism) when CP > 1; TP with sequence parallelism alone; else 1."""
+    cp = layout.cp or 1
+    # megatron-core requires sequence parallelism for MoE with TP > 1, so an unstated value means on
+    sp = layout.sequence_parallel if layout.sequence_parallel is not None else layout.tp > 1
+    tp_mult = layout.tp * cp if sp else 1
+    if cp > 1:
+        return math.lcm(2 * cp, tp_mult)
+    return tp_mult
+
+
+def stage_layers(layout: Layout, num_layers: int) -> list[int] | None:
+    """Decoder layers per pipeline stage, or None when the stated split does not resolve."""
+    pp = layout.pp
+    if layout.pp_layers is not None:
+        return list(layout.pp_layers)
+    first, last = layout.first_stage_layers, layout.last_stage_layers
+    if first is None and last is None:
+        return [num_layers // pp] * pp if num_layers % pp == 0 else None
+    if pp == 1:
+        return [num_layers]
+    first = first if first is not None else None
+    last = last if last is not None else None
+    middle_stages = pp - 2
+    if first is None or last is None:
+        known = first if first is not None else last
+        rest = num_layers - known
+        if rest % (pp - 1):
+            return None
+        each = rest // (pp - 1)
+        return [known] + [each] * (pp - 1) if first is not None else [each] * (pp - 1) + [known]
+    rest = num_layers - first - last
+    if middle_stages == 0:
+        return [first, last] if rest == 0 else None
+    if rest < 0 or rest % middle_stages:
+        return None
+    return [first] + [rest // middle_stages] * middle_stages + [last]
+
+
+def data_parallel(world: int, layout: Layout) -> int | None:
+    cp = layout.cp
+    if cp is None:
+        return None
+    denom = layout.tp * layout.pp * cp
+    return world // denom if world % denom == 0 else None
+
+
+def expert_data_parallel(world: int, layout: Layout) -> int | None:
+    """The group expert parameters (and their optimizer state) are replicated over:
+    world / (EP x ETP x PP)."""
+    if layout.ep is None:
+        return None
+    denom = layout.ep * layout.etp * layout.pp
+    return world // denom if world % denom == 0 else None

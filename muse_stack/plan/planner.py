@@ -1,0 +1,103 @@
+"""`muse-stack plan`: everything a user must know before queueing the GPUs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from muse_stack.errors import LayoutError
+from muse_stack.hardware import gpu_spec
+from muse_stack.plan.layout import data_parallel, expert_data_parallel, pack_alignment, stage_layers
+from muse_stack.plan.memory import Calibration, StageMemory, estimate
+from muse_stack.plan.rules import RuleReport, check
+from muse_stack.recipes.schema import Recipe
+
+
+class Plan(BaseModel):
+    recipe: str
+    world_size: int
+    gpu: str
+    nodes: int
+    tp: int
+    pp: int
+    cp: int | None
+    ep: int | None
+    etp: int
+    dp: int | None
+    expert_dp: int | None
+    sequence_parallel: bool | None
+    stages: list[int] | None
+    stage_holds: dict[int, list[str]]
+    microbatches_per_replica: int | None
+    tokens_per_step: int | None
+    steps_per_epoch: int | None
+    steps: int | None
+    experts_per_ep_rank: float | None
+    pack_alignment: int
+    memory: list[StageMemory]
+    peak_stage: int | None
+    peak_memory_gib: float | None
+    gpu_memory_gib: float | None
+    fits: bool | None
+    calibration: Calibration
+    unchecked: list[str]
+    assumptions: list[str]
+    active_params: int
+    total_params: int
+
+    def summary(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration | None = None,
+              strict: bool = True) -> tuple[Plan, RuleReport]:
+    """Validate and plan. With ``strict`` a broken layout raises the first :class:`LayoutError`
+    (all of them are in its message)."""
+    model = recipe.model_config_resolved()
+    cal = calibration or Calibration()
+    world = gpus or recipe.hardware.count
+    report = check(recipe, model, world)
+    if strict and report.errors:
+        first = report.errors[0]
+        if len(report.errors) > 1:
+            rest = "\n".join(f"  also: {e.render()}" for e in report.errors[1:])
+            raise LayoutError(f"{first.message}\n{rest}", field=first.field, value=first.value, rule=first.rule,
+                              fix=first.fix)
+        raise first
+    lay, batch = recipe.layout, recipe.batch
+    dp = data_parallel(world, lay)
+    edp = expert_data_parallel(world, lay)
+    stages = stage_layers(lay, model.num_hidden_layers)
+    micro = batch.gbs // (batch.mbs * dp) if (batch.gbs and batch.mbs and dp) else None
+    tokens = batch.gbs * batch.seq_length if batch.gbs and batch.seq_length else None
+    packs = recipe.data.packs or recipe.data.rows
+    steps_per_epoch = packs // batch.gbs if packs and batch.gbs else None
+    assumptions = list(report.assumptions)
+    if lay.distributed_optimizer is None:
+        assumptions.append("layout.distributed_optimizer is not stated; the memory estimate assumes it on")
+    if batch.mbs is None or batch.seq_length is None:
+        report.unchecked.append("activation memory: batch.mbs or batch.seq_length is not stated")
+    memory = estimate(recipe, model, world, stages, dp, edp, micro, cal) if stages else []
+    spec = gpu_spec(recipe.hardware.gpu)
+    gpu_mem = recipe.hardware.memory_gib or (spec.memory_gib if spec else None)
+    totals = [m.total_gib for m in memory if m.total_gib is not None]
+    peak = max(totals) if totals and len(totals) == len(memory) else None
+    peak_stage = next((m.stage for m in memory if m.total_gib == peak), None) if peak is not None else None
+    steps = recipe.training.steps
+    if steps is None and recipe.training.epochs and steps_per_epoch:
+        steps = int(recipe.training.epochs * steps_per_epoch)
+    plan = Plan(
+        recipe=recipe.name, world_size=world, gpu=recipe.hardware.gpu,
+        nodes=-(-world // recipe.hardware.per_node), tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, etp=lay.etp,
+        dp=dp, expert_dp=edp,
+        sequence_parallel=lay.sequence_parallel if lay.sequence_parallel is not None else (True if lay.tp > 1 else None),
+        stages=stages, stage_holds={m.stage: m.holds for m in memory if m.holds},
+        microbatches_per_replica=micro, tokens_per_step=tokens, steps_per_epoch=steps_per_epoch, steps=steps,
+        experts_per_ep_rank=model.num_local_experts / lay.ep if lay.ep else None,
+        pack_alignment=pack_alignment(lay), memory=memory, peak_stage=peak_stage, peak_memory_gib=peak,
+        gpu_memory_gib=gpu_mem, fits=(peak <= gpu_mem * (1 - cal.headroom_fraction)) if peak is not None and gpu_mem else None,
+        calibration=cal, unchecked=report.unchecked, assumptions=assumptions,
+        active_params=model.active_params, total_params=model.total_params,
+    )
+    return plan, report
