@@ -26,6 +26,9 @@ app = typer.Typer(
 
 # module paths whose register(app) adds commands; one line per area
 _AREAS: list[str] = [
+    "muse_stack.recipes.commands",
+    "muse_stack.stack.commands",
+    "muse_stack.data.commands",
 ]
 
 err_console = Console(stderr=True)
@@ -50,7 +53,9 @@ for _mod in _AREAS:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)
+        if isinstance(rc, int):
+            return rc
     except MuseStackError as exc:
         err_console.print(f"[bold red]error:[/] {exc.render()}", highlight=False, soft_wrap=True)
         return exc.exit_code

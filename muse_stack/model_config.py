@@ -189,6 +189,9 @@ class ModelConfig(BaseModel):
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
         if "rope_theta" not in values and isinstance(rope, dict) and "rope_theta" in rope:
             values["rope_theta"] = rope["rope_theta"]
+        if values.get("layer_types") is not None and "num_hidden_layers" in values \
+                and list(values["layer_types"]) == default_layer_types(values["num_hidden_layers"]):
+            values["layer_types"] = None  # the model's own pattern
         if isinstance(values.get("eos_token_id"), int):
             values["eos_token_id"] = [values["eos_token_id"]]
         for key in ("mlp_layer_types",):

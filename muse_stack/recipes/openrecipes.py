@@ -28,7 +28,14 @@ _PEAK_MEMORY = re.compile(r"peaked at ([0-9.]+) GiB used per GPU of ([0-9.]+) Gi
 
 
 def extract_record(text: str, source: str = "record") -> dict[str, Any]:
-    """The YAML part of a document that holds an OpenRecipes record (from ``schema_version:``)."""
+    """The record in a YAML file, or the YAML part of a document that holds one (from ``schema_version:``)."""
+    try:
+        whole = yaml.safe_load(text)
+    except yaml.YAMLError:
+        whole = None
+    if isinstance(whole, dict) and "schema_version" in whole:
+        check_record(whole, source)
+        return whole
     match = re.search(r"^(#[^\n]*\n)*schema_version:", text, flags=re.MULTILINE)
     if not match:
         raise InputError(f"{source} holds no OpenRecipes record", field="schema_version", value=None,
