@@ -1,0 +1,310 @@
+"""Build (or find in the cache) the training rows of a recipe.
+
+:func:`build_for_recipe` resolves the recipe's data section into builder parameters, looks the
+build up in the cache, and on a miss loads the source, renders and masks every conversation,
+builds the rows and writes ``rows.parquet`` + ``build.json`` into a private temporary directory
+that is renamed into place only when complete. An interrupted build therefore leaves no final
+output; the next build removes the dead build's temporary directory and starts again.
+
+The cache key is the sha256 of the builder parameters (builder, row/pack size, alignment, seed,
+limits), the source fingerprint (sha256 of each local file, or dataset id + revision + split),
+the tokenizer.json and chat template sha256, the template kwargs and the loss mask type. The
+cache directory is ``--cache``, else ``$MUSE_STACK_CACHE/data``, else ``~/.cache/muse-stack/data``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from muse_stack.atomic import write_json
+from muse_stack.data.builders import build_fixed, build_packed, build_synthetic
+from muse_stack.data.chat import LOSS_MASKS, ChatTokenizer
+from muse_stack.data.packing import pack_alignment
+from muse_stack.data.rows import Rows, read_parquet, rows_sha256, write_parquet
+from muse_stack.data.sources import load_source, messages_of, resolve_path
+from muse_stack.errors import InputError, RecipeError
+from muse_stack.recipes.schema import Recipe
+
+FORMAT_VERSION = 1
+CACHE_ENV = "MUSE_STACK_CACHE"
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) / "data" if env else Path.home() / ".cache" / "muse-stack" / "data"
+
+
+@dataclass
+class Plan:
+    """What a recipe's data section asks for, resolved."""
+
+    builder: str
+    row_tokens: int
+    seed: int
+    alignment: int = 1
+    limit: int | None = None
+    overlong: str = "drop"
+    messages_key: str = "messages"
+    gbs: int | None = None
+    vocab_size: int | None = None
+    tokenizer_dir: Path | None = None
+    label: str = "rows"
+
+    def params(self) -> dict[str, Any]:
+        out = {"builder": self.builder, "row_tokens": self.row_tokens, "seed": self.seed}
+        if self.builder == "fixed":
+            out["limit"] = self.limit
+        if self.builder == "packed":
+            out.update(alignment=self.alignment, overlong=self.overlong)
+        if self.builder == "synthetic":
+            out.update(limit=self.limit, vocab_size=self.vocab_size)
+        else:
+            out["messages_key"] = self.messages_key
+        return out
+
+
+def _resolve_tokenizer(recipe: Recipe) -> Path:
+    d, m = recipe.data, recipe.model
+    candidates = [(f, v) for f, v in (("data.tokenizer", d.tokenizer), ("model.pretrained_checkpoint",
+                  m.pretrained_checkpoint), ("model.config_path", m.config_path)) if v]
+    for fieldname, value in candidates:
+        path = resolve_path(value)
+        if path.is_file():
+            path = path.parent
+        if (path / "tokenizer.json").is_file():
+            return path
+        if fieldname == "data.tokenizer" and "/" in value and not path.exists():
+            cached = _hub_tokenizer(value, m.revision if m.hf_id == value else None)
+            if cached is not None:
+                return cached
+    if m.hf_id:
+        cached = _hub_tokenizer(m.hf_id, m.revision)
+        if cached is not None:
+            return cached
+        candidates.append(("model.hf_id", f"{m.hf_id}@{m.revision} in the local Hugging Face cache"))
+    hint = f" (tried {', '.join(v for _, v in candidates)})" if candidates else ""
+    raise InputError(f"no tokenizer.json for the recipe's data{hint}", field="data.tokenizer", value=d.tokenizer,
+                     fix="set data.tokenizer to a directory with tokenizer.json and chat_template.jinja "
+                         "(or a Hugging Face model id already in the local cache, HF_HOME)")
+
+
+def _hub_tokenizer(repo_id: str, revision: str | None) -> Path | None:
+    try:
+        from huggingface_hub import hf_hub_download
+
+        tok = hf_hub_download(repo_id, "tokenizer.json", revision=revision, local_files_only=True)
+        hf_hub_download(repo_id, "chat_template.jinja", revision=revision, local_files_only=True)
+        return Path(tok).parent
+    except Exception:  # not in the local cache
+        return None
+
+
+def plan_for_recipe(recipe: Recipe) -> Plan:
+    d, b, t = recipe.data, recipe.batch, recipe.training
+    seed = next((s for s in (d.seed, t.data_seed, t.seed) if s is not None), 0)
+    label = d.build_name or recipe.name
+    if d.kind == "multimodal":
+        raise InputError("image-text rows need the model's image processor, which this builder does not run",
+                         field="data.kind", value=d.kind, fix="build image-text data with the training framework, "
+                         "or use a text recipe")
+    builder = "synthetic" if d.kind == "synthetic" else (d.builder or ("packed" if b.packed else "fixed"))
+    if builder == "synthetic":
+        if not b.seq_length:
+            raise RecipeError("synthetic rows need a row length", field="batch.seq_length", value=None,
+                              fix="set batch.seq_length")
+        rows = d.rows or ((b.gbs or 1) * t.steps if t.steps else None)
+        if not rows:
+            raise RecipeError("synthetic rows need a count", field="data.rows", value=None,
+                              fix="set data.rows, or training.steps and batch.gbs")
+        vocab = recipe.model_config_resolved().vocab_size
+        return Plan(builder="synthetic", row_tokens=b.seq_length, seed=seed, limit=rows, vocab_size=vocab,
+                    gbs=b.gbs, label=label)
+    if d.loss_mask not in (None, *LOSS_MASKS):
+        raise RecipeError("unknown loss mask type", field="data.loss_mask", value=d.loss_mask,
+                          fix=f"use one of {', '.join(LOSS_MASKS)}")
+    overlong = d.details.get("overlong", "drop")
+    if overlong not in ("drop", "truncate"):
+        raise RecipeError("unknown policy for conversations longer than a pack", field="data.details.overlong",
+                          value=overlong, fix="use drop or truncate")
+    tok_dir = _resolve_tokenizer(recipe)
+    key = d.details.get("messages_key", "messages")
+    if builder == "fixed":
+        if not b.seq_length:
+            raise RecipeError("fixed rows need a row length", field="batch.seq_length", value=None,
+                              fix="set batch.seq_length")
+        return Plan(builder="fixed", row_tokens=b.seq_length, seed=seed, limit=d.rows, messages_key=key,
+                    gbs=b.gbs, tokenizer_dir=tok_dir, label=label)
+    size = d.packed_size or b.seq_length
+    if not size:
+        raise RecipeError("packed rows need a pack size", field="data.packed_size", value=None,
+                          fix="set data.packed_size or batch.seq_length")
+    return Plan(builder="packed", row_tokens=size, seed=seed, alignment=pack_alignment(recipe.layout, b),
+                overlong=overlong, messages_key=key, gbs=b.gbs, tokenizer_dir=tok_dir, label=label)
+
+
+def source_fingerprint(recipe: Recipe) -> dict[str, Any]:
+    d = recipe.data
+    if d.files:
+        files = []
+        for text in d.files:
+            path = resolve_path(text)
+            if not path.is_file():
+                raise InputError("a data file does not exist", field="data.files", value=text,
+                                 fix="give existing parquet/jsonl files with the dataset's schema, or set data.dataset")
+            files.append({"name": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+        return {"files": files, "split": d.split}
+    if d.dataset:
+        return {"dataset": d.dataset, "revision": d.revision, "split": d.split or "train", "subset": d.subset}
+    raise InputError("the recipe names no data source", field="data.dataset", value=None,
+                     fix="set data.dataset (a Hugging Face dataset id, with data.revision) or data.files=[...]")
+
+
+@dataclass
+class BuiltData:
+    """A finished build: ``path`` holds ``rows.parquet`` and ``build.json``."""
+
+    path: Path
+    rows_sha256: str
+    num_rows: int
+    stats: dict[str, Any]
+    meta: dict[str, Any] = field(default_factory=dict)
+    _rows: Rows | None = field(default=None, repr=False)
+
+    @property
+    def parquet(self) -> Path:
+        return self.path / "rows.parquet"
+
+    @property
+    def row_tokens(self) -> int:
+        return int(self.stats["row_tokens"])
+
+    def rows(self) -> Rows:
+        if self._rows is None:
+            self._rows = read_parquet(self.parquet)
+        return self._rows
+
+    def batches(self, micro_batch_size: int, seed: int | None = 0, rank: int = 0, world_size: int = 1,
+                epochs: int | None = 1):
+        """Training micro-batches for one data-parallel rank; see :func:`muse_stack.data.batches.iterate`."""
+        from muse_stack.data.batches import iterate
+
+        return iterate(self.rows(), micro_batch_size, seed=seed, rank=rank, world_size=world_size, epochs=epochs,
+                       pad_id=int(self.meta.get("pad_id", 0)))
+
+    @classmethod
+    def open(cls, path: str | Path) -> "BuiltData":
+        path = Path(path)
+        meta_path = path / "build.json"
+        if not meta_path.is_file() or not (path / "rows.parquet").is_file():
+            raise InputError("not a finished data build", field="path", value=str(path),
+                             fix="run `muse-stack data build RECIPE`")
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        return cls(path=path, rows_sha256=meta["rows_sha256"], num_rows=meta["stats"]["rows"], stats=meta["stats"],
+                   meta=meta)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _clean_stale(final: Path) -> None:
+    for tmp in final.parent.glob(f".{final.name}.tmp-*"):
+        try:
+            pid = int(tmp.name.rsplit("-", 1)[1])
+        except ValueError:
+            continue
+        if not _pid_alive(pid):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cache_key(recipe: Recipe, plan: Plan, tokenizer: ChatTokenizer | None) -> tuple[str, dict[str, Any]]:
+    inputs: dict[str, Any] = {"format": FORMAT_VERSION, "params": plan.params()}
+    if tokenizer is not None:
+        inputs.update(source=source_fingerprint(recipe), tokenizer_sha256=tokenizer.tokenizer_sha256,
+                      template_sha256=tokenizer.template_sha256, template_kwargs=tokenizer.template_kwargs,
+                      loss_mask=recipe.data.loss_mask or "muse_spark")
+    blob = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest(), inputs
+
+
+def _progress(enabled: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    disable=not enabled, transient=False)
+
+
+def _make_rows(recipe: Recipe, plan: Plan, tokenizer: ChatTokenizer | None, progress) -> tuple[Rows, dict]:
+    if plan.builder == "synthetic":
+        return build_synthetic(plan.limit or 1, plan.row_tokens, plan.vocab_size or 2, plan.seed)
+    assert tokenizer is not None
+    source = load_source(recipe.data)
+    task = progress.add_task("tokenize", total=len(source.records))
+    convs = []
+    for rec in source.records:
+        convs.append(tokenizer.tokenize(messages_of(rec, plan.messages_key)))
+        progress.advance(task)
+    if plan.builder == "fixed":
+        rows, stats = build_fixed(convs, plan.row_tokens, plan.seed, tokenizer.eos_id, tokenizer.pad_id, plan.limit)
+    else:
+        rows, stats = build_packed(convs, plan.row_tokens, plan.alignment, plan.seed, tokenizer.eos_id,
+                                   tokenizer.pad_id, plan.overlong, plan.gbs)
+    stats["source"] = source.description
+    return rows, stats
+
+
+def build_for_recipe(recipe: Recipe, cache_dir: str | Path | None = None, progress: bool = True,
+                     force: bool = False) -> BuiltData:
+    """The recipe's rows, from the cache or freshly built (then cached)."""
+    plan = plan_for_recipe(recipe)
+    tokenizer = None
+    if plan.builder != "synthetic":
+        assert plan.tokenizer_dir is not None
+        tokenizer = ChatTokenizer(plan.tokenizer_dir, recipe.data.template_kwargs)
+    key, inputs = cache_key(recipe, plan, tokenizer)
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    final = root / f"{plan.label}-{key[:16]}"
+    if final.is_dir() and not force:
+        return BuiltData.open(final)
+    root.mkdir(parents=True, exist_ok=True)
+    _clean_stale(final)
+    tmp = root / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    start = time.perf_counter()
+    try:
+        with _progress(progress) as bar:
+            rows, stats = _make_rows(recipe, plan, tokenizer, bar)
+            digest = rows_sha256(rows)
+            task = bar.add_task("write rows", total=rows.num_rows)
+            write_parquet(rows, tmp / "rows.parquet", on_chunk=lambda done: bar.update(task, completed=done))
+        stats["build_seconds"] = round(time.perf_counter() - start, 3)
+        meta = {"format": FORMAT_VERSION, "recipe": recipe.name, "label": plan.label, "cache_key": key,
+                "inputs": inputs, "rows_sha256": digest,
+                "parquet_sha256": hashlib.sha256((tmp / "rows.parquet").read_bytes()).hexdigest(),
+                "parquet_bytes": (tmp / "rows.parquet").stat().st_size, "stats": stats,
+                "pad_id": tokenizer.pad_id if tokenizer else 0,
+                "tokenizer": tokenizer.describe() if tokenizer else None}
+        write_json(tmp / "build.json", meta)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    built = BuiltData.open(final)
+    built._rows = rows
+    return built
