@@ -1,0 +1,36 @@
+# Image targets, included by the top-level Makefile.
+#   make image gpu=gb200|b200|h200|cpu      build the image of a lock (docker buildx; ENGINE=podman)
+#   make image-test gpu=cpu                 build the cpu image with podman and run it (CI proof)
+#   make image-args gpu=...                 print the build arguments the lock yields
+#   make image-check                        validate every lock
+# Variables: PY (python with muse_stack), ENGINE (docker|podman), CA_BUNDLE (extra CA as build
+# secret `ca`), PUSH=1 (docker buildx --push), FIND_LINKS (local wheel dir, podman).
+PY ?= .venv/bin/python
+ENGINE ?= docker
+gpu ?= cpu
+IMAGE_LOCKS := $(basename $(notdir $(wildcard containers/locks/*.toml)))
+
+.PHONY: image image-test image-args image-check image-test-pytest
+
+image:
+	@test -f containers/locks/$(gpu).toml || { echo "gpu=$(gpu): no containers/locks/$(gpu).toml (have: $(IMAGE_LOCKS))"; exit 2; }
+	@if [ "$(gpu)" = cpu ]; then \
+	  base=$$(ENGINE=$(ENGINE) PY=$(PY) containers/make-base.sh cpu) || exit 1; \
+	  ENGINE=$(ENGINE) PY=$(PY) CA_BUNDLE=$(CA_BUNDLE) FIND_LINKS=$(FIND_LINKS) BASE_DIGEST=$$base \
+	    containers/build-image.sh cpu; \
+	else \
+	  ENGINE=$(ENGINE) PY=$(PY) CA_BUNDLE=$(CA_BUNDLE) FIND_LINKS=$(FIND_LINKS) PUSH=$(PUSH) containers/build-image.sh $(gpu); \
+	fi
+
+image-test:
+	@test "$(gpu)" = cpu || { echo "image-test builds and runs the cpu image only (gpu=cpu)"; exit 2; }
+	PY=$(PY) containers/image-test.sh $(gpu)
+
+image-test-pytest:
+	$(PY) -m pytest -m image tests/test_image_build.py -q
+
+image-args:
+	@$(PY) -m muse_stack.cli stack build-args $(gpu)
+
+image-check:
+	@for l in $(IMAGE_LOCKS); do $(PY) -m muse_stack.cli stack check $$l || exit 1; done

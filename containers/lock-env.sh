@@ -1,0 +1,78 @@
+#!/bin/sh
+# Build-time helper of the Dockerfile (installed as /usr/local/bin/lock-env); holds no versions.
+# Trusts an extra CA bundle passed as build secret `ca` (TLS-intercepting proxies), then:
+#   lock-env pip ARGS...                          pip in the image's venv
+#   lock-env pip-torch REQ INDEX_URL [FIND_LINKS] torch from its index, or a local wheel dir + PyPI
+#   lock-env pip-check VERSION DIST...            fail unless each DIST is installed at VERSION
+#   lock-env fetch URL DEST [SHA256]              download, verify the checksum when pinned
+#   lock-env git-checkout REPO COMMIT DIR         clone and check out exactly COMMIT (and submodules)
+set -eu
+if [ -s /run/secrets/ca ]; then
+  export PIP_CERT=/run/secrets/ca CURL_CA_BUNDLE=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca
+  export SSL_CERT_FILE=/run/secrets/ca REQUESTS_CA_BUNDLE=/run/secrets/ca
+fi
+cmd="$1"; shift
+case "$cmd" in
+  pip)
+    exec python -m pip install --progress-bar off "$@" ;;
+  pip-torch)
+    req="$1"; index="$2"; links="${3:-}"
+    if [ -n "$links" ]; then
+      python -m pip install --progress-bar off --find-links "$links" "$req"
+    else
+      python -m pip install --progress-bar off --index-url "$index" --extra-index-url https://pypi.org/simple "$req"
+    fi
+    exec "$0" pip-check "${req#*==}" "${req%%==*}" ;;
+  pip-check)
+    want="$1"; shift
+    exec python - "$want" "$@" <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+want, dists = sys.argv[1], sys.argv[2:]
+for d in dists:
+    try:
+        got = version(d)
+    except PackageNotFoundError:
+        sys.exit(f"{d} is not installed; the lock pins {want}")
+    if got != want and not got.startswith(want + "+"):
+        sys.exit(f"{d} {got} is installed; the lock pins {want}")
+    print(f"{d} {got} (lock {want})")
+PY
+    ;;
+  fetch)
+    url="$1"; dest="$2"; sum="${3:-}"
+    curl -fsSL --retry 3 -o "$dest" "$url"
+    if [ -n "$sum" ]; then
+      echo "$sum  $dest" | sha256sum -c -
+    else
+      echo "warning: no sha256 pinned for $url; got $(sha256sum "$dest" | cut -d' ' -f1)" >&2
+    fi ;;
+  git-checkout)
+    repo="$1"; commit="$2"; dir="$3"
+    git init -q "$dir"
+    git -C "$dir" fetch -q --depth 1 "$repo" "$commit"
+    git -C "$dir" checkout -q FETCH_HEAD
+    test "$(git -C "$dir" rev-parse HEAD)" = "$(git -C "$dir" rev-parse "$commit^{commit}")"
+    git -C "$dir" submodule update -q --init --recursive --depth 1 ;;
+  image-json)
+    # image-json PATH lock_name lock_sha256 base_image base_digest source_revision muse_stack_version platform built_by
+    out="$1"; shift
+    mkdir -p "$(dirname "$out")"
+    exec python - "$out" "$@" <<'PY'
+import json, sys
+keys = ["lock_name", "lock_sha256", "base_image", "base_digest", "source_revision",
+        "muse_stack_version", "platform", "built_by"]
+out, vals = sys.argv[1], sys.argv[2:]
+if len(vals) != len(keys):
+    sys.exit(f"image-json needs {len(keys)} values, got {len(vals)}")
+info = dict(zip(keys, vals))
+for k in ("base_digest", "source_revision"):
+    info[k] = info[k] or None
+with open(out, "w") as fh:
+    json.dump(info, fh, indent=2)
+    fh.write("\n")
+PY
+    ;;
+  *)
+    echo "lock-env: unknown command $cmd" >&2; exit 2 ;;
+esac

@@ -1,0 +1,200 @@
+"""`muse-stack stack show|build-args|check TARGET_OR_PATH`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from muse_stack import __version__
+from muse_stack.stack import buildargs as ba
+from muse_stack.stack import record
+from muse_stack.stack.lock import LoadedLock, LockError, Null, load, unresolved
+
+console = Console()
+
+_TARGET = typer.Argument(..., help="A target (gb200, b200, h200, cpu) or the path of a lock file.")
+
+_COMPONENT_ROWS = (
+    ("torch", "torch"),
+    ("transformer_engine", "Transformer Engine"),
+    ("cudnn", "cuDNN"),
+    ("nccl", "NCCL"),
+    ("flash_attn", "flash-attn"),
+    ("deepep", "DeepEP"),
+    ("megatron_core", "megatron-core"),
+    ("efa", "EFA installer"),
+    ("muse_stack", "muse-stack"),
+)
+
+
+def _show(loaded: LoadedLock) -> None:
+    lock = loaded.lock
+    console.print(f"[bold]{lock.name}[/]  {lock.description}", highlight=False)
+    console.print(f"lock    {loaded.path}  sha256 {loaded.sha256}", highlight=False)
+    console.print(f"kind    {lock.kind}  platform {lock.platform}  ({ba.nix_system(lock.platform)})", highlight=False)
+    digest = lock.base.digest.reason if isinstance(lock.base.digest, Null) else lock.base.digest
+    console.print(f"base    {lock.base.image}:{lock.base.tag} ({lock.base.source})  digest: {digest}", highlight=False)
+    cuda = f"none ({lock.cuda.reason})" if isinstance(lock.cuda, Null) else lock.cuda.version
+    console.print(f"cuda    {cuda}", highlight=False)
+    console.print(f"python  {lock.python.version} ({lock.python.source})", highlight=False)
+    console.print(f"tag     {ba.image_tag(loaded)}", highlight=False)
+    t = Table("component", "version", "package / detail", "CUDA archs")
+    for key, label in _COMPONENT_ROWS:
+        comp = getattr(lock.components, key)
+        if isinstance(comp, Null):
+            t.add_row(label, "-", f"[dim]{comp.reason}[/]", "")
+            continue
+        if key == "efa":
+            t.add_row(label, comp.installer_version, f"aws-ofi-nccl {comp.aws_ofi_nccl}, libfabric {comp.libfabric}", "")
+            continue
+        detail = getattr(comp, "package", "") or getattr(comp, "source", "")
+        if key == "transformer_engine":
+            detail = f"{comp.core_package} + {comp.torch_package} ({comp.build})"
+        archs = ";".join(getattr(comp, "cuda_archs", []))
+        t.add_row(label, comp.version, detail, archs)
+    console.print(t)
+    if lock.deviations:
+        d = Table("deviation", "recorded", "locked", "reason", title="deliberate deviations from the record")
+        for dev in lock.deviations:
+            d.add_row(dev.field, dev.recorded, dev.locked, dev.reason)
+        console.print(d)
+    for field, reason in unresolved(lock):
+        console.print(f"[yellow]unresolved[/] {field}: {reason}", highlight=False)
+
+
+def _labels_from_inspect(path: Path) -> dict[str, str]:
+    """Labels from `docker image inspect` (Config.Labels) or `podman image inspect` (Labels) output."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise LockError(f"cannot read {path}: {exc}", field="--inspect", value=str(path), exit_code=3) from None
+    obj = data[0] if isinstance(data, list) and data else data
+    labels = obj.get("Labels") or (obj.get("Config") or {}).get("Labels") or {}
+    return {str(k): str(v) for k, v in labels.items()}
+
+
+def _compare(loaded: LoadedLock, found: dict[str, Any], source: str, keys: dict[str, str]) -> list[str]:
+    want = {"name": loaded.name, "sha256": loaded.sha256}
+    bad = []
+    for what, key in keys.items():
+        if found.get(key) != want[what]:
+            bad.append(f"{source} {key} = {found.get(key)!r}, the lock gives {want[what]!r}")
+    return bad
+
+
+def _against_record(loaded: LoadedLock) -> list[str]:
+    """Compare with the stack recorded by the lock's reference recipe, when the catalogue has it."""
+    ref = loaded.lock.reference
+    if ref is None:
+        return []
+    try:
+        from muse_stack.recipes.catalogue import load_recipe
+
+        stack = load_recipe(ref.recipe).stack
+    except Exception as exc:  # the catalogue is another area; a missing recipe is reported, not fatal
+        console.print(f"[yellow]record[/] {ref.recipe}: not compared ({type(exc).__name__}: {exc})", highlight=False)
+        return []
+    if stack is None:
+        console.print(f"[yellow]record[/] {ref.recipe}: the recipe records no stack", highlight=False)
+        return []
+    checks = record.compare(loaded.lock, stack.model_dump() if hasattr(stack, "model_dump") else dict(stack))
+    same = sum(x.ok for x in checks)
+    dev = sum((not x.ok) and x.deviation for x in checks)
+    console.print(
+        f"record {ref.recipe}: {same} of {len(checks)} pins as recorded, {dev} declared deviation(s)", highlight=False
+    )
+    return record.problems(checks)
+
+
+def register(app: typer.Typer) -> None:
+    stack = typer.Typer(help="Stack locks: show, derive image build arguments, check.", no_args_is_help=True)
+
+    @stack.command("show")
+    def show(
+        target: str = _TARGET,
+        as_json: bool = typer.Option(False, "--json", help="Print the parsed lock as JSON."),
+    ) -> None:
+        """Show a lock: base, CUDA, Python, component pins, deviations, unresolved pins."""
+        loaded = load(target)
+        if as_json:
+            out = {"path": str(loaded.path), "sha256": loaded.sha256, "lock": loaded.lock.model_dump(by_alias=True)}
+            typer.echo(json.dumps(out, indent=2))
+        else:
+            _show(loaded)
+
+    @stack.command("build-args")
+    def build_args(
+        target: str = _TARGET,
+        as_json: bool = typer.Option(False, "--json", help="Print JSON with the args, tag, Nix system, capabilities."),
+    ) -> None:
+        """Print the image build arguments the lock yields, one KEY=VALUE a line."""
+        loaded = load(target)
+        if as_json:
+            typer.echo(json.dumps(ba.summary(loaded), indent=2))
+        else:
+            for k, v in ba.build_args(loaded).items():
+                typer.echo(f"{k}={v}")
+
+    @stack.command("check")
+    def check(
+        target: str = _TARGET,
+        strict: bool = typer.Option(False, "--strict", help="Fail on unresolved pins (null digests, hashes, commits)."),
+        image_info: Path = typer.Option(None, "--image-info", help="An image's /etc/muse-stack/image.json to check."),
+        inspect: Path = typer.Option(None, "--inspect", help="`docker|podman image inspect` output to check."),
+    ) -> None:
+        """Validate a lock; optionally check an image's identity (image.json, labels) against it."""
+        loaded = load(target)
+        lock = loaded.lock
+        problems: list[str] = []
+        if lock.components.muse_stack.version != __version__:
+            problems.append(
+                f"components.muse_stack.version = {lock.components.muse_stack.version!r} but this "
+                f"muse-stack is {__version__!r}"
+            )
+        if image_info is not None:
+            try:
+                info = json.loads(Path(image_info).read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise LockError(
+                    f"cannot read {image_info}: {exc}", field="--image-info", value=str(image_info), exit_code=3
+                ) from None
+            problems += _compare(loaded, info, "image.json", {"name": "lock_name", "sha256": "lock_sha256"})
+        if inspect is not None:
+            labels = _labels_from_inspect(Path(inspect))
+            problems += _compare(
+                loaded, labels, "label", {"name": "dev.muse-stack.lock.name", "sha256": "dev.muse-stack.lock.sha256"}
+            )
+        problems += _against_record(loaded)
+        pending = unresolved(lock)
+        for field, reason in pending:
+            console.print(f"[yellow]unresolved[/] {field}: {reason}", highlight=False)
+        if problems:
+            raise LockError(
+                f"{loaded.path} does not match: " + "; ".join(problems),
+                field="lock",
+                value=loaded.name,
+                rule="an image and the muse-stack it carries are built from exactly this lock",
+                fix="rebuild the image from this lock (make image gpu=<target>) or check the lock it was built from",
+                exit_code=1,
+            )
+        if strict and pending:
+            raise LockError(
+                f"{len(pending)} unresolved pin(s) in {loaded.path}",
+                field=pending[0][0],
+                value=None,
+                rule="--strict: a release lock pins every digest, checksum and source commit",
+                fix="pin the values named above",
+                exit_code=1,
+            )
+        console.print(
+            f"[green]ok[/] {loaded.name}: {loaded.path} sha256 {loaded.sha256}"
+            + (f" ({len(pending)} unresolved)" if pending else ""),
+            highlight=False,
+        )
+
+    app.add_typer(stack, name="stack")

@@ -1,0 +1,412 @@
+"""Stack locks: one TOML file per target (containers/locks/<target>.toml) pinning every layer
+of the training image. The lock is the only place a version lives; the Dockerfile, flake.nix
+and the image test read it through :func:`muse_stack.stack.buildargs.build_args` or
+containers/nix/lock.nix.
+
+TOML has no null, so a value that is not known (a digest, a commit) or does not apply (TE on
+the cpu target) is written as an explicit table with the reason: ``digest = { null = "why" }``.
+Such a value loads as :class:`Null`, never as a guess.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from muse_stack.errors import MuseStackError
+
+TARGETS = ("gb200", "b200", "h200", "cpu")
+PLATFORMS = ("linux/amd64", "linux/arm64")
+EFA_CONTAINER_FLAGS = ("--skip-kmod", "--skip-limit-conf", "--no-verify")
+
+_ARCH = r"^\d{1,2}\.\d[af]?$"
+_DIGEST = r"^sha256:[0-9a-f]{64}$"
+_SHA256 = r"^[0-9a-f]{64}$"
+_COMMIT = r"^[0-9a-f]{40}$"
+
+
+class LockError(MuseStackError):
+    """A stack lock is missing, malformed or breaks a rule."""
+
+
+class Null(BaseModel):
+    """An explicit null: the value is not known or does not apply, and ``reason`` says why."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    reason: str = Field(alias="null", min_length=8)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def value(x: Any) -> Any:
+    """The pinned value, or None for an explicit :class:`Null`."""
+    return None if isinstance(x, Null) else x
+
+
+class Base(_Strict):
+    source: Literal["registry", "debootstrap"]
+    image: str = Field(pattern=r"^[a-z0-9][a-z0-9./_-]*$")
+    tag: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+    digest: str | Null
+    suite: str | None = None
+    mirror: str | None = None
+    variant: str | None = None
+    packages: list[str] = []
+
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, v: str | Null) -> str | Null:
+        if isinstance(v, str) and not re.match(_DIGEST, v):
+            raise ValueError("must be sha256:<64 hex digits>")
+        return v
+
+    @model_validator(mode="after")
+    def _debootstrap(self) -> Base:
+        if self.source == "debootstrap" and not (self.suite and self.mirror and self.variant):
+            raise ValueError("a debootstrap base needs suite, mirror and variant")
+        return self
+
+    @property
+    def ref(self) -> str:
+        """What FROM pulls: by digest when the digest is pinned, else by tag."""
+        d = value(self.digest)
+        return f"{self.image}@{d}" if d else f"{self.image}:{self.tag}"
+
+
+class Reference(_Strict):
+    recipe: str
+    image: str
+    digest: str | Null
+    note: str = ""
+
+
+class Cuda(_Strict):
+    version: str = Field(pattern=r"^\d{2}\.\d$")
+
+    @property
+    def tuple(self) -> tuple[int, int]:
+        major, minor = self.version.split(".")
+        return int(major), int(minor)
+
+
+class Python(_Strict):
+    version: str = Field(pattern=r"^3\.\d{1,2}\.\d{1,2}$")
+    source: Literal["distribution"]
+
+
+class Torch(_Strict):
+    package: str
+    version: str = Field(pattern=r"^\d+\.\d+\.\d+(\+[a-z0-9]+)?$")
+    index_url: str = Field(pattern=r"^https://")
+
+
+class _Archs(_Strict):
+    cuda_archs: list[str] = Field(min_length=1)
+
+    @field_validator("cuda_archs")
+    @classmethod
+    def _archs(cls, v: list[str]) -> list[str]:
+        for a in v:
+            if not re.match(_ARCH, a):
+                raise ValueError(f"{a!r} is not a CUDA capability like \"9.0\" or \"10.0\"")
+        if len(set(v)) != len(v):
+            raise ValueError("lists a capability twice")
+        return v
+
+
+class TransformerEngine(_Archs):
+    version: str
+    build: Literal["wheel", "source"]
+    core_package: str
+    torch_package: str
+    source_repo: str = Field(pattern=r"^https://")
+    source_commit: str | Null
+
+    @field_validator("source_commit")
+    @classmethod
+    def _commit(cls, v: str | Null) -> str | Null:
+        if isinstance(v, str) and not re.match(_COMMIT, v):
+            raise ValueError("must be a full git commit (40 hex digits)")
+        return v
+
+
+class Cudnn(_Strict):
+    package: str
+    version: str
+    purge_apt_cudnn: bool
+
+    @field_validator("purge_apt_cudnn")
+    @classmethod
+    def _purge(cls, v: bool) -> bool:
+        if not v:
+            raise ValueError(
+                "must be true: the base image's apt cuDNN and the pinned pip cuDNN would be loaded together"
+            )
+        return v
+
+
+class Nccl(_Strict):
+    package: str
+    version: str
+
+
+class FlashAttn(_Archs):
+    package: str
+    version: str
+
+
+class DeepEP(_Archs):
+    package: str
+    version: str
+
+
+class MegatronCore(_Strict):
+    package: str
+    version: str
+
+
+class Efa(_Strict):
+    installer_version: str = Field(pattern=r"^\d+\.\d+\.\d+$")
+    installer_url: str = Field(pattern=r"^https://.*\.tar\.gz$")
+    installer_sha256: str | Null
+    install_flags: list[str]
+    aws_ofi_nccl: str = Field(pattern=r"^\d+\.\d+\.\d+$")
+    libfabric: str
+
+    @field_validator("installer_sha256")
+    @classmethod
+    def _sha(cls, v: str | Null) -> str | Null:
+        if isinstance(v, str) and not re.match(_SHA256, v):
+            raise ValueError("must be 64 hex digits")
+        return v
+
+    @field_validator("install_flags")
+    @classmethod
+    def _flags(cls, v: list[str]) -> list[str]:
+        missing = [f for f in EFA_CONTAINER_FLAGS if f not in v]
+        if missing:
+            raise ValueError(f"in a container the EFA installer needs {' '.join(missing)}")
+        return v
+
+    @model_validator(mode="after")
+    def _url(self) -> Efa:
+        if self.installer_version not in self.installer_url:
+            raise ValueError("installer_url does not name installer_version")
+        return self
+
+
+class MuseStackPin(_Strict):
+    version: str
+    source: Literal["build-context"]
+
+
+class Components(_Strict):
+    torch: Torch
+    transformer_engine: TransformerEngine | Null
+    cudnn: Cudnn | Null
+    nccl: Nccl | Null
+    flash_attn: FlashAttn | Null
+    deepep: DeepEP | Null
+    megatron_core: MegatronCore | Null
+    efa: Efa | Null
+    muse_stack: MuseStackPin
+
+
+CUDA_COMPONENTS = ("transformer_engine", "cudnn", "nccl", "flash_attn", "deepep")
+
+
+class Deviation(_Strict):
+    field: str
+    recorded: str
+    locked: str
+    reason: str = Field(min_length=8)
+
+
+class Lock(_Strict):
+    schema_version: Literal[1]
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    description: str
+    platform: Literal["linux/amd64", "linux/arm64"]
+    base: Base
+    reference: Reference | None = None
+    cuda: Cuda | Null
+    python: Python
+    components: Components
+    deviations: list[Deviation] = []
+
+    @property
+    def kind(self) -> str:
+        return "cpu" if isinstance(self.cuda, Null) else "gpu"
+
+    @model_validator(mode="after")
+    def _rules(self) -> Lock:
+        comps = self.components
+        if isinstance(self.cuda, Null):
+            present = [c for c in CUDA_COMPONENTS if not isinstance(getattr(comps, c), Null)]
+            if present:
+                raise _Rule(
+                    f"components.{present[0]}",
+                    "a lock without CUDA cannot pin CUDA components",
+                    f"write `[components.{present[0]}]` as `null = \"why\"`, or pin [cuda] version",
+                )
+            return self
+        missing = [c for c in CUDA_COMPONENTS if isinstance(getattr(comps, c), Null)]
+        if missing:
+            raise _Rule(
+                f"components.{missing[0]}",
+                "a CUDA lock pins every CUDA component",
+                f"pin [components.{missing[0]}] (package, version, ...)",
+            )
+        cuda = self.cuda.tuple
+        for c in ("transformer_engine", "flash_attn", "deepep"):
+            for arch in getattr(comps, c).cuda_archs:
+                if float(arch.rstrip("af")) >= 10.0 and cuda < (12, 8):
+                    raise _Rule(
+                        f"components.{c}.cuda_archs",
+                        f"capability {arch} (sm100 and later) needs CUDA >= 12.8, the lock pins {self.cuda.version}",
+                        "raise [cuda] version or drop the capability",
+                    )
+        te = comps.transformer_engine
+        if self.platform == "linux/arm64" and cuda[0] >= 13 and te.build == "wheel":
+            raise _Rule(
+                "components.transformer_engine.build",
+                "PyPI has no aarch64 Transformer Engine core wheel for CUDA 13",
+                'set build = "source" and pin source_commit',
+            )
+        return self
+
+
+class _Rule(ValueError):
+    """A cross-field rule broken; carries the field path and the fix for LockError."""
+
+    def __init__(self, field: str, rule: str, fix: str) -> None:
+        super().__init__(rule)
+        self.field, self.rule, self.fix = field, rule, fix
+
+
+@dataclass(frozen=True)
+class LoadedLock:
+    lock: Lock
+    path: Path
+    sha256: str
+    data: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.lock.name
+
+
+def locks_dir() -> Path:
+    """containers/locks of this checkout, or $MUSE_STACK_LOCKS (the image sets it)."""
+    env = os.environ.get("MUSE_STACK_LOCKS")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "containers" / "locks"
+
+
+def resolve(target_or_path: str | os.PathLike[str]) -> Path:
+    s = str(target_or_path)
+    p = Path(s)
+    if s.endswith(".toml") or os.sep in s or p.exists():
+        return p
+    return locks_dir() / f"{s}.toml"
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    # drop pydantic's union branch names ("Cudnn", "Null", "str") from the location
+    def branch(x: Any) -> bool:
+        return isinstance(x, str) and (x[:1].isupper() or "[" in x or x in ("str", "bool", "int"))
+
+    parts = [str(x) for x in loc if not branch(x)]
+    return ".".join(parts)
+
+
+def _fix_for(err: dict[str, Any], field: str) -> str:
+    t = err["type"]
+    if t == "missing":
+        return f"add `{field} = ...` to the lock, or `{field} = {{ null = \"why it is not known\" }}`"
+    if t == "extra_forbidden":
+        return f"remove `{field}` (not a lock field; check the spelling)"
+    if t == "literal_error":
+        return f"use one of {err.get('ctx', {}).get('expected', 'the allowed values')}"
+    if t == "string_pattern_mismatch":
+        return f"write `{field}` in the form {err.get('ctx', {}).get('pattern')}"
+    return f"correct `{field}` (see containers/locks/b200.toml for a complete lock)"
+
+
+def parse(data: dict[str, Any], *, where: str = "<lock>") -> Lock:
+    try:
+        return Lock.model_validate(data)
+    except ValidationError as exc:
+        errs = exc.errors()
+        # prefer the error that is not merely "this is not a Null" from a union's other branch
+        errs.sort(key=lambda e: (("null" in [str(x) for x in e["loc"]]) or "Null" in [str(x) for x in e["loc"]], 0))
+        err = errs[0]
+        ctx_err = err.get("ctx", {}).get("error")
+        if isinstance(ctx_err, _Rule):
+            raise LockError(
+                f"{where}: {ctx_err.rule}", field=ctx_err.field, value=None, rule=ctx_err.rule, fix=ctx_err.fix
+            ) from None
+        field = _loc(err["loc"]) or "<top>"
+        raise LockError(
+            f"{where}: {err['msg']}",
+            field=field,
+            value=err.get("input") if not isinstance(err.get("input"), dict) else None,
+            rule=err["msg"],
+            fix=_fix_for(err, field),
+        ) from None
+
+
+def load(target_or_path: str | os.PathLike[str]) -> LoadedLock:
+    """Read, hash (sha256 of the file bytes) and validate a lock; errors name the field and the fix."""
+    path = resolve(target_or_path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        known = sorted(p.stem for p in locks_dir().glob("*.toml"))
+        raise LockError(
+            f"no lock at {path}",
+            field="target",
+            value=str(target_or_path),
+            fix=f"give a lock file path or one of the targets {', '.join(known) or TARGETS}",
+            exit_code=3,
+        ) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise LockError(
+            f"{path}: not valid TOML: {exc}", field="file", value=str(path), fix="fix the TOML syntax", exit_code=3
+        ) from None
+    lock = parse(data, where=str(path))
+    if lock.name != path.stem:
+        raise LockError(
+            f"{path}: the lock's name differs from its file name",
+            field="name",
+            value=lock.name,
+            rule="a lock is named after its file (containers/locks/<name>.toml)",
+            fix=f'set name = "{path.stem}" or rename the file to {lock.name}.toml',
+        )
+    return LoadedLock(lock=lock, path=path, sha256=hashlib.sha256(raw).hexdigest(), data=data)
+
+
+def unresolved(lock: Lock) -> list[tuple[str, str]]:
+    """Pins a release build should have but this lock leaves null: (field, reason)."""
+    out: list[tuple[str, str]] = []
+    if isinstance(lock.base.digest, Null) and lock.base.source == "registry":
+        out.append(("base.digest", lock.base.digest.reason))
+    c = lock.components
+    if isinstance(c.efa, Efa) and isinstance(c.efa.installer_sha256, Null):
+        out.append(("components.efa.installer_sha256", c.efa.installer_sha256.reason))
+    te = c.transformer_engine
+    if isinstance(te, TransformerEngine) and te.build == "source" and isinstance(te.source_commit, Null):
+        out.append(("components.transformer_engine.source_commit", te.source_commit.reason))
+    return out

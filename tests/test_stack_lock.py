@@ -1,0 +1,264 @@
+"""Stack locks: every lock validates, the targets have the right platform and arch lists, the
+b200 lock is the B200 record's stack, and a broken lock names the field and the fix."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from muse_stack.cli import main
+from muse_stack.stack import build_args, cuda_capabilities, load, locks_dir, unresolved
+from muse_stack.stack.lock import LockError, Null, parse
+from muse_stack.stack.record import compare, problems
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = ["gb200", "b200", "h200", "cpu"]
+
+
+def _lock_text(name: str) -> str:
+    return (ROOT / "containers" / "locks" / f"{name}.toml").read_text()
+
+
+def test_the_four_targets_have_locks_and_all_validate():
+    assert sorted(p.stem for p in locks_dir().glob("*.toml")) == sorted(TARGETS)
+    for t in TARGETS:
+        lk = load(t)
+        assert lk.name == t
+        assert lk.sha256 == hashlib.sha256(lk.path.read_bytes()).hexdigest()
+
+
+def test_gb200_is_arm64_sm100_and_builds_te_from_source():
+    lk = load("gb200").lock
+    assert lk.platform == "linux/arm64"
+    c = lk.components
+    for comp in (c.transformer_engine, c.flash_attn, c.deepep):
+        assert comp.cuda_archs == ["10.0"]
+    assert c.transformer_engine.build == "source"
+    # the commit is not in the sources: an explicit null with its reason, never invented
+    assert isinstance(c.transformer_engine.source_commit, Null)
+    args = build_args(load("gb200"))
+    assert args["NVTE_CUDA_ARCHS"] == "100"
+    assert args["FLASH_ATTN_CUDA_ARCHS"] == "100"
+    assert args["DEEPEP_TORCH_CUDA_ARCH_LIST"] == "10.0"
+    assert args["PLATFORM"] == "linux/arm64"
+
+
+def test_b200_reproduces_the_recorded_stack():
+    lk = load("b200").lock
+    c = lk.components
+    assert (lk.platform, lk.cuda.version, lk.python.version) == ("linux/amd64", "13.0", "3.12.3")
+    assert c.torch.version == "2.14.1" and c.torch.index_url.endswith("/cu130")
+    assert c.transformer_engine.version == "2.17.0"
+    assert c.nccl.version == "2.30.7"
+    assert c.cudnn.version == "9.22.0.52" and c.cudnn.purge_apt_cudnn is True
+    assert c.flash_attn.version == "2.7.4.post1"
+    assert (c.deepep.package, c.deepep.version) == ("sgl-deep-ep", "0.1.2.post1")
+    assert c.megatron_core.version == "0.19.0"
+    assert c.efa.installer_version == "1.49.0" and c.efa.aws_ofi_nccl == "1.20.0"
+    assert lk.reference.digest == "sha256:2b46ca326003e347c600145bd60935b42af8032ed6f0a75e7fdc7bf5a8700b15"
+    # sm90 and sm100 as recorded; flash-attn gets its own variable (it ignores TORCH_CUDA_ARCH_LIST)
+    args = build_args(load("b200"))
+    assert args["NVTE_CUDA_ARCHS"] == "90;100"
+    assert args["FLASH_ATTN_CUDA_ARCHS"] == "90;100"
+    assert args["DEEPEP_TORCH_CUDA_ARCH_LIST"] == "9.0;10.0;10.3"
+    assert args["EFA_INSTALL_FLAGS"] == "--skip-kmod --skip-limit-conf --no-verify"
+    assert cuda_capabilities(lk) == ["9.0", "10.0", "10.3"]
+
+
+RECORDED = {  # the recorded stack of attune-b200, as the recipe contract gives it
+    "transformer_engine": "2.17.0 (PyTorch extension rebuilt against the installed PyTorch for sm90 and sm100)",
+    "pytorch": "2.14.1 (CUDA 13.0 build)",
+    "cuda": "13.0",
+    "nccl": "2.30.7 (CUDA 13.3 build; printed by the measured run)",
+    "cudnn": "9.22.0.52 (runs the attention, `--attention-backend fused`)",
+    "flash_attn": "2.7.4.post1 (rebuilt against the installed PyTorch for sm90 and sm100)",
+    "deepep": "sgl-deep-ep 0.1.2.post1 (installed; the alltoall dispatcher does not use it)",
+    "python": "3.12.3",
+    "network": "8 GPUs per node, EFA 1.49 (aws-ofi-nccl 1.20), 3.2 Tb/s RDMA per node",
+    "megatron_lm": "radixark/Megatron-LM commit 6530834a (branch muse-spark-open; megatron-core 0.19.0), no local changes",
+}
+
+
+def test_every_lock_matches_the_record_or_declares_the_deviation():
+    for t in TARGETS:
+        checks = compare(load(t).lock, RECORDED)
+        assert len(checks) == 11
+        assert problems(checks) == [], t
+    assert all(x.ok for x in compare(load("b200").lock, RECORDED))
+    cpu = compare(load("cpu").lock, RECORDED)
+    assert not any(x.ok for x in cpu) and all(x.deviation for x in cpu)
+
+
+def test_a_changed_pin_without_deviation_is_caught():
+    data = tomllib.loads(_lock_text("b200"))
+    data["components"]["nccl"]["version"] = "2.28.9"
+    out = problems(compare(parse(data), RECORDED))
+    assert len(out) == 1 and "components.nccl.version" in out[0] and "2.30.7" in out[0]
+
+
+def test_catalogue_record_agrees_when_available():
+    catalogue = pytest.importorskip("muse_stack.recipes.catalogue")
+    stack = catalogue.load_recipe("attune-b200").stack
+    assert stack is not None
+    checks = compare(load("b200").lock, stack.model_dump())
+    assert checks and all(x.ok for x in checks), [x for x in checks if not x.ok]
+
+
+def test_deviating_locks_say_why():
+    for t in ("gb200", "h200", "cpu"):
+        devs = load(t).lock.deviations
+        assert devs and all(len(d.reason) > 20 for d in devs), t
+    assert [d.field for d in load("h200").lock.deviations][-1] == "components.*.cuda_archs"
+
+
+def test_cpu_lock_has_no_cuda_components_and_says_why():
+    lk = load("cpu").lock
+    assert lk.kind == "cpu" and isinstance(lk.cuda, Null)
+    for comp in ("transformer_engine", "cudnn", "nccl", "flash_attn", "deepep", "megatron_core", "efa"):
+        v = getattr(lk.components, comp)
+        assert isinstance(v, Null) and len(v.reason) > 10
+    assert lk.components.torch.version == "2.13.0+cpu"
+    assert lk.components.torch.index_url == "https://download.pytorch.org/whl/cpu"
+    assert (lk.base.source, lk.base.suite, lk.python.version) == ("debootstrap", "bookworm", "3.11.2")
+    assert isinstance(lk.base.digest, Null)
+
+
+def test_unknown_digests_are_explicit_nulls_never_invented():
+    for t in TARGETS:
+        data = tomllib.loads(_lock_text(t))
+        d = data["base"]["digest"]
+        assert isinstance(d, dict) and set(d) == {"null"}, t
+    assert [f for f, _ in unresolved(load("gb200").lock)] == [
+        "base.digest",
+        "components.efa.installer_sha256",
+        "components.transformer_engine.source_commit",
+    ]
+
+
+# --- broken locks: the error names the field and the fix ------------------------------------
+
+
+def _broken(mutate) -> LockError:
+    data = tomllib.loads(_lock_text("b200"))
+    mutate(data)
+    with pytest.raises(LockError) as ei:
+        parse(data)
+    return ei.value
+
+
+def test_missing_digest_asks_for_explicit_null():
+    e = _broken(lambda d: d["base"].pop("digest"))
+    assert e.field == "base.digest"
+    assert "null" in e.fix and "base.digest" in e.fix
+
+
+def test_malformed_digest():
+    e = _broken(lambda d: d["base"].__setitem__("digest", "sha256:abc"))
+    assert e.field == "base.digest" and "64" in e.rule
+
+
+def test_bad_cuda_arch():
+    e = _broken(lambda d: d["components"]["flash_attn"].__setitem__("cuda_archs", ["sm_90"]))
+    assert e.field == "components.flash_attn.cuda_archs"
+    assert "sm_90" in e.message
+
+
+def test_te_wheel_on_arm64_cuda13_is_refused():
+    def m(d):
+        d["platform"] = "linux/arm64"
+    e = _broken(m)
+    assert e.field == "components.transformer_engine.build"
+    assert "source" in e.fix
+
+
+def test_apt_cudnn_must_be_purged():
+    e = _broken(lambda d: d["components"]["cudnn"].__setitem__("purge_apt_cudnn", False))
+    assert e.field == "components.cudnn.purge_apt_cudnn"
+    assert "loaded together" in e.message
+
+
+def test_efa_needs_container_flags():
+    e = _broken(lambda d: d["components"]["efa"].__setitem__("install_flags", ["--skip-kmod"]))
+    assert e.field == "components.efa.install_flags"
+    assert "--no-verify" in e.message and "--skip-limit-conf" in e.message
+
+
+def test_sm100_needs_cuda_12_8():
+    e = _broken(lambda d: d["cuda"].__setitem__("version", "12.4"))
+    assert e.field.startswith("components.") and e.field.endswith(".cuda_archs")
+    assert "12.8" in e.rule
+
+
+def test_cuda_component_on_a_cpu_lock():
+    data = tomllib.loads(_lock_text("cpu"))
+    data["components"]["nccl"] = {"package": "nvidia-nccl-cu13", "version": "2.30.7"}
+    with pytest.raises(LockError) as ei:
+        parse(data)
+    assert ei.value.field == "components.nccl" and "null" in ei.value.fix
+
+
+def test_unknown_key_is_named():
+    e = _broken(lambda d: d["components"]["torch"].__setitem__("verison", "1"))
+    assert e.field == "components.torch.verison" and "remove" in e.fix
+
+
+def test_name_must_match_file(tmp_path):
+    p = tmp_path / "b300.toml"
+    p.write_text(_lock_text("b200"))
+    with pytest.raises(LockError) as ei:
+        load(p)
+    assert ei.value.field == "name" and "b300" in ei.value.fix
+
+
+def test_missing_lock_is_an_input_error(tmp_path):
+    with pytest.raises(LockError) as ei:
+        load("h100")
+    assert ei.value.exit_code == 3 and "gb200" in ei.value.fix
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+
+def test_cli_build_args_lines_and_json(capsys):
+    assert main(["stack", "build-args", "h200"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    kv = dict(line.split("=", 1) for line in lines)
+    assert kv == build_args(load("h200"))
+    assert kv["NVTE_CUDA_ARCHS"] == "90" and kv["LOCK_NAME"] == "h200"
+    assert main(["stack", "build-args", "--json", "cpu"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["system"] == "x86_64-linux" and out["cuda_capabilities"] == []
+    assert re.fullmatch(r"muse-stack:cpu-[0-9.]+-[0-9a-f]{12}", out["tag"])
+    assert out["build_args"]["LOCK_SHA256"] == load("cpu").sha256
+
+
+def test_cli_check_and_show(capsys, tmp_path):
+    for t in TARGETS:
+        assert main(["stack", "check", t]) == 0
+    assert main(["stack", "check", "--strict", "cpu"]) == 0
+    assert main(["stack", "check", "--strict", "b200"]) == 1  # digest and EFA checksum unresolved
+    assert main(["stack", "show", "gb200"]) == 0
+    assert "linux/arm64" in capsys.readouterr().out
+    bad = tmp_path / "cpu.toml"
+    bad.write_text(_lock_text("cpu").replace('platform = "linux/amd64"', 'platform = "linux/riscv64"'))
+    assert main(["stack", "check", str(bad)]) == 2
+    assert "platform" in capsys.readouterr().err
+
+
+def test_cli_check_image_identity(tmp_path, capsys):
+    lk = load("cpu")
+    info = tmp_path / "image.json"
+    info.write_text(json.dumps({"lock_name": "cpu", "lock_sha256": lk.sha256}))
+    inspect = tmp_path / "inspect.json"
+    labels = {"dev.muse-stack.lock.name": "cpu", "dev.muse-stack.lock.sha256": lk.sha256}
+    inspect.write_text(json.dumps([{"Labels": labels}]))
+    assert main(["stack", "check", "cpu", "--image-info", str(info), "--inspect", str(inspect)]) == 0
+    labels["dev.muse-stack.lock.sha256"] = "0" * 64
+    inspect.write_text(json.dumps([{"Config": {"Labels": labels}}]))  # docker's layout
+    assert main(["stack", "check", "cpu", "--inspect", str(inspect)]) == 1
+    assert "dev.muse-stack.lock.sha256" in capsys.readouterr().err
