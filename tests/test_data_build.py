@@ -149,3 +149,16 @@ def test_synthetic_builder_is_deterministic(tmp_path):
     c = build_for_recipe(_recipe(data={**data, "seed": 10}, batch={"mbs": 2, "gbs": 4, "seq_length": 32},
                                  model={"overrides": {"vocab_size": 512}}), cache_dir=tmp_path / "a", progress=False)
     assert c.rows_sha256 != a.rows_sha256
+
+
+def test_dataset_folder_through_datasets_library(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (folder / "train.jsonl").write_bytes((ROOT / "data" / "tiny-chat.jsonl").read_bytes())
+    data = _data(files=None, dataset=str(folder), split="train[:40]")
+    built = build_for_recipe(_recipe(data=data), cache_dir=tmp_path / "c", progress=False)
+    assert built.stats["conversations"] == 40
+    files = _data(split="train[:40]")
+    assert build_for_recipe(_recipe(data=files), cache_dir=tmp_path / "c", progress=False).rows_sha256 == \
+        built.rows_sha256

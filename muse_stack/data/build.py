@@ -161,7 +161,13 @@ def source_fingerprint(recipe: Recipe) -> dict[str, Any]:
             files.append({"name": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
         return {"files": files, "split": d.split}
     if d.dataset:
-        return {"dataset": d.dataset, "revision": d.revision, "split": d.split or "train", "subset": d.subset}
+        out: dict[str, Any] = {"dataset": d.dataset, "revision": d.revision, "split": d.split or "train",
+                               "subset": d.subset}
+        local = Path(d.dataset).expanduser()
+        if local.is_dir():  # a dataset folder on disk: its content, not its name, keys the cache
+            out["files"] = [{"name": str(f.relative_to(local)), "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+                            for f in sorted(local.rglob("*")) if f.is_file()]
+        return out
     raise InputError("the recipe names no data source", field="data.dataset", value=None,
                      fix="set data.dataset (a Hugging Face dataset id, with data.revision) or data.files=[...]")
 
