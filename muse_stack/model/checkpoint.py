@@ -1,0 +1,287 @@
+"""Hugging Face-style checkpoints of the Muse Spark text decoder.
+
+A checkpoint directory holds ``config.json`` (:meth:`ModelConfig.to_hf_config`) and either
+``model.safetensors`` or shards ``model-0000i-of-0000n.safetensors`` with
+``model.safetensors.index.json`` (``{"metadata": {"total_size": ...}, "weight_map": {name:
+file}}``), exactly as Hugging Face writes them. Tensor names are the model's parameter
+names, so the released checkpoint loads 1:1. Its perception towers (anything outside
+``model.language_model.`` and ``lm_head.``) are skipped and counted in the load report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from muse_stack.atomic import write_json
+from muse_stack.errors import InputError
+from muse_stack.model.decoder import MuseSparkForCausalLM
+from muse_stack.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+#: largest shard written by default (bytes), as Hugging Face's "5GB"
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
+TEXT_PREFIXES = ("model.language_model.", "lm_head.")
+#: tensors that stay fp32 whatever dtype the rest of the model has
+FP32_SUFFIXES = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")
+#: config fields that do not change the computation (ids, limits)
+_NON_NUMERIC_FIELDS = {"bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings",
+                       "first_padding_token_id"}
+
+
+@dataclass
+class LoadReport:
+    directory: str
+    files: list[str]
+    loaded: int  #: text-decoder tensors loaded
+    ignored: int  #: tensors outside the text decoder (perception towers), skipped
+    ignored_prefixes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        text = f"loaded {self.loaded} text-decoder tensors from {len(self.files)} file(s) in {self.directory}"
+        if self.ignored:
+            text += f"; ignored {self.ignored} non-text tensors ({', '.join(self.ignored_prefixes)})"
+        return text
+
+
+def is_text_tensor(name: str) -> bool:
+    return name.startswith(TEXT_PREFIXES)
+
+
+def keeps_fp32(name: str) -> bool:
+    return name.endswith(FP32_SUFFIXES)
+
+
+# ---- saving ------------------------------------------------------------------------------
+def _shard(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    return shards
+
+
+def _is_checkpoint_file(name: str) -> bool:
+    return name in (CONFIG_NAME, SINGLE_FILE, INDEX_FILE) or (name.startswith("model-") and name.endswith(".safetensors"))
+
+
+def save_checkpoint(model: MuseSparkForCausalLM, directory: str | os.PathLike[str], *,
+                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[Path]:
+    """Write ``config.json`` and the weights (sharded above ``max_shard_bytes``) to ``directory``.
+
+    The files are written into a hidden sibling directory that replaces ``directory`` only when
+    complete, so a reader sees the old checkpoint or the whole new one. Other files already in
+    ``directory`` (e.g. a tokenizer) are kept. Returns the written paths.
+    """
+    target = Path(directory)
+    if target.exists() and not target.is_dir():
+        raise InputError("the checkpoint path exists and is not a directory", field="checkpoint.directory",
+                         value=str(target), fix="choose a directory path")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    shards = _shard(tensors, max_shard_bytes)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        names: list[str] = []
+        if len(shards) == 1:
+            save_file(shards[0], str(staging / SINGLE_FILE), metadata={"format": "pt"})
+            names.append(SINGLE_FILE)
+        else:
+            weight_map: dict[str, str] = {}
+            for i, shard in enumerate(shards, start=1):
+                shard_name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(staging / shard_name), metadata={"format": "pt"})
+                names.append(shard_name)
+                weight_map.update(dict.fromkeys(shard, shard_name))
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            write_json(staging / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
+            names.append(INDEX_FILE)
+        write_json(staging / CONFIG_NAME, model.config.to_hf_config())
+        names.append(CONFIG_NAME)
+        if target.exists():
+            for entry in target.iterdir():
+                if not _is_checkpoint_file(entry.name):
+                    os.replace(entry, staging / entry.name)
+            backup = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+            os.replace(target, backup)
+            os.replace(staging, target)
+            shutil.rmtree(backup, ignore_errors=True)
+        else:
+            os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return [target / name for name in names]
+
+
+# ---- reading -----------------------------------------------------------------------------
+def _checkpoint_dir(directory: str | os.PathLike[str]) -> Path:
+    path = Path(directory)
+    if not path.is_dir():
+        raise InputError("checkpoint directory not found", field="checkpoint.directory", value=str(path),
+                         fix="point it at a directory holding config.json and model*.safetensors")
+    if not (path / CONFIG_NAME).is_file():
+        raise InputError("the checkpoint has no config.json", field="checkpoint.directory", value=str(path),
+                         fix="copy the model's config.json next to the safetensors files")
+    return path
+
+
+def _weight_files(path: Path) -> dict[str, list[str]]:
+    """Shard file name -> tensor names it holds (from the index, else from the single file)."""
+    index = path / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise InputError(f"{INDEX_FILE} is not a valid index ({exc})", field="checkpoint.index",
+                             value=str(index), fix="restore the index written with the shards") from exc
+        files: dict[str, list[str]] = {}
+        for name, file in weight_map.items():
+            files.setdefault(file, []).append(name)
+        for file in files:
+            if not (path / file).is_file():
+                raise InputError(f"shard {file} named in {INDEX_FILE} is missing", field="checkpoint.shard",
+                                 value=str(path / file), fix="copy every shard the index names")
+        return files
+    single = path / SINGLE_FILE
+    if not single.is_file():
+        raise InputError("no weights: neither model.safetensors nor model.safetensors.index.json",
+                         field="checkpoint.directory", value=str(path),
+                         fix="save the weights with save_checkpoint or copy the checkpoint's safetensors files")
+    return {SINGLE_FILE: _keys_of(single)}
+
+
+def _keys_of(file: Path) -> list[str]:
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            return list(handle.keys())
+    except Exception as exc:  # safetensors raises its own error types for corrupt headers
+        raise InputError(f"cannot read {file.name} ({exc})", field="checkpoint.shard", value=str(file),
+                         fix="the file is corrupt or truncated; copy it again") from exc
+
+
+def _read_text_tensors(path: Path, expected: dict[str, torch.Size], device: torch.device | str
+                       ) -> tuple[dict[str, torch.Tensor], LoadReport]:
+    files = _weight_files(path)
+    found: dict[str, torch.Tensor] = {}
+    ignored: set[str] = set()
+    ignored_count = 0
+    unexpected: list[str] = []
+    mis_shaped: list[str] = []
+    for file, names in files.items():
+        try:
+            with safe_open(str(path / file), framework="pt", device=str(device)) as handle:
+                available = set(handle.keys())
+                for name in names:
+                    if not is_text_tensor(name):
+                        ignored_count += 1
+                        ignored.add(".".join(name.split(".")[:2]))
+                        continue
+                    if name not in expected:
+                        unexpected.append(name)
+                        continue
+                    if name not in available:
+                        continue  # reported as missing below
+                    shape = tuple(handle.get_slice(name).get_shape())
+                    if shape != tuple(expected[name]):
+                        mis_shaped.append(f"{name}: checkpoint {list(shape)}, model {list(expected[name])}")
+                        continue
+                    found[name] = handle.get_tensor(name)
+        except InputError:
+            raise
+        except Exception as exc:
+            raise InputError(f"cannot read {file} ({exc})", field="checkpoint.shard", value=str(path / file),
+                             fix="the file is corrupt or truncated; copy it again") from exc
+    missing = [name for name in expected if name not in found and not any(name in m for m in mis_shaped)]
+    if mis_shaped:
+        raise InputError(f"{len(mis_shaped)} tensor(s) have the wrong shape, e.g. {mis_shaped[0]}",
+                         field="checkpoint.tensor", value=mis_shaped[:5],
+                         fix="the checkpoint was saved for another model config; load it with load_checkpoint "
+                             "(which builds the model from its config.json) or fix config.json")
+    if missing:
+        raise InputError(f"{len(missing)} tensor(s) missing from the checkpoint, e.g. {missing[0]}",
+                         field="checkpoint.tensor", value=missing[:5],
+                         fix="copy every shard of the checkpoint; a text checkpoint needs every "
+                             "model.language_model.* tensor and lm_head.weight")
+    if unexpected:
+        raise InputError(f"{len(unexpected)} unexpected text tensor(s), e.g. {unexpected[0]}",
+                         field="checkpoint.tensor", value=unexpected[:5],
+                         fix="the checkpoint does not match config.json (more layers or other modules); "
+                             "fix config.json or use the matching checkpoint")
+    report = LoadReport(str(path), sorted(files), len(found), ignored_count, sorted(ignored))
+    log.info(report.summary())
+    return found, report
+
+
+def _check_same_config(model_config: ModelConfig, checkpoint_config: ModelConfig, path: Path) -> None:
+    ours, theirs = model_config.model_dump(), checkpoint_config.model_dump()
+    ours["layer_types"] = model_config.resolved_layer_types
+    theirs["layer_types"] = checkpoint_config.resolved_layer_types
+    differing = [key for key in ours if key not in _NON_NUMERIC_FIELDS and ours[key] != theirs[key]]
+    if differing:
+        key = differing[0]
+        raise InputError(
+            f"the checkpoint's config.json differs from the model's config in {differing} "
+            f"(e.g. {key}: checkpoint {theirs[key]!r}, model {ours[key]!r})",
+            field="checkpoint.config", value=str(path / CONFIG_NAME),
+            fix="build the model from the checkpoint (load_checkpoint) or load a checkpoint of this config")
+
+
+def load_weights_into(model: MuseSparkForCausalLM, directory: str | os.PathLike[str]) -> LoadReport:
+    """Copy a checkpoint's text weights into ``model`` (keeping the model's dtypes and device).
+
+    Every tensor the model expects must be present with its shape, and the checkpoint's
+    config.json must describe the same computation; otherwise :class:`InputError`.
+    """
+    path = _checkpoint_dir(directory)
+    _check_same_config(model.config, ModelConfig.from_hf_config(path / CONFIG_NAME), path)
+    targets = model.state_dict(keep_vars=True)
+    tensors, report = _read_text_tensors(path, {k: v.shape for k, v in targets.items()}, "cpu")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            targets[name].copy_(tensor)
+    model.load_report = report
+    return report
+
+
+def load_checkpoint(directory: str | os.PathLike[str], dtype: torch.dtype | None = None,
+                    device: torch.device | str = "cpu") -> MuseSparkForCausalLM:
+    """Build a model from ``config.json`` and load its weights.
+
+    ``dtype`` None keeps the stored dtypes; otherwise every tensor is cast to ``dtype`` except
+    the router weight and ``e_score_correction_bias``, which stay fp32. The returned model
+    carries the :class:`LoadReport` as ``model.load_report``.
+    """
+    path = _checkpoint_dir(directory)
+    config = ModelConfig.from_hf_config(path / CONFIG_NAME)
+    with torch.device("meta"):
+        model = MuseSparkForCausalLM(config, seed=None)
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    tensors, report = _read_text_tensors(path, expected, device)
+    for name, tensor in tensors.items():
+        if keeps_fp32(name):
+            tensors[name] = tensor.float()
+        elif dtype is not None:
+            tensors[name] = tensor.to(dtype)
+    model.load_state_dict(tensors, strict=True, assign=True)
+    model.load_report = report
+    return model

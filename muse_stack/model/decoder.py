@@ -1,0 +1,191 @@
+"""The Muse Spark text decoder and its causal-LM head.
+
+Module tree (parameter names are the Hugging Face checkpoint names)::
+
+    MuseSparkForCausalLM
+      model: MuseSparkModel
+        language_model: MuseSparkTextModel
+          embed_tokens            [V, H]
+          layers.{l}: MuseSparkDecoderLayer
+            input_layernorm.weight                 [H]   rms(s) * (1 + w)
+            self_attn.{q,k,v,gate,o}_proj.weight
+            post_attention_residual_gate.gate      [H]
+            pre_feedforward_layernorm.weight       [H]   rms(s) * (1 + w)
+            mlp.gate.weight                        [E, H] fp32
+            mlp.gate.e_score_correction_bias       [E]    fp32 buffer
+            mlp.pre_expert_proj.weight             [Hm, H]
+            mlp.pre_expert_norm.weight             [Hm]
+            mlp.experts.gate_up_proj               [E, 2I, Hm]
+            mlp.experts.down_proj                  [E, Hm, I]
+            mlp.experts.post_expert_norm.weight    [Hm]
+            mlp.post_expert_proj.weight            [H, Hm]
+            post_feedforward_layernorm.weight      [H]   rms(x * (1 + w))
+            post_feedforward_residual_gate.gate    [H]
+          norm.weight             [H]   used as stored
+      lm_head.weight              [V, H]
+
+The residual stream is fp32; matmuls run in the autocast dtype (e.g. bf16) when autocast is
+on, else in the weights' dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from muse_stack.model.attention import MuseSparkAttention, Projection
+from muse_stack.model.init import init_weights
+from muse_stack.model.loss import LossResult, causal_lm_loss
+from muse_stack.model.moe import MuseSparkMoE
+from muse_stack.model.norms import CenteredRMSNorm, GainFirstRMSNorm, StoredGainRMSNorm, rms_norm
+from muse_stack.model.packing import (
+    CuSeqlens,
+    attention_mask,
+    position_ids_from_segments,
+    run_ids,
+    segment_ids_from_cu_seqlens,
+)
+from muse_stack.model.residual import GatedResidual
+from muse_stack.model.rope import rope_cos_sin
+from muse_stack.model_config import ModelConfig
+
+
+class MuseSparkDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.post_norm_eps = config.post_norm_eps
+        self.input_layernorm = CenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = MuseSparkAttention(config, layer_idx)
+        self.post_attention_residual_gate = GatedResidual(config.hidden_size, config.residual_gate_temperature)
+        self.pre_feedforward_layernorm = CenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MuseSparkMoE(config)
+        self.post_feedforward_layernorm = GainFirstRMSNorm(config.hidden_size, config.post_norm_eps)
+        self.post_feedforward_residual_gate = GatedResidual(config.hidden_size, config.residual_gate_temperature)
+
+    def forward(self, stream: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """One layer on the fp32 residual stream [B, T, H]; returns the new stream."""
+        attn = self.self_attn(self.input_layernorm(stream), cos=cos, sin=sin, mask=mask)
+        stream = self.post_attention_residual_gate(stream, rms_norm(attn, self.post_norm_eps))
+        ffn = self.mlp(self.pre_feedforward_layernorm(stream))
+        return self.post_feedforward_residual_gate(stream, self.post_feedforward_layernorm(ffn))
+
+
+@dataclass
+class PackedLayout:
+    """Positions and masks shared by all layers of one forward pass."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    sliding_mask: torch.Tensor | None
+    full_mask: torch.Tensor | None
+
+
+class MuseSparkTextModel(nn.Module):
+    """``model.language_model``: embedding, decoder layers, final norm."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(MuseSparkDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = StoredGainRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def layout(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor | None = None,
+               segment_ids: torch.Tensor | None = None, cu_seqlens: CuSeqlens | None = None) -> PackedLayout:
+        batch, seq_len = input_ids.shape
+        device = input_ids.device
+        if cu_seqlens is not None and segment_ids is None:
+            segment_ids = segment_ids_from_cu_seqlens(cu_seqlens, batch, seq_len, device)
+        runs = run_ids(segment_ids.to(device)) if segment_ids is not None else None
+        if position_ids is None:
+            if runs is not None:
+                position_ids = position_ids_from_segments(runs)
+            else:
+                position_ids = torch.arange(seq_len, device=device).expand(batch, seq_len)
+        position_ids = position_ids.to(device).expand(batch, seq_len)
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
+        need_sliding = any(not self.config.is_full_attention(i) for i in range(self.config.num_hidden_layers))
+        sliding = attention_mask(seq_len, window=self.config.sliding_window, runs=runs, device=device) \
+            if need_sliding else None
+        full = attention_mask(seq_len, window=None, runs=runs, device=device)
+        return PackedLayout(cos, sin, sliding, full)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Embedding lookup and its parameter-free norm: the fp32 residual stream."""
+        return rms_norm(self.embed_tokens(input_ids), self.config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor | None = None,
+                segment_ids: torch.Tensor | None = None, cu_seqlens: CuSeqlens | None = None) -> torch.Tensor:
+        """Final normed hidden states [B, T, H] (fp32)."""
+        layout = self.layout(input_ids, position_ids=position_ids, segment_ids=segment_ids, cu_seqlens=cu_seqlens)
+        stream = self.embed(input_ids)
+        for layer in self.layers:
+            mask = layout.full_mask if layer.self_attn.window is None else layout.sliding_mask
+            stream = layer(stream, cos=layout.cos, sin=layout.sin, mask=mask)
+        return self.norm(stream)
+
+
+class MuseSparkModel(nn.Module):
+    """``model``: holds the text decoder under ``language_model`` (perception towers of the
+    released checkpoint sit beside it there and are not part of this text model)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.language_model = MuseSparkTextModel(config)
+
+
+@dataclass
+class CausalLMOutput:
+    logits: torch.Tensor  #: [B, T, V] fp32, soft-capped
+    loss: torch.Tensor | None = None  #: mean cross entropy over supervised tokens
+    num_tokens: torch.Tensor | None = None  #: supervised token count
+
+
+class MuseSparkForCausalLM(nn.Module):
+    """The Muse Spark text decoder with its LM head.
+
+    ``MuseSparkForCausalLM(config, seed=0)`` initialises deterministically (see
+    :func:`muse_stack.model.init.init_weights`); on the meta device nothing is initialised.
+    """
+
+    def __init__(self, config: ModelConfig, *, seed: int | None = 0) -> None:
+        super().__init__()
+        if config.tie_word_embeddings:
+            raise NotImplementedError("tie_word_embeddings=True: Muse Spark's input and output embeddings are untied")
+        self.config = config
+        self.model = MuseSparkModel(config)
+        self.lm_head = Projection(config.hidden_size, config.vocab_size)
+        if seed is not None:
+            init_weights(self, seed)
+
+    @property
+    def language_model(self) -> MuseSparkTextModel:
+        return self.model.language_model
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Soft-capped logits: ``softcap * tanh(hidden Wlm * output_multiplier / softcap)`` (fp32)."""
+        cap = self.config.final_logit_softcapping
+        raw = self.lm_head(hidden).float()
+        return cap * torch.tanh(raw * (self.config.output_multiplier / cap))
+
+    def forward(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor | None = None,
+                segment_ids: torch.Tensor | None = None, cu_seqlens: CuSeqlens | None = None,
+                labels: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None) -> CausalLMOutput:
+        """Logits for ``input_ids`` [B, T]; with ``labels`` also the loss.
+
+        ``labels[b, t]`` is the target of position t, i.e. the *next* token ``input_ids[b, t+1]``
+        (see :func:`muse_stack.model.loss.shift_labels`); ``loss_mask[b, t]`` marks supervised
+        targets. Packed rows: pass ``cu_seqlens`` or ``segment_ids`` (and optionally
+        ``position_ids``) -- see :mod:`muse_stack.model.packing`.
+        """
+        hidden = self.language_model(input_ids, position_ids=position_ids, segment_ids=segment_ids,
+                                     cu_seqlens=cu_seqlens)
+        logits = self.logits_from_hidden(hidden)
+        if labels is None:
+            return CausalLMOutput(logits)
+        result: LossResult = causal_lm_loss(logits, labels, loss_mask)
+        return CausalLMOutput(logits, result.loss, result.num_tokens)
