@@ -8,6 +8,7 @@
 #   PUSH=1 (docker: push instead of load), EXTRA_BUILD_ARGS.
 set -euo pipefail
 lock="${1:?usage: build-image.sh TARGET_OR_LOCK}"
+[[ -f "$lock" || ! -f "containers/locks/$lock.toml" ]] || lock="containers/locks/$lock.toml"
 PY="${PY:-.venv/bin/python}"
 ENGINE="${ENGINE:-docker}"
 

@@ -10,6 +10,8 @@
 #   containers/image-test.sh [TARGET]      (default cpu; only debootstrap-based locks)
 set -euo pipefail
 target="${1:-cpu}"
+# a bare target name means this checkout's lock (not the one next to an installed muse_stack)
+[[ -f "$target" || ! -f "containers/locks/$target.toml" ]] || target="containers/locks/$target.toml"
 PY="${PY:-.venv/bin/python}"
 export PY
 SKIP=77
@@ -17,7 +19,7 @@ SECONDS=0
 elapsed() { echo "$SECONDS"; }
 
 # the step run inside the image; its last argument is the fingerprint file or the directory holding it
-IN_IMAGE_STEP=(muse-stack --version)
+IN_IMAGE_STEP=(muse-stack run tiny-cpu --steps 3 --out /tmp/x)
 
 # --- tools ---------------------------------------------------------------------------------
 need=(podman buildah debootstrap)

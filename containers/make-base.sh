@@ -7,6 +7,7 @@
 #   containers/make-base.sh TARGET_OR_LOCK
 set -euo pipefail
 lock="${1:?usage: make-base.sh TARGET_OR_LOCK}"
+[[ -f "$lock" || ! -f "containers/locks/$lock.toml" ]] || lock="containers/locks/$lock.toml"
 PY="${PY:-.venv/bin/python}"
 ENGINE="${ENGINE:-podman}"
 cache="${MUSE_STACK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/muse-stack}/base"
