@@ -29,6 +29,7 @@ _AREAS: list[str] = [
     "muse_stack.recipes.commands",
     "muse_stack.stack.commands",
     "muse_stack.data.commands",
+    "muse_stack.fingerprint.commands",
 ]
 
 err_console = Console(stderr=True)

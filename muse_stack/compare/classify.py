@@ -1,0 +1,167 @@
+"""Which differences between two fingerprints matter, and how.
+
+Every field path gets exactly one class (the first rule that matches; informational when
+none does):
+
+- ``numerics``: can change the numbers a run computes — Transformer Engine, cuDNN, torch
+  (and its determinism/TF32 settings), megatron-core, flash-attn, triton (it generates
+  kernels), the CUDA runtime, cuBLAS, NVRTC/nvJitLink, the GPU architecture (compute
+  capability), NVTE_*/CUBLAS_*/CUDNN_* and other determinism variables, the recipe and the
+  data rows, and a CPU run compared with a GPU run.
+- ``performance``: can change speed but not results — NCCL and its variables, EFA,
+  libfabric, the aws-ofi-nccl plugin, the driver, GPU count/model/memory/clocks/NVLink,
+  CPU, memory, kernel, OS, glibc, DeepEP, the Python version and the other allow-listed
+  variables.
+- ``informational``: where and when — host names, file locations, image labels, process
+  ids and rank numbers, container hints, the hash of the whole package listing (each
+  package that differs is classified on its own).
+
+Paths that change on every capture (capture time and duration, pid) are not differences.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+NUMERICS = "numerics"
+PERFORMANCE = "performance"
+INFORMATIONAL = "informational"
+CLASSES = (NUMERICS, PERFORMANCE, INFORMATIONAL)
+SEVERITY = {INFORMATIONAL: 1, PERFORMANCE: 1, NUMERICS: 2}
+
+VOLATILE: tuple[str, ...] = ("capture", "capture.*", "process.pid")
+
+NUMERICS_PACKAGES = (
+    "torch",
+    "transformer-engine*",
+    "megatron-core",
+    "flash-attn*",
+    "triton",
+    "pytorch-triton",
+    "apex",
+    "nvidia-cudnn-*",
+    "nvidia-cublas*",
+    "nvidia-cuda-runtime*",
+    "nvidia-cuda-nvrtc*",
+    "nvidia-nvjitlink*",
+    "nvidia-cusparse*",
+    "nvidia-cufft*",
+    "nvidia-curand*",
+    "nvidia-cusolver*",
+    "nvidia-cudnn-frontend",
+    "cuda-python",
+    "cuda-bindings",
+)
+PERFORMANCE_PACKAGES = ("nvidia-nccl*", "deep-ep", "sgl-deep-ep", "deepep", "nvidia-nvshmem*", "nvidia-ml-py")
+
+NUMERICS_ENV = (
+    "NVTE_*",
+    "CUBLAS_*",
+    "CUBLASLT_*",
+    "CUDNN_*",
+    "NVIDIA_TF32_OVERRIDE",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "TORCH_CUDNN_*",
+    "TORCH_DETERMINISTIC*",
+    "PYTHONHASHSEED",
+    "MEGATRON_*",
+)
+INFORMATIONAL_ENV = (
+    "MUSE_STACK_*",
+    "HF_*",
+    "TRANSFORMERS_*",
+    "TOKENIZERS_PARALLELISM",
+    "LD_LIBRARY_PATH",  # what it made the process load is compared in the library sections
+    "LD_PRELOAD",
+    "PYTHONPATH",
+    "*_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+)
+
+RULES: list[tuple[str, str]] = [
+    # where things are, not what they are
+    ("*.path", INFORMATIONAL),
+    ("*.resolved", INFORMATIONAL),
+    ("*.location", INFORMATIONAL),
+    ("*.loaded", INFORMATIONAL),
+    ("*.other_candidates", INFORMATIONAL),
+    ("*.git.root", INFORMATIONAL),
+    ("schema_version", INFORMATIONAL),
+    ("kind", INFORMATIONAL),
+    ("identity", INFORMATIONAL),
+    ("identity.*", INFORMATIONAL),
+    ("process", INFORMATIONAL),
+    ("process.*", INFORMATIONAL),
+    ("ranks", INFORMATIONAL),
+    ("ranks.*", INFORMATIONAL),
+    ("extra", INFORMATIONAL),
+    ("extra.*", INFORMATIONAL),
+    ("host.hostname", INFORMATIONAL),
+    ("host.container", INFORMATIONAL),
+    ("host.container.*", INFORMATIONAL),
+    ("host.scheduler", INFORMATIONAL),
+    ("host.scheduler.*", INFORMATIONAL),
+    ("host", PERFORMANCE),
+    ("host.*", PERFORMANCE),
+    # GPUs: the architecture decides the kernels; the rest decides speed
+    ("gpu", NUMERICS),  # a CPU run against a GPU run
+    ("gpu.compute_capabilities", NUMERICS),
+    ("gpu.devices.*.compute_capability", NUMERICS),
+    ("gpu.devices.*.uuid", INFORMATIONAL),
+    ("gpu.devices.*.pci_bus_id", INFORMATIONAL),
+    ("gpu.devices.*.fabric.cluster_uuid", INFORMATIONAL),
+    ("gpu.devices.*.fabric.clique_id", INFORMATIONAL),
+    ("gpu.*", PERFORMANCE),
+    # CUDA libraries as loaded
+    ("cuda_libraries.initialised", INFORMATIONAL),
+    ("cuda_libraries.nccl", PERFORMANCE),
+    ("cuda_libraries.nccl.*", PERFORMANCE),
+    ("cuda_libraries.driver", PERFORMANCE),
+    ("cuda_libraries.driver.*", PERFORMANCE),
+    ("cuda_libraries.nvshmem", PERFORMANCE),
+    ("cuda_libraries.nvshmem.*", PERFORMANCE),
+    ("cuda_libraries", NUMERICS),
+    ("cuda_libraries.*", NUMERICS),
+    # frameworks
+    ("frameworks.torch.settings.num_threads", PERFORMANCE),
+    ("frameworks.transformer_engine.imported", INFORMATIONAL),
+    ("frameworks.deepep", PERFORMANCE),
+    ("frameworks.deepep.*", PERFORMANCE),
+    ("frameworks", NUMERICS),
+    ("frameworks.*", NUMERICS),
+    # network
+    ("network", PERFORMANCE),
+    ("network.*", PERFORMANCE),
+    # python
+    ("python.executable", INFORMATIONAL),
+    ("python.prefix", INFORMATIONAL),
+    ("python.distributions_sha256", INFORMATIONAL),
+    ("python.distribution_count", INFORMATIONAL),
+    *((f"python.distributions.{p}", NUMERICS) for p in NUMERICS_PACKAGES),
+    *((f"python.distributions.{p}", PERFORMANCE) for p in PERFORMANCE_PACKAGES),
+    ("python.distributions", INFORMATIONAL),
+    ("python.distributions.*", INFORMATIONAL),
+    ("python", PERFORMANCE),
+    ("python.*", PERFORMANCE),
+    # environment
+    ("environment.secrets_set", INFORMATIONAL),
+    *((f"environment.variables.{p}", NUMERICS) for p in NUMERICS_ENV),
+    *((f"environment.variables.{p}", INFORMATIONAL) for p in INFORMATIONAL_ENV),
+    ("environment", PERFORMANCE),
+    ("environment.*", PERFORMANCE),
+    # what was trained on
+    ("run_inputs", NUMERICS),
+    ("run_inputs.*", NUMERICS),
+]
+
+
+def classify(path: str) -> str:
+    """The class of a difference at this dotted field path (total: always one of CLASSES)."""
+    for pattern, cls in RULES:
+        if fnmatchcase(path, pattern):
+            return cls
+    return INFORMATIONAL
+
+
+def is_volatile(path: str) -> bool:
+    return any(fnmatchcase(path, p) for p in VOLATILE)

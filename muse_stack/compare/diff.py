@@ -1,0 +1,102 @@
+"""Differences between two stack fingerprints, each classified (see classify.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from muse_stack.compare.classify import CLASSES, NUMERICS, PERFORMANCE, VOLATILE, classify
+from muse_stack.fingerprint.tree import MISSING, Change, changes, dotted, summarize
+
+
+@dataclass(frozen=True)
+class Difference:
+    path: str
+    section: str
+    kind: str
+    cls: str
+    a: Any
+    b: Any
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "section": self.section,
+            "class": self.cls,
+            "kind": self.kind,
+            "a": None if self.a is MISSING else self.a,
+            "b": None if self.b is MISSING else self.b,
+            "a_text": summarize(self.a),
+            "b_text": summarize(self.b),
+        }
+
+
+@dataclass
+class DiffReport:
+    a_name: str
+    b_name: str
+    differences: list[Difference] = field(default_factory=list)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(CLASSES, 0)
+        for d in self.differences:
+            out[d.cls] += 1
+        return out
+
+    @property
+    def identical(self) -> bool:
+        return not self.differences
+
+    @property
+    def exit_code(self) -> int:
+        """0 identical (apart from capture time and pid), 2 numerics differ, 1 otherwise."""
+        if not self.differences:
+            return 0
+        return 2 if any(d.cls == NUMERICS for d in self.differences) else 1
+
+    @property
+    def verdict(self) -> str:
+        if self.identical:
+            return "identical"
+        if self.exit_code == 2:
+            return "numerics differ"
+        if any(d.cls == PERFORMANCE for d in self.differences):
+            return "performance-affecting differences only"
+        return "informational differences only"
+
+    def by_section(self) -> dict[str, list[Difference]]:
+        out: dict[str, list[Difference]] = {}
+        for d in self.differences:
+            out.setdefault(d.section, []).append(d)
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "a": self.a_name,
+            "b": self.b_name,
+            "identical": self.identical,
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "counts": self.counts,
+            "ignored": list(VOLATILE),
+            "differences": [d.as_dict() for d in self.differences],
+        }
+
+
+def _difference(change: Change) -> Difference:
+    path = dotted(change.path)
+    return Difference(
+        path=path,
+        section=change.path[0] if change.path else "(document)",
+        kind=change.kind,
+        cls=classify(path),
+        a=change.a,
+        b=change.b,
+    )
+
+
+def diff_documents(a: dict[str, Any], b: dict[str, Any], a_name: str = "A", b_name: str = "B") -> DiffReport:
+    """Every difference between two fingerprints, except capture time, duration and pid."""
+    found = changes(a, b, skip=VOLATILE)
+    return DiffReport(a_name, b_name, [_difference(c) for c in found])

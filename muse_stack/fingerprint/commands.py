@@ -1,0 +1,167 @@
+"""CLI: fingerprint, diff, audit, compare."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from muse_stack.errors import InputError, MuseStackError
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(obj, indent=2, default=str, allow_nan=True)
+
+
+def _stack_from_recipe_obj(recipe: Any) -> Any:
+    stack = getattr(recipe, "stack", None) if not isinstance(recipe, dict) else recipe.get("stack")
+    if stack is not None and hasattr(stack, "model_dump"):
+        stack = stack.model_dump()
+    return stack
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("fingerprint")
+    def fingerprint_cmd(
+        output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the JSON here (atomically) instead of stdout."),
+        recipe_sha256: Optional[str] = typer.Option(None, "--recipe-sha256", help="sha256 of the resolved recipe."),
+        rows_sha256: Optional[str] = typer.Option(None, "--rows-sha256", help="sha256 of the data rows."),
+    ) -> None:
+        """Capture the stack fingerprint of this machine and Python environment."""
+        from muse_stack import atomic
+        from muse_stack.fingerprint.capture import capture
+
+        doc = capture(recipe_sha256=recipe_sha256, rows_sha256=rows_sha256)
+        if output is None:
+            typer.echo(_dump(doc))
+            return
+        atomic.write_json(output, doc)
+        from muse_stack.compare.report import render_fingerprint_summary
+
+        render_fingerprint_summary(doc, Console(), written=str(output))
+
+    @app.command("diff")
+    def diff_cmd(
+        a: str = typer.Argument(..., help="Fingerprint file or run directory (reference)."),
+        b: str = typer.Argument(..., help="Fingerprint file or run directory (candidate)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
+    ) -> None:
+        """Classified differences between two stack fingerprints.
+
+        Exit 0 identical (capture time and pid ignored), 1 only performance or informational
+        differences, 2 numerics differ, 3 unreadable input.
+        """
+        from muse_stack.compare.diff import diff_documents
+        from muse_stack.fingerprint.document import load_fingerprint
+
+        report = diff_documents(load_fingerprint(a), load_fingerprint(b), a, b)
+        if as_json:
+            typer.echo(_dump(report.as_dict()))
+        else:
+            from muse_stack.compare.report import render_diff
+
+            render_diff(report, Console())
+        raise typer.Exit(report.exit_code)
+
+    @app.command("audit")
+    def audit_cmd(
+        run: str = typer.Argument(..., help="Run directory (fingerprint.json, recipe.yaml) or a fingerprint file with --recipe."),
+        recipe: Optional[str] = typer.Option(None, "--recipe", help="Audit against this catalogue recipe's recorded stack."),
+        as_json: bool = typer.Option(False, "--json", help="Print the audit as JSON."),
+    ) -> None:
+        """Check a run's fingerprint against the stack its recipe recorded.
+
+        Exit 0 all components match, 1 some cannot be verified, 2 any mismatch, 3 unreadable input.
+        """
+        from muse_stack.compare.audit import audit
+        from muse_stack.compare.runs import read_recipe
+        from muse_stack.fingerprint.document import load_fingerprint
+
+        fingerprint = load_fingerprint(run)
+        if recipe:
+            from muse_stack.recipes.catalogue import load_recipe
+
+            stack = _stack_from_recipe_obj(load_recipe(recipe))
+            source = f"recipe {recipe}"
+        else:
+            run_dir = Path(run)
+            if not run_dir.is_dir():
+                raise InputError(
+                    f"{run} is a file; the recorded stack comes from a run directory's recipe.yaml",
+                    field="run", value=run, fix="pass the run directory, or add --recipe NAME",
+                )
+            stack = _stack_from_recipe_obj(read_recipe(run_dir))
+            source = str(run_dir / "recipe.yaml")
+        if not stack:
+            raise InputError(
+                f"{source} records no stack to audit against",
+                field="stack", value=None, fix="pass --recipe NAME of a catalogue recipe whose stack is recorded",
+            )
+        if not isinstance(stack, dict):
+            raise InputError(f"{source}: stack must be a mapping", field="stack", value=stack,
+                             fix="record the stack as key: free-text value pairs")
+        report = audit(stack, fingerprint, source=source, fingerprint_name=run)
+        if as_json:
+            typer.echo(_dump(report.as_dict()))
+        else:
+            from muse_stack.compare.report import render_audit
+
+            render_audit(report, Console())
+        raise typer.Exit(report.exit_code)
+
+    @app.command("compare")
+    def compare_cmd(
+        run_a: str = typer.Argument(..., help="Golden (reference) run directory."),
+        run_b: str = typer.Argument(..., help="Candidate run directory."),
+        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+        plot: Optional[Path] = typer.Option(None, "--plot", help="Plot file (default RUN_B/compare-<name of RUN_A>.png)."),
+        no_plot: bool = typer.Option(False, "--no-plot", help="Do not write a plot."),
+        skip_first_percent: float = typer.Option(0.0, "--skip-first-percent", min=0, max=99, help="Skip the first X% of points."),
+        min_correlation: float = typer.Option(0.95, "--min-correlation", help="Minimum Pearson correlation."),
+        high_loss_tolerance: float = typer.Option(0.10, "--high-loss-tolerance", help="Relative tolerance where golden loss > --high-loss-above."),
+        medium_loss_tolerance: float = typer.Option(0.05, "--medium-loss-tolerance", help="Relative tolerance where golden loss > --medium-loss-above."),
+        low_loss_tolerance: float = typer.Option(0.02, "--low-loss-tolerance", help="Relative tolerance for smaller golden loss."),
+        high_loss_above: float = typer.Option(2.0, "--high-loss-above"),
+        medium_loss_above: float = typer.Option(0.5, "--medium-loss-above"),
+        max_pointwise_failures: float = typer.Option(0.10, "--max-pointwise-failures", help="Largest allowed fraction of points outside tolerance."),
+        final_loss_tolerance: float = typer.Option(0.03, "--final-loss-tolerance", help="Largest relative final-loss difference."),
+        outlier_sigma: float = typer.Option(3.0, "--outlier-sigma"),
+        max_outlier_ratio: float = typer.Option(0.10, "--max-outlier-ratio"),
+        max_throughput_drop: Optional[float] = typer.Option(None, "--max-throughput-drop", help="Fail if tokens/s per GPU drops more than this percent."),
+        max_memory_increase: Optional[float] = typer.Option(None, "--max-memory-increase", help="Fail if peak memory rises more than this percent."),
+    ) -> None:
+        """Convergence (loss curves), throughput, memory and stack of a candidate run against a golden run.
+
+        Exit 0 pass, 1 fail, 3 unreadable input.
+        """
+        from muse_stack.compare.convergence import Thresholds
+        from muse_stack.compare.runcompare import Gates, compare_runs
+
+        thresholds = Thresholds(
+            correlation_min=min_correlation,
+            high_loss_above=high_loss_above,
+            medium_loss_above=medium_loss_above,
+            high_loss_tolerance=high_loss_tolerance,
+            medium_loss_tolerance=medium_loss_tolerance,
+            low_loss_tolerance=low_loss_tolerance,
+            max_pointwise_failure_ratio=max_pointwise_failures,
+            final_loss_tolerance=final_loss_tolerance,
+            outlier_sigma=outlier_sigma,
+            max_outlier_ratio=max_outlier_ratio,
+            skip_first_percent=skip_first_percent,
+        )
+        report = compare_runs(run_a, run_b, thresholds, Gates(max_throughput_drop, max_memory_increase),
+                              plot=plot, make_plot=not no_plot)
+        if as_json:
+            typer.echo(_dump(report.as_dict()))
+        else:
+            from muse_stack.compare.report import render_compare
+
+            render_compare(report, Console())
+        raise typer.Exit(report.exit_code)
+
+
+__all__ = ["register", "MuseStackError"]

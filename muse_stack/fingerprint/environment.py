@@ -1,0 +1,118 @@
+"""Environment variables that change numerics or performance, with secrets never recorded.
+
+Only allow-listed names are recorded. Any variable whose name looks like a secret (token,
+key, secret, password, credential, ...) is recorded by name only, in ``secrets_set``; and
+as a last guard every string in the finished document is scrubbed of the values of such
+variables and of credentials embedded in URLs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+ALLOWED_PREFIXES = (
+    "NCCL_",
+    "NVTE_",
+    "CUDA_",
+    "TORCH_",
+    "TORCHINDUCTOR_",
+    "PYTORCH_",
+    "FI_",
+    "NVIDIA_",
+    "CUBLAS_",
+    "CUBLASLT_",
+    "CUDNN_",
+    "MUSE_STACK_",
+    "NVSHMEM_",
+    "UCX_",
+    "OMP_",
+    "KMP_",
+    "MKL_",
+    "TRITON_",
+    "TILELANG_",
+    "EP_",
+    "XLA_",
+    "HF_",
+    "TRANSFORMERS_",
+    "MEGATRON_",
+    "NVLS_",
+    "GLOO_",
+)
+ALLOWED_NAMES = frozenset(
+    {
+        "LD_LIBRARY_PATH",
+        "LD_PRELOAD",
+        "PYTHONPATH",
+        "PYTHONHASHSEED",
+        "MALLOC_CONF",
+        "GLIBC_TUNABLES",
+        "OPAL_PREFIX",
+        "TOKENIZERS_PARALLELISM",
+    }
+)
+SECRET_NAME = re.compile(
+    r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTH|COOKIE|PRIVATE|SIGNATURE|SESSION)", re.I
+)
+# names that look secret but are well-known, harmless settings
+NOT_SECRET = frozenset({"TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_IMPLICIT_TOKEN"})
+URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s:]+(:[^/@\s]*)?@")
+REDACTED = "<redacted>"
+MIN_SECRET_LEN = 4
+
+
+def is_secret_name(name: str) -> bool:
+    return name not in NOT_SECRET and bool(SECRET_NAME.search(name))
+
+
+def is_allowed(name: str) -> bool:
+    return name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
+
+
+def collect(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    env = os.environ if env is None else env
+    variables = {}
+    secrets = []
+    for name in sorted(env):
+        if is_secret_name(name):
+            secrets.append(name)
+        elif is_allowed(name):
+            variables[name] = env[name]
+    return {"variables": variables, "secrets_set": secrets}
+
+
+def secret_values(env: Mapping[str, str] | None = None) -> list[str]:
+    env = os.environ if env is None else env
+    values = {v for k, v in env.items() if is_secret_name(k) and len(v) >= MIN_SECRET_LEN}
+    return sorted(values, key=len, reverse=True)
+
+
+def scrub_text(text: str, secrets: list[str]) -> str:
+    for value in secrets:
+        if value in text:
+            text = text.replace(value, REDACTED)
+    return URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+
+
+def redact(obj: Any, secrets: list[str], *, secret_keys: bool = False) -> Any:
+    """A copy of ``obj`` with secret values removed from every string.
+
+    With ``secret_keys`` (for free-form mappings such as a caller's ``extra``), a string under
+    a secret-looking key is reduced to whether it was set.
+    """
+    if isinstance(obj, str):
+        return scrub_text(obj, secrets)
+    if isinstance(obj, Mapping):
+        out = {}
+        for key, value in obj.items():
+            skey = scrub_text(str(key), secrets)
+            if secret_keys and isinstance(value, str) and is_secret_name(str(key)):
+                out[skey] = {"set": bool(value)}
+            else:
+                out[skey] = redact(value, secrets, secret_keys=secret_keys)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [redact(v, secrets, secret_keys=secret_keys) for v in obj]
+    return obj
