@@ -12,25 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from muse_stack.model.linear import linear
+from muse_stack.model.linear import Projection
 from muse_stack.model.norms import rms_norm
 from muse_stack.model.rope import apply_rope
 from muse_stack.model_config import ModelConfig
-
-
-class Projection(nn.Module):
-    """A bias-free ``nn.Linear``-shaped projection whose matmul follows :func:`linear`."""
-
-    def __init__(self, in_features: int, out_features: int) -> None:
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias=False"
 
 
 class MuseSparkAttention(nn.Module):

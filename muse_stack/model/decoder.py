@@ -24,6 +24,10 @@ Module tree (parameter names are the Hugging Face checkpoint names)::
           norm.weight             [H]   used as stored
       lm_head.weight              [V, H]
 
+The architecture notes name the norm modules (``input_layernorm``, ``pre_expert_norm``,
+``post_expert_norm``, ...); their gains are stored as ``<module>.weight`` as in every Hugging
+Face RMSNorm. The residual gates are stored as ``<module>.gate`` as the notes give them.
+
 The residual stream is fp32; matmuls run in the autocast dtype (e.g. bf16) when autocast is
 on, else in the weights' dtype.
 """
@@ -35,8 +39,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from muse_stack.model.attention import MuseSparkAttention, Projection
+from muse_stack.model.attention import MuseSparkAttention
 from muse_stack.model.init import init_weights
+from muse_stack.model.linear import Projection
 from muse_stack.model.loss import LossResult, causal_lm_loss
 from muse_stack.model.moe import MuseSparkMoE
 from muse_stack.model.norms import CenteredRMSNorm, GainFirstRMSNorm, StoredGainRMSNorm, rms_norm

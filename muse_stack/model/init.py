@@ -31,7 +31,7 @@ def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
 @torch.no_grad()
 def init_weights(model: nn.Module, seed: int = 0, std: float = INIT_STD) -> None:
     """(Re)initialise ``model`` (a MuseSparkForCausalLM) in place from ``seed``."""
-    from muse_stack.model.attention import Projection
+    from muse_stack.model.linear import Projection
     from muse_stack.model.moe import MuseSparkExperts
     from muse_stack.model.norms import CenteredRMSNorm, GainFirstRMSNorm, StoredGainRMSNorm
     from muse_stack.model.residual import GatedResidual, initial_gate_value

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from muse_stack.model.attention import Projection
+from muse_stack.model.linear import Projection
 from muse_stack.model.linear import linear
 from muse_stack.model.norms import CenteredRMSNorm, GainFirstRMSNorm
 from muse_stack.model.router import MuseSparkRouter
