@@ -150,3 +150,19 @@ def test_redact_never_leaves_a_secret(obj, secret):
     import json
 
     assert secret not in json.dumps(redact(planted, [secret]))
+
+
+def test_prefetch_hashes_once_in_the_background(tmp_path, monkeypatch):
+    files = []
+    for i in range(3):
+        f = tmp_path / f"lib{i}.so"
+        f.write_bytes(bytes([i]) * 5000)
+        files.append(str(f))
+    calls = []
+    real = hashing._digest
+    monkeypatch.setattr(hashing, "_digest", lambda p: calls.append(p) or real(p))
+    hashing.clear_cache()
+    hashing.prefetch(files + files)
+    records = hashing.file_records(files)
+    assert sorted(calls) == sorted(os.path.realpath(f) for f in files)
+    assert len({r["sha256"] for r in records.values()}) == 3

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from muse_stack.fingerprint import cudalibs, environment, frameworks, gpu, host, identity, network, pyenv
+from muse_stack.fingerprint import cudalibs, environment, frameworks, gpu, hashing, host, identity, network, pyenv
 from muse_stack.fingerprint.absent import absent, guarded
 from muse_stack.fingerprint.document import KIND, SCHEMA_VERSION
 
@@ -67,8 +67,10 @@ def capture(
         timings[name] = round(time.perf_counter() - t, 4)
         return value
 
-    torch, torch_error = timed("import_torch", _import_torch)
     index = timed("distributions", pyenv.distribution_index)
+    # hash the frameworks' compiled libraries in the background while torch imports
+    hashing.prefetch(frameworks.installed_shared_objects(index))
+    torch, torch_error = timed("import_torch", _import_torch)
     cuda_ok = bool(torch is not None and torch.version.cuda and torch.cuda.is_available())
 
     doc: dict[str, Any] = {

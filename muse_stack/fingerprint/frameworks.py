@@ -68,6 +68,18 @@ def _git_for(package_dir: Path) -> Any:
     return None
 
 
+def installed_shared_objects(index: dict[str, metadata.Distribution]) -> list[str]:
+    """Shared objects the framework distributions installed (known before importing them)."""
+    out = []
+    for dist_names, _module in FRAMEWORKS.values():
+        for name in dist_names:
+            dist = index.get(normalize(name))
+            for entry in (dist.files or []) if dist is not None else []:
+                if hashing.is_shared_object(str(entry)):
+                    out.append(str(Path(dist.locate_file(entry))))
+    return out
+
+
 def _compiled_files(dists: list[metadata.Distribution], package_dir: Path | None, loaded: list[str]) -> dict[str, Any]:
     """{relative name: {path, size, sha256, loaded}} for the shared objects of a framework."""
     found: dict[str, str] = {}  # absolute path -> relative name

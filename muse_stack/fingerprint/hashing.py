@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,9 @@ from muse_stack.fingerprint.absent import absent
 MAX_HASH_BYTES = int(os.environ.get("MUSE_STACK_FINGERPRINT_MAX_HASH_BYTES", str(8 << 30)))
 
 _cache: dict[tuple[str, int, int], str] = {}
+_pending: dict[tuple[str, int, int], Future[str]] = {}
 _lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
 
 
 def _digest(path: str) -> str:
@@ -45,16 +47,41 @@ def file_record(path: str | os.PathLike[str]) -> dict[str, Any]:
     key = (real, st.st_size, st.st_mtime_ns)
     with _lock:
         cached = _cache.get(key)
-    if cached is None:
-        try:
+        pending = _pending.get(key)
+    try:
+        if cached is None and pending is not None:
+            cached = pending.result()
+        if cached is None:
             cached = _digest(real)
-        except OSError as exc:
-            record["sha256"] = absent(f"read failed: {exc.strerror}")
-            return record
-        with _lock:
-            _cache[key] = cached
+    except OSError as exc:
+        record["sha256"] = absent(f"read failed: {exc.strerror}")
+        return record
+    with _lock:
+        _cache[key] = cached
     record["sha256"] = cached
     return record
+
+
+def prefetch(paths: list[str]) -> None:
+    """Start hashing files in the background (e.g. while torch imports); file_record waits
+    for a pending hash instead of reading the file twice."""
+    global _pool
+    for path in dict.fromkeys(paths):
+        real = os.path.realpath(path)
+        try:
+            st = os.stat(real)
+        except OSError:
+            continue
+        if st.st_size > MAX_HASH_BYTES:
+            continue
+        key = (real, st.st_size, st.st_mtime_ns)
+        with _lock:
+            if key in _cache or key in _pending:
+                continue
+            if _pool is None:
+                _pool = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
+                                           thread_name_prefix="muse-prefetch")
+            _pending[key] = _pool.submit(_digest, real)
 
 
 def file_records(paths: list[str]) -> dict[str, dict[str, Any]]:
@@ -80,6 +107,7 @@ def combined_sha256(records: dict[str, dict[str, Any]]) -> str:
 def clear_cache() -> None:
     with _lock:
         _cache.clear()
+        _pending.clear()
 
 
 def is_shared_object(path: str | Path) -> bool:
