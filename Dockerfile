@@ -144,21 +144,23 @@ ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib \
 
 # ---------------------------------------------------------------------------------------------
 FROM stack-${STACK_KIND} AS image
-# muse-stack's own dependencies (from pyproject.toml), then the package, the lock and recipes
-COPY pyproject.toml /opt/muse-stack/src/pyproject.toml
+# muse-stack's own dependencies (from pyproject.toml), then the source tree at /opt/muse-stack
+# (installed editable: recipes and bundled data resolve against the source tree, as in a checkout)
+COPY pyproject.toml /opt/muse-stack/pyproject.toml
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
     python -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
-       /opt/muse-stack/src/pyproject.toml > /tmp/requirements.txt \
+       /opt/muse-stack/pyproject.toml > /tmp/requirements.txt \
     && lock-env pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
-COPY muse_stack /opt/muse-stack/src/muse_stack
+COPY muse_stack /opt/muse-stack/muse_stack
 ARG MUSE_STACK_VERSION
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
-    lock-env pip install --no-deps /opt/muse-stack/src \
+    lock-env pip install --no-deps --editable /opt/muse-stack \
     && lock-env pip-check "${MUSE_STACK_VERSION}" muse-stack
 COPY recipes /opt/muse-stack/recipes
-COPY containers/locks /opt/muse-stack/locks
+COPY data /opt/muse-stack/data
+COPY containers/locks /opt/muse-stack/containers/locks
 COPY containers/entrypoint.sh /usr/local/bin/muse-stack-entrypoint
 
 ARG LOCK_NAME
@@ -172,7 +174,7 @@ ARG SOURCE_REVISION=""
 ARG BUILT_BY=docker
 # the labels promise this lock: the copy in the image must hash to the build argument
 RUN mkdir -p /etc/muse-stack \
-    && cp "/opt/muse-stack/locks/${LOCK_NAME}.toml" /etc/muse-stack/lock.toml \
+    && cp "/opt/muse-stack/containers/locks/${LOCK_NAME}.toml" /etc/muse-stack/lock.toml \
     && echo "${LOCK_SHA256}  /etc/muse-stack/lock.toml" | sha256sum -c - \
     && lock-env image-json /etc/muse-stack/image.json "${LOCK_NAME}" "${LOCK_SHA256}" "${BASE_IMAGE}:${BASE_TAG}" \
          "${BASE_DIGEST}" "${SOURCE_REVISION}" "${MUSE_STACK_VERSION}" "${PLATFORM}" "${BUILT_BY}"
@@ -182,7 +184,7 @@ RUN chmod 0755 /usr/local/bin/muse-stack-entrypoint \
     && mkdir -p /workspace && chown muse:muse /workspace
 
 ENV MUSE_STACK_RECIPES=/opt/muse-stack/recipes \
-    MUSE_STACK_LOCKS=/opt/muse-stack/locks \
+    MUSE_STACK_LOCKS=/opt/muse-stack/containers/locks \
     MUSE_STACK_IMAGE_INFO=/etc/muse-stack/image.json
 ARG CREATED=""
 ARG SOURCE_URL=""

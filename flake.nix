@@ -50,6 +50,7 @@
           checks = [
             (mustBe "python" l.pythonVersion python.version)
             (mustBe "torch" (plain c.torch.version) ps.torch.version)
+            (mustBe "muse-stack (pyproject.toml)" l.museStackVersion (builtins.fromTOML (builtins.readFile ./pyproject.toml)).project.version)
           ] ++ lib.optionals (l.kind == "gpu") [
             (mustBe "CUDA" l.cudaVersion (lib.versions.majorMinor pkgs.cudaPackages.cudaMajorMinorVersion))
             (mustBe "transformer-engine" c.transformer_engine.version ps.transformer-engine.version)
@@ -62,25 +63,27 @@
             (throw "lock ${l.name}: nixpkgs packages neither ${c.deepep.package} ${c.deepep.version} nor ${c.megatron_core.package} ${c.megatron_core.version}; build the GPU image with the Dockerfile (make image gpu=${l.name})")
           ];
 
-          museStack = ps.buildPythonApplication {
-            pname = "muse-stack";
-            version = l.museStackVersion;
-            pyproject = true;
-            src = lib.cleanSourceWith {
-              src = ./.;
-              filter = path: type:
-                let rel = lib.removePrefix (toString ./. + "/") (toString path); in
-                rel == "pyproject.toml" || lib.hasPrefix "muse_stack" rel;
-            };
-            build-system = [ ps.setuptools ];
-            dependencies = with ps; [
-              pydantic typer rich pyyaml matplotlib nvidia-ml-py safetensors datasets pyarrow tokenizers jinja2 torch
-            ] ++ lib.optionals (l.kind == "gpu") [ ps.transformer-engine ];
-            doCheck = false;
+          # muse-stack runs from its source tree at /opt/muse-stack (recipes and bundled data resolve
+          # against it, as in a checkout); the Python environment carries its dependencies
+          deps = p: with p; [
+            pydantic typer rich pyyaml matplotlib nvidia-ml-py safetensors datasets pyarrow tokenizers jinja2 torch
+          ] ++ lib.optionals (l.kind == "gpu") [ p.transformer-engine ];
+          pythonEnv = python.withPackages deps;
+          sourceTree = lib.cleanSourceWith {
+            src = ./.;
+            filter = path: type:
+              let rel = lib.removePrefix (toString ./. + "/") (toString path); in
+              builtins.any (p: rel == p || lib.hasPrefix (p + "/") rel)
+                [ "pyproject.toml" "muse_stack" "recipes" "data" "containers" ]
+              && !(lib.hasSuffix ".pyc" rel);
           };
+          museStack = pkgs.writeShellScriptBin "muse-stack" ''
+            export PYTHONPATH=/opt/muse-stack''${PYTHONPATH:+:$PYTHONPATH}
+            exec ${pythonEnv}/bin/python -m muse_stack.cli "$@"
+          '';
         in
         assert lib.all (x: x) checks;
-        { inherit pkgs python museStack; };
+        { inherit pkgs python pythonEnv deps sourceTree museStack; };
 
       imageFor = system: l:
         let
@@ -101,15 +104,14 @@
             mkdir -p $out/etc/muse-stack $out/opt/muse-stack $out/usr/local/bin $out/workspace $out/tmp
             cp ${infoFile} $out/etc/muse-stack/image.json
             cp ${./containers/locks + "/${l.name}.toml"} $out/etc/muse-stack/lock.toml
-            cp -r ${./recipes} $out/opt/muse-stack/recipes
-            cp -r ${./containers/locks} $out/opt/muse-stack/locks
+            cp -r ${s.sourceTree}/. $out/opt/muse-stack/
             install -m 0755 ${./containers/entrypoint.sh} $out/usr/local/bin/muse-stack-entrypoint
           '';
         in
         pkgs.dockerTools.streamLayeredImage {
           name = l.imageName;
           tag = l.imageTag;
-          contents = [ s.museStack pkgs.bashInteractive pkgs.coreutils pkgs.gnugrep pkgs.gawk pkgs.cacert root ];
+          contents = [ s.museStack s.pythonEnv pkgs.bashInteractive pkgs.coreutils pkgs.gnugrep pkgs.gawk pkgs.cacert root ];
           fakeRootCommands = ''
             mkdir -p ./run/opengl-driver ./home/muse
             chown 1000:1000 ./workspace ./home/muse ./run/opengl-driver
@@ -125,7 +127,7 @@
               "PATH=/bin:/usr/local/bin"
               "HOME=/home/muse"
               "MUSE_STACK_RECIPES=/opt/muse-stack/recipes"
-              "MUSE_STACK_LOCKS=/opt/muse-stack/locks"
+              "MUSE_STACK_LOCKS=/opt/muse-stack/containers/locks"
               "MUSE_STACK_IMAGE_INFO=/etc/muse-stack/image.json"
               "SSL_CERT_FILE=${pkgs.cacert}/etc/ssl/certs/ca-bundle.crt"
               # the host driver: the entrypoint links it to /run/opengl-driver/lib, else this path
@@ -162,7 +164,7 @@
             (name: l:
               let s = stackFor system l; in
               s.pkgs.mkShell {
-                packages = [ (s.python.withPackages (ps: s.museStack.dependencies ++ [ ps.pytest ps.hypothesis ])) ];
+                packages = [ (s.python.withPackages (p: s.deps p ++ [ p.pytest p.hypothesis ])) ];
                 MUSE_STACK_LOCK = name;
                 shellHook = ''
                   export LD_LIBRARY_PATH=/run/opengl-driver/lib''${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

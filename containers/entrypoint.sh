@@ -28,8 +28,10 @@ if [ ! -e /run/opengl-driver/lib/libcuda.so.1 ] && lib=$(find_libcuda); then
   fi
 fi
 
-# `docker run IMAGE bash` (or any other program) runs that program; everything else is muse-stack
+# `docker run IMAGE bash` (or any other program) runs that program; everything else is muse-stack,
+# with or without a leading `muse-stack` (launchers such as pyxis may or may not run the entrypoint)
 case "${1:-}" in
   bash|sh|python|python3|/*) exec "$@" ;;
+  muse-stack) shift ;;
 esac
 exec muse-stack "$@"

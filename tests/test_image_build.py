@@ -21,7 +21,8 @@ pytestmark = pytest.mark.image
 
 
 def _selected(config) -> bool:
-    return "image" in (config.getoption("-m") or "") or os.environ.get("MUSE_STACK_IMAGE_TEST") == "1"
+    markexpr = (config.getoption("-m") or "").strip()
+    return markexpr == "image" or os.environ.get("MUSE_STACK_IMAGE_TEST") == "1"
 
 
 def test_cpu_image_builds_runs_and_carries_its_lock(request, tmp_path):

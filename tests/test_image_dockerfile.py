@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,7 +122,7 @@ def test_image_identity_labels_user_entrypoint_and_build_features():
 
 
 def _sh_env(tmp_path: Path) -> dict[str, str]:
-    venv_bin = str(Path(os.sys.executable).parent)
+    venv_bin = str(Path(sys.executable).parent)
     return {**os.environ, "PATH": f"{tmp_path}:{venv_bin}:{os.environ['PATH']}"}
 
 
@@ -150,6 +151,9 @@ def test_entrypoint_runs_muse_stack_and_links_no_driver_when_absent(tmp_path):
     fake.write_text('#!/bin/sh\necho "muse-stack $*"\necho "LD=${LD_LIBRARY_PATH:-}"\n')
     fake.chmod(0o755)
     r = subprocess.run(["sh", str(ROOT / "containers/entrypoint.sh"), "run", "sft-192"],
+                       capture_output=True, text=True, env=_sh_env(tmp_path), check=True)
+    assert r.stdout.splitlines()[0] == "muse-stack run sft-192"
+    r = subprocess.run(["sh", str(ROOT / "containers/entrypoint.sh"), "muse-stack", "run", "sft-192"],
                        capture_output=True, text=True, env=_sh_env(tmp_path), check=True)
     assert r.stdout.splitlines()[0] == "muse-stack run sft-192"
     r = subprocess.run(["sh", str(ROOT / "containers/entrypoint.sh"), "sh", "-c", "echo other"],
