@@ -95,6 +95,7 @@ def test_pack_alignment_rule():
     assert pack_alignment(load_recipe("sft-192-coderforge-64k").layout) == 16
     assert pack_alignment(Layout(tp=1, cp=1)) == 1
     assert pack_alignment(Layout(tp=2, cp=4, sequence_parallel=False)) == 8
+    assert pack_alignment(Layout(tp=4, cp=1, sequence_parallel=True)) == 1
 
 
 @settings(max_examples=200, deadline=None)

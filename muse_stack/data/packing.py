@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 
 from muse_stack.errors import LayoutError
+from muse_stack.plan.layout import pack_alignment as layout_alignment
 from muse_stack.recipes.schema import Batch, Layout
 
 
@@ -25,12 +26,7 @@ def pack_alignment(layout: Layout, batch: Batch | None = None) -> int:
     """
     if batch is not None and batch.pack_alignment:
         return int(batch.pack_alignment)
-    cp = layout.cp or 1
-    if cp > 1 and layout.sequence_parallel:
-        return math.lcm(2 * cp, layout.tp * cp)
-    if cp > 1:
-        return 2 * cp
-    return 1
+    return layout_alignment(layout)
 
 
 def align_up(n: int, multiple: int) -> int:

@@ -8,15 +8,15 @@ from muse_stack.recipes.schema import Layout
 
 
 def pack_alignment(layout: Layout) -> int:
-    """Packed sequences are padded to a multiple of this: lcm(2 x CP, TP x CP with sequence
-    parallelism) when CP > 1; TP with sequence parallelism alone; else 1."""
+    """The multiple each packed sequence is padded to, as Megatron-Bridge pads for context
+    parallelism: lcm(2 x CP, TP x CP) with sequence parallelism and CP > 1, 2 x CP with CP > 1,
+    else 1. (A recipe's ``batch.pack_alignment`` must be a multiple of it.)"""
     cp = layout.cp or 1
-    # megatron-core requires sequence parallelism for MoE with TP > 1, so an unstated value means on
-    sp = layout.sequence_parallel if layout.sequence_parallel is not None else layout.tp > 1
-    tp_mult = layout.tp * cp if sp else 1
+    if cp > 1 and layout.sequence_parallel:
+        return math.lcm(2 * cp, layout.tp * cp)
     if cp > 1:
-        return math.lcm(2 * cp, tp_mult)
-    return tp_mult
+        return 2 * cp
+    return 1
 
 
 def stage_layers(layout: Layout, num_layers: int) -> list[int] | None:

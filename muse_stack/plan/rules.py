@@ -140,9 +140,4 @@ def check(recipe: Recipe, model: ModelConfig, world: int) -> RuleReport:
                             value=batch.pack_alignment,
                             rule=f"alignment a multiple of lcm(2 x CP, TP x CP with sequence parallel) = {align}",
                             fix=f"set batch.pack_alignment={align}"))
-    elif batch.pack_alignment is not None and batch.pack_alignment % pack_alignment(lay):
-        align = pack_alignment(lay)
-        err(LayoutError("packed sequences are aligned to a multiple TP cannot split", field="batch.pack_alignment",
-                        value=batch.pack_alignment, rule=f"alignment a multiple of {align}",
-                        fix=f"set batch.pack_alignment={align}"))
     return rep

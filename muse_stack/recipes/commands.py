@@ -64,7 +64,9 @@ def print_plan(plan: Plan) -> None:
                       f(s.optimizer_gib), f(s.activations_gib), "-" if s.logits_gib is None else f(s.logits_gib),
                       f(s.buffers_gib), f(s.total_gib))
         console.print(m)
-        if plan.peak_memory_gib is not None:
+        if plan.peak_memory_gib is not None and plan.gpu_memory_gib is None:
+            console.print(f"peak {plan.peak_memory_gib:.1f} GiB estimated per process (no GPU memory to check against)")
+        elif plan.peak_memory_gib is not None:
             verdict = "[green]fits[/]" if plan.fits else "[red]does not fit[/]"
             console.print(f"peak {plan.peak_memory_gib:.1f} GiB (stage {plan.peak_stage}) of "
                           f"{plan.gpu_memory_gib:.2f} GiB per {plan.gpu}: {verdict} "

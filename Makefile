@@ -1,0 +1,37 @@
+# muse-stack: `make demo` and `make test` set themselves up on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# PyTorch for the CPU reference engine; pip takes a local CPU wheel when one is on its find-links
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?= -m "not image"
+
+.PHONY: help setup demo test unit clean
+help:
+	@echo "make demo   # set up, then run the tiny-cpu recipe end to end on this CPU"
+	@echo "make test   # set up, then run the test suite and the cpu image test"
+	@echo "make image gpu=gb200|b200|h200|cpu   # build a pinned image (see README 'Images')"
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+demo: setup
+	$(VENV)/bin/muse-stack run tiny-cpu --out runs/demo-$$(date +%Y%m%d-%H%M%S)
+	@echo; echo "Outputs: the run directory printed above (recipe.yaml, fingerprint.json, metrics.jsonl, results.json, loss.png, throughput.png, run.log)."
+
+unit: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test: unit image-test
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
+
+include containers/image.mk

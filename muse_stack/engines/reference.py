@@ -1,0 +1,195 @@
+"""The reference engine: the PyTorch Muse Spark model, data parallel over torch.distributed.
+
+It runs on a CPU (gloo) or on GPUs (NCCL, bf16 autocast), one process per device. Each
+optimizer step runs GBS / (MBS x DP) micro-batches per rank; the loss is averaged over the
+supervised tokens of the whole global batch (per-token loss), whatever rank or micro-batch
+they fall in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from muse_stack import atomic
+from muse_stack.engines.base import StepStats, TrainContext
+from muse_stack.errors import RecipeError
+from muse_stack.run.schedule import lr_at
+
+GIB = 2**30
+
+
+def cpu_threads(world_size: int) -> int:
+    """Threads per CPU process: OMP_NUM_THREADS when set, else half the cores shared over the
+    processes (oversubscribed small matmuls run many times slower than one thread each)."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    return max(1, (os.cpu_count() or 1) // (2 * world_size))
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.ndim >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class ReferenceEngine:
+    name = "reference"
+
+    def __init__(self, ctx: TrainContext) -> None:
+        from muse_stack.model import MuseSparkForCausalLM, freeze, load_weights_into
+
+        self.ctx = ctx
+        recipe = ctx.recipe
+        cuda = recipe.hardware.gpu != "cpu"
+        if cuda and not torch.cuda.is_available():
+            from muse_stack.errors import EngineUnavailable
+
+            raise EngineUnavailable("the recipe runs on GPUs but CUDA is not available here",
+                                    field="hardware.gpu", value=recipe.hardware.gpu,
+                                    fix="run it on a GPU machine, or pick a CPU recipe such as tiny-cpu")
+        self.device = f"cuda:{ctx.local_rank}" if cuda else "cpu"
+        if cuda:
+            torch.cuda.set_device(self.device)
+        else:
+            torch.set_num_threads(cpu_threads(ctx.world_size))
+        seed = recipe.training.seed if recipe.training.seed is not None else 0
+        torch.manual_seed(seed)
+        self.model = MuseSparkForCausalLM(ctx.model, seed=seed).to(self.device)
+        if ctx.pretrained_checkpoint:
+            load_weights_into(self.model, ctx.pretrained_checkpoint)
+        frozen = [f for f in recipe.frozen if f not in ("vision_tower", "audio_tower")]
+        if frozen:
+            freeze(self.model, frozen)
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda and recipe.precision == "bf16"
+                         else nullcontext())
+        self.ddp = None
+        if ctx.world_size > 1:
+            self.ddp = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[ctx.local_rank] if cuda else None)
+        opt = recipe.optimizer
+        if opt.name == "sgd":
+            self.optimizer = torch.optim.SGD(_param_groups(self.model, opt.weight_decay or 0.0), lr=opt.lr or 0.0)
+        else:
+            self.optimizer = torch.optim.AdamW(
+                _param_groups(self.model, opt.weight_decay or 0.0), lr=opt.lr or 0.0,
+                betas=(opt.beta1 or 0.9, opt.beta2 or 0.999), eps=opt.eps or 1e-8)
+        batch = recipe.batch
+        if not batch.mbs or not batch.gbs:
+            raise RecipeError("the reference engine needs the micro- and global batch sizes",
+                              field="batch.mbs" if not batch.mbs else "batch.gbs", value=None,
+                              fix="set batch.mbs and batch.gbs")
+        per_step = batch.mbs * ctx.world_size
+        if batch.gbs % per_step:
+            raise RecipeError("the global batch does not split over the ranks", field="batch.gbs", value=batch.gbs,
+                              rule=f"GBS divisible by MBS x DP = {per_step}", fix=f"use a multiple of {per_step}")
+        self.micro_batches = batch.gbs // per_step
+        self._batches = ctx.data.batches(batch.mbs, seed=recipe.training.data_seed, rank=ctx.rank,
+                                         world_size=ctx.world_size, epochs=None)
+        self._seq_lens: list[int] | None = None
+
+    # -- one optimizer step ---------------------------------------------------------------
+    def train_step(self, step: int) -> StepStats:
+        recipe, ctx = self.ctx.recipe, self.ctx
+        lr = lr_at(step, recipe.optimizer, ctx.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        micro = [next(self._batches) for _ in range(self.micro_batches)]
+        if self._seq_lens is None:
+            first = micro[0]
+            cu = first["cu_seqlens"].tolist()
+            self._seq_lens = [b - a for a, b in zip(cu, cu[1:])] or [first["input_ids"].shape[1]]
+        counts = torch.tensor([float(sum(int(m["loss_mask"].sum()) for m in micro)),
+                               float(sum(m["input_ids"].numel() for m in micro))], dtype=torch.float64)
+        if ctx.world_size > 1:
+            counts = counts.to(self.device)
+            dist.all_reduce(counts)
+            counts = counts.cpu()
+        global_supervised, global_tokens = counts.tolist()
+        denom = max(global_supervised, 1.0)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        module = self.ddp or self.model
+        self.optimizer.zero_grad(set_to_none=True)
+        for i, mb in enumerate(micro):
+            mb = {k: (v.to(self.device) if torch.is_tensor(v) else v) for k, v in mb.items()}
+            sync = self.ddp.no_sync() if (self.ddp is not None and i < len(micro) - 1) else nullcontext()
+            with sync, self.autocast:
+                out = module(mb["input_ids"], position_ids=mb["position_ids"], segment_ids=mb["segment_ids"],
+                             labels=mb["labels"], loss_mask=mb["loss_mask"])
+            n = out.num_tokens.to(torch.float64)
+            token_sum = out.loss.to(torch.float64) * n
+            # DDP averages gradients over ranks: scale so the result is the global per-token mean
+            (token_sum * ctx.world_size / denom).float().backward()
+            loss_sum += token_sum.detach().cpu()
+        if ctx.world_size > 1:
+            t = loss_sum.to(self.device)
+            dist.all_reduce(t)
+            loss_sum = t.cpu()
+        clip = recipe.optimizer.clip_grad
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip else float("inf"))
+        self.optimizer.step()
+        return StepStats(loss=float(loss_sum) / denom, grad_norm=float(grad_norm), lr=lr,
+                         tokens=int(global_tokens), supervised_tokens=int(global_supervised))
+
+    def seq_lens(self) -> list[int]:
+        return self._seq_lens or [self.ctx.recipe.batch.seq_length or 1]
+
+    def peak_memory_gib(self) -> float | None:
+        if self.device.startswith("cuda"):
+            return torch.cuda.max_memory_allocated(self.device) / GIB
+        rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return rss_kib * (1 if sys.platform != "darwin" else 1 / 1024) / 2**20
+
+    def describe(self) -> dict[str, Any]:
+        n_params = sum(p.numel() for p in self.model.parameters())
+        n_train = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        return {"engine": self.name, "device": self.device, "parameters": n_params, "trainable_parameters": n_train,
+                "micro_batches_per_step": self.micro_batches, "torch_threads": torch.get_num_threads(),
+                "peak_memory_kind": "max allocated (CUDA)" if self.device.startswith("cuda")
+                else "peak resident set of the process (host)"}
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def save(self, directory: Path, step: int) -> None:
+        """Model weights as an HF-style checkpoint plus optimizer and trainer state (rank 0)."""
+        from muse_stack.model import save_checkpoint
+
+        if self.ctx.rank != 0:
+            return
+        tmp = directory.with_name(directory.name + ".partial")
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp)
+        save_checkpoint(self.model, tmp)
+        torch.save({"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+        atomic.write_text(tmp / "trainer_state.json", json.dumps({"step": step}) + "\n")
+        if directory.exists():
+            import shutil
+
+            shutil.rmtree(directory)
+        tmp.rename(directory)
+
+    def load(self, directory: Path) -> int:
+        from muse_stack.model import load_weights_into
+
+        load_weights_into(self.model, directory)
+        state = torch.load(directory / "optimizer.pt", map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        step = json.loads((directory / "trainer_state.json").read_text())["step"]
+        # the data order is deterministic: skip the micro-batches the finished steps consumed
+        for _ in range(step * self.micro_batches):
+            next(self._batches)
+        return step

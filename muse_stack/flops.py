@@ -1,0 +1,63 @@
+"""Model FLOPs of a training step, written down so every MFU figure can be checked.
+
+Per token, forward:
+  matmuls   2 x N_active             (N_active: every matmul weight one token uses, the
+                                      output layer included; the router counts, the
+                                      embedding lookup and norm gains do not)
+  attention 2 x 2 x (heads x head_dim) x C_l per layer l, for QK^T and PV, where C_l is
+            the mean number of keys a query attends to in layer l: causal full attention
+            over a sequence of length S gives (S + 1) / 2; a sliding window of W keys
+            (counting the query) gives the mean of min(p + 1, W) over positions p.
+Training = forward + backward = 3 x forward. With packed rows C_l is taken per sequence.
+
+MFU = model FLOP/s per GPU / peak FLOP/s per GPU. The 6N form, 6 x N_active x tokens/s /
+peak, leaves attention out; it is reported beside MFU so numbers compare with records
+that use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from muse_stack.model_config import ModelConfig
+
+
+def mean_keys_causal(seq_len: int) -> float:
+    return (seq_len + 1) / 2
+
+
+def mean_keys_sliding(seq_len: int, window: int) -> float:
+    if seq_len <= window:
+        return mean_keys_causal(seq_len)
+    # positions 0..W-1 see p+1 keys, the rest see W
+    head = window * (window + 1) / 2
+    return (head + (seq_len - window) * window) / seq_len
+
+
+def attention_flops_per_token(cfg: ModelConfig, seq_lens: Sequence[int]) -> float:
+    """Forward attention FLOPs per token, averaged over the tokens of ``seq_lens``."""
+    total_tokens = sum(seq_lens)
+    if total_tokens == 0:
+        return 0.0
+    width = cfg.num_attention_heads * cfg.head_dim
+    flops = 0.0
+    for layer_type in cfg.resolved_layer_types:
+        for s in seq_lens:
+            keys = mean_keys_sliding(s, cfg.sliding_window) if layer_type == "sliding_attention" else mean_keys_causal(s)
+            flops += 4 * width * keys * s
+    return flops / total_tokens
+
+
+def training_flops_per_token(cfg: ModelConfig, seq_lens: Sequence[int]) -> dict[str, float]:
+    matmul = 2 * cfg.active_params
+    attention = attention_flops_per_token(cfg, seq_lens)
+    return {
+        "matmul_forward": float(matmul),
+        "attention_forward": attention,
+        "training": 3 * (matmul + attention),
+        "training_6n": 6.0 * cfg.active_params,
+    }
+
+
+FORMULA = ("model FLOPs/token = 3 x (2 x N_active + sum over layers of 4 x heads x head_dim x mean keys per query); "
+           "mean keys = (S+1)/2 for full attention, mean of min(p+1, W) for sliding layers")

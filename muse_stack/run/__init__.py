@@ -1,0 +1,1 @@
+"""`muse-stack run`: validate, fingerprint, train, and write results beside the fingerprint."""

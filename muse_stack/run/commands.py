@@ -1,0 +1,54 @@
+"""`muse-stack run`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    def run_cmd(
+        name: Optional[str] = typer.Argument(None, help="recipe name, alias or YAML file"),
+        overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
+        gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs (processes) to run on"),
+        steps: Optional[int] = typer.Option(None, "--steps", help="optimizer steps (overrides the recipe)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="new run directory (default runs/NAME-TIME)"),
+        resume: Optional[Path] = typer.Option(None, "--resume", help="continue an interrupted run directory"),
+        pretrained_checkpoint: Optional[str] = typer.Option(
+            None, "--pretrained-checkpoint", help="HF-style checkpoint directory to start from"),
+        no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+    ) -> None:
+        """Validate, fingerprint and train a recipe; write results beside the fingerprint."""
+        from muse_stack.run.pipeline import run
+
+        if resume is None and name is None:
+            raise typer.BadParameter("give a recipe name, or --resume DIR")
+        if resume is not None and (name is not None and not name.startswith("-")):
+            overrides = [name, *(overrides or [])] if "=" in name else overrides
+        outcome = run(None if resume is not None else name, overrides=overrides or [], out=out, steps=steps,
+                      gpus=gpus, resume=resume, pretrained_checkpoint=pretrained_checkpoint,
+                      progress=not no_progress)
+        r = outcome.results
+        if not r:
+            return
+        console.print(f"[bold]{outcome.status}[/]: {r.get('steps_completed')} steps, loss "
+                      f"{r.get('first_loss'):.4f} -> {r.get('final_loss'):.4f}" if r.get("first_loss") is not None
+                      else f"[bold]{outcome.status}[/]")
+        if r.get("tokens_per_s_per_gpu"):
+            mfu = f", MFU {r['mfu']:.2%} of {r['peak_tflops']:.3g} TFLOP/s" if r.get("mfu") is not None else ""
+            console.print(f"{r['tokens_per_s_per_gpu']:,.0f} tokens/s per {'GPU' if r['device'] != 'cpu' else 'process'}"
+                          f" over steps {r['window'][0]}-{r['window'][1]}, step-time CV "
+                          f"{r['step_time_cv_percent']:.1f}%{mfu}")
+        console.print(f"run directory: {outcome.path}")
+        for f in ("recipe.yaml", "fingerprint.json", "metrics.jsonl", "results.json", "loss.png", "throughput.png",
+                  "run.log"):
+            if (outcome.path / f).exists():
+                console.print(f"  {outcome.path / f}")
+        if outcome.status != "completed":
+            raise typer.Exit(1)

@@ -1,0 +1,104 @@
+"""The run directory: a new folder per run, never overwritten, read back by compare and export."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from muse_stack import atomic
+from muse_stack.errors import InputError
+from muse_stack.recipes.catalogue import parse_recipe, recipe_yaml
+from muse_stack.recipes.schema import Recipe
+
+RECIPE = "recipe.yaml"
+FINGERPRINT = "fingerprint.json"
+METRICS = "metrics.jsonl"
+RESULTS = "results.json"
+LOG = "run.log"
+CHECKPOINT = "checkpoint"
+RANKS = "fingerprints"
+
+
+def default_run_dir(recipe_name: str, base: str | os.PathLike[str] = "runs") -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = Path(base) / f"{recipe_name}-{stamp}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = Path(base) / f"{recipe_name}-{stamp}-{n}"
+    return path
+
+
+def create(path: Path, recipe: Recipe) -> Path:
+    """Make a new run directory and write the resolved recipe; refuse an existing path."""
+    if path.exists():
+        raise InputError("the run directory already exists; a run never overwrites another",
+                         field="--out", value=str(path),
+                         fix="choose a new --out path (or omit it for a fresh one), or continue it with --resume")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir()
+    atomic.write_text(path / RECIPE, recipe_yaml(recipe))
+    return path
+
+
+@dataclass
+class RunRecord:
+    path: Path
+    recipe: Recipe
+    results: dict[str, Any] | None
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    fingerprint: dict[str, Any] | None = None
+
+    def stack_summary(self) -> dict[str, Any] | None:
+        """The recorded-stack view of this run's fingerprint, for an OpenRecipes record."""
+        fp = self.fingerprint
+        if not fp:
+            return None
+        from muse_stack.run.stack_summary import summarise
+
+        return summarise(fp)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    file = path / METRICS
+    if not file.exists():
+        return rows
+    for n, line in enumerate(file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{file}:{n} is not valid JSON ({exc})", field=METRICS, value=str(file),
+                             fix="the file is corrupt; re-run or remove the broken line") from exc
+    return rows
+
+
+def read_run(path: str | os.PathLike[str]) -> RunRecord:
+    path = Path(path)
+    if not (path / RECIPE).is_file():
+        raise InputError("not a run directory (no recipe.yaml)", field="run", value=str(path),
+                         fix="give a directory written by `muse-stack run`")
+    recipe = parse_recipe(yaml.safe_load((path / RECIPE).read_text()), str(path / RECIPE))
+    results = None
+    if (path / RESULTS).is_file():
+        try:
+            results = json.loads((path / RESULTS).read_text())
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path / RESULTS} is not valid JSON", field=RESULTS, value=str(path),
+                             fix="the file is corrupt; re-run the recipe") from exc
+    fingerprint = None
+    if (path / FINGERPRINT).is_file():
+        try:
+            fingerprint = json.loads((path / FINGERPRINT).read_text())
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path / FINGERPRINT} is not valid JSON", field=FINGERPRINT, value=str(path),
+                             fix="the file is corrupt; capture it again with `muse-stack fingerprint`") from exc
+    return RunRecord(path=path, recipe=recipe, results=results, metrics=read_metrics(path), fingerprint=fingerprint)
