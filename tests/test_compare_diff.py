@@ -218,3 +218,18 @@ def test_cli_diff_missing_file_and_empty_run_dir(tmp_path, capsys):
     empty.mkdir()
     assert main(["diff", str(good), str(empty)]) == 3
     assert "no fingerprint.json" in capsys.readouterr().err
+
+
+def test_real_h200_capture_against_crafted_b200():
+    h200 = json.loads((FIXTURES / "h200-x2-torch2.11.json").read_text())
+    assert h200["gpu"]["names"] == ["NVIDIA H200"] and h200["gpu"]["compute_capabilities"] == ["9.0"]
+    assert h200["cuda_libraries"]["cudnn"]["version"] == "9.19.0"
+    report = diff_documents(h200, B200)
+    c = classes(report)
+    assert c["gpu.compute_capabilities"] == NUMERICS
+    assert c["gpu.devices.0.compute_capability"] == NUMERICS
+    assert c["gpu.count"] == PERFORMANCE and c["gpu.driver_version"] == PERFORMANCE
+    assert c["cuda_libraries.cudnn.version"] == NUMERICS
+    assert c["cuda_libraries.nccl.version"] == PERFORMANCE
+    assert c["host.hostname"] == INFORMATIONAL
+    assert report.exit_code == 2

@@ -52,6 +52,7 @@ class Check:
     value: Any
     threshold: Any
     detail: str
+    rule: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,6 +117,7 @@ def _integrity(golden: Metrics, candidate: Metrics) -> list[Check]:
             "equal, non-empty",
             f"golden has {len(g_steps)} steps (last {max(g_steps, default=0)}), "
             f"candidate {len(c_steps)} (last {max(c_steps, default=0)})",
+            "same number of steps",
         )
     )
 
@@ -132,6 +134,7 @@ def _integrity(golden: Metrics, candidate: Metrics) -> list[Check]:
             {"golden": sorted(g_missing), "candidate": sorted(c_missing)},
             f"every step 1-{last} in both",
             "; ".join(problems) or f"steps 1-{last} present in both runs",
+            "every step in both runs",
         )
     )
 
@@ -142,7 +145,8 @@ def _integrity(golden: Metrics, candidate: Metrics) -> list[Check]:
             if m.duplicates
         )
         checks.append(Check("no duplicate steps", False,
-                            {"golden": golden.duplicates, "candidate": candidate.duplicates}, "none", detail))
+                            {"golden": golden.duplicates, "candidate": candidate.duplicates}, "none", detail,
+                            "each step once"))
 
     bad: dict[str, dict[str, list[int]]] = {}
     for name, m in (("golden", golden), ("candidate", candidate)):
@@ -156,7 +160,8 @@ def _integrity(golden: Metrics, candidate: Metrics) -> list[Check]:
         for what, steps in per.items()
         if steps
     )
-    checks.append(Check("finite loss and grad norm", not bad, bad, "all finite", detail or "all finite"))
+    checks.append(Check("finite loss and grad norm", not bad, bad, "all finite", detail or "all finite",
+                        "no NaN/Inf"))
     return checks
 
 
@@ -179,7 +184,7 @@ def check_convergence(golden: Metrics, candidate: Metrics, thresholds: Threshold
 
     if len(steps) < 2:
         result.checks.append(Check("enough points", False, len(steps), ">= 2",
-                                   f"{len(steps)} comparable points after skipping {skip}"))
+                                   f"{len(steps)} comparable points after skipping {skip}", ">= 2 points"))
         return result
 
     # correlation
@@ -189,7 +194,8 @@ def check_convergence(golden: Metrics, candidate: Metrics, thresholds: Threshold
         corr = float(np.corrcoef(g, c)[0, 1])
     result.checks.append(
         Check("correlation", bool(corr >= t.correlation_min), corr, t.correlation_min,
-              f"Pearson r = {corr:.5f}" + (" (a curve is constant)" if math.isnan(corr) else ""))
+              f"Pearson r = {corr:.5f}" + (" (a curve is constant)" if math.isnan(corr) else ""),
+              f"r >= {t.correlation_min:g}")
     )
 
     # point-wise tolerance by golden magnitude
@@ -208,6 +214,7 @@ def check_convergence(golden: Metrics, candidate: Metrics, thresholds: Threshold
             f"{len(fails)}/{len(steps)} points outside tolerance"
             + (f" at steps {step_ranges(fails)}" if fails else "")
             + f"; largest excess at step {steps[worst]}: {rel[worst]:.2%} vs {tol[worst]:.0%}",
+            f"<= {t.max_pointwise_failure_ratio:.0%} of points fail",
         )
     )
 
@@ -216,7 +223,8 @@ def check_convergence(golden: Metrics, candidate: Metrics, thresholds: Threshold
     final = abs(c_last - g_last) / abs(g_last) if g_last != 0 else abs(c_last)
     result.checks.append(
         Check("final loss", final <= t.final_loss_tolerance, final, t.final_loss_tolerance,
-              f"step {steps[-1]}: golden {g_last:.5f}, candidate {c_last:.5f} ({final:.3%})")
+              f"step {steps[-1]}: golden {g_last:.5f}, candidate {c_last:.5f} ({final:.3%})",
+              f"<= {t.final_loss_tolerance:.1%}")
     )
 
     # 3-sigma outliers of the residual
@@ -228,6 +236,7 @@ def check_convergence(golden: Metrics, candidate: Metrics, thresholds: Threshold
     result.checks.append(
         Check(f"{t.outlier_sigma:g}-sigma outliers", o_ratio <= t.max_outlier_ratio,
               {"outliers": len(o_steps), "ratio": o_ratio}, t.max_outlier_ratio,
-              f"{len(o_steps)}/{len(steps)} residual outliers" + (f" at steps {step_ranges(o_steps)}" if o_steps else ""))
+              f"{len(o_steps)}/{len(steps)} residual outliers" + (f" at steps {step_ranges(o_steps)}" if o_steps else ""),
+              f"<= {t.max_outlier_ratio:.0%} of points")
     )
     return result

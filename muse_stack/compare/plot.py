@@ -13,6 +13,7 @@ def plot_losses(golden: Metrics, candidate: Metrics, golden_name: str, candidate
                 title: str = "") -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(9, 6.5), constrained_layout=True)
     FigureCanvasAgg(fig)
@@ -34,6 +35,7 @@ def plot_losses(golden: Metrics, candidate: Metrics, golden_name: str, candidate
     ax_rel.set_ylabel("|rel. diff| %")
     ax_rel.set_xlabel("step")
     ax_rel.grid(alpha=0.3)
+    ax_rel.xaxis.set_major_locator(MaxNLocator(integer=True))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     return atomic.write_bytes(out, buf.getvalue())

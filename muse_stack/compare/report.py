@@ -87,15 +87,11 @@ def render_compare(report: CompareReport, console: Console) -> None:
     table = Table(title=f"convergence ({len(conv.steps)} points compared, {conv.skipped} skipped)", title_justify="left")
     table.add_column("check")
     table.add_column("result")
-    table.add_column("value", overflow="fold", max_width=30)
-    table.add_column("threshold")
-    table.add_column("detail", overflow="fold", max_width=70)
+    table.add_column("rule")
+    table.add_column("detail", overflow="fold", ratio=1)
     for c in conv.checks:
-        value = c.value
-        if isinstance(value, dict) and "ratio" in value:
-            value = f"{value['ratio']:.1%}"
         table.add_row(c.name, Text("pass" if c.passed else "FAIL", style="green" if c.passed else "bold red"),
-                      _fmt(value), _fmt(c.threshold), c.detail)
+                      c.rule, c.detail)
     console.print(table)
 
     perf = Table(title="performance (results.json, measurement window)", title_justify="left")

@@ -50,7 +50,9 @@ def image_digest() -> Any:
 def _git(cwd: Path, *args: str) -> str:
     out = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=5)
     if out.returncode != 0:
-        raise RuntimeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}")
+        lines = out.stderr.strip().splitlines()
+        fatal = [line for line in lines if line.startswith(("fatal:", "error:"))]
+        raise RuntimeError((fatal or lines or [f"exit {out.returncode}"])[0])
     return out.stdout.strip()
 
 
