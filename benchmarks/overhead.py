@@ -1,0 +1,95 @@
+"""Engine overhead: the engine's train_step against a minimal megatron-core loop, same GPU,
+same process, same model, optimizer and data.
+
+The minimal loop is what any megatron-core training script does per step: zero the grad
+buffers, ``get_forward_backward_func()`` over the micro-batches (already on the GPU), the
+optimizer step, one ``torch.cuda.synchronize()``. The engine's step adds the LR schedule, the
+data iterator and host-to-device copies, and the loss/token reduction. Steps alternate
+(engine, minimal, engine, ...) after warm-up so clock or thermal drift hits both alike.
+
+    PYTHONPATH=. python benchmarks/overhead.py slice-1gpu --steps 10 --warmup 3 --out overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("recipe")
+    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from muse_stack.data import build_for_recipe
+    from muse_stack.engines.base import TrainContext
+    from muse_stack.engines.megatron import MegatronEngine
+    from muse_stack.recipes.catalogue import load_recipe
+
+    total = 2 * (args.steps + args.warmup)
+    recipe = load_recipe(args.recipe, [*args.overrides, f"training.steps={total}"])
+    data = build_for_recipe(recipe, progress=False)
+    model_cfg = recipe.model_config_resolved()
+    engine = MegatronEngine(TrainContext(recipe=recipe, model=model_cfg, data=data, total_steps=total))
+    fixed = [engine._prepare(next(engine._batches)) for _ in range(engine.micro_batches)]
+
+    def minimal_step() -> float:
+        t0 = time.perf_counter()
+        engine.model.zero_grad_buffer()
+        engine.optimizer.zero_grad()
+        get_forward_backward_func()(forward_step_func=engine._forward_step, data_iterator=iter(fixed),
+                                    model=[engine.model], num_microbatches=len(fixed),
+                                    seq_length=engine.seq_length, micro_batch_size=recipe.batch.mbs,
+                                    forward_only=False)
+        engine.optimizer.step()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def engine_step(step: int) -> float:
+        t0 = time.perf_counter()
+        engine.train_step(step)
+        return time.perf_counter() - t0
+
+    eng, mini = [], []
+    step = 0
+    for i in range(args.warmup + args.steps):
+        step += 1
+        e = engine_step(step)
+        m = minimal_step()
+        if i >= args.warmup:
+            eng.append(e)
+            mini.append(m)
+    result = {
+        "recipe": recipe.name, "overrides": args.overrides, "steps_timed": args.steps, "warmup_pairs": args.warmup,
+        "engine_step_s": eng, "minimal_step_s": mini,
+        "engine_mean_s": statistics.fmean(eng), "minimal_mean_s": statistics.fmean(mini),
+        "engine_median_s": statistics.median(eng), "minimal_median_s": statistics.median(mini),
+        "overhead_percent_mean": (statistics.fmean(eng) / statistics.fmean(mini) - 1) * 100,
+        "overhead_percent_median": (statistics.median(eng) / statistics.median(mini) - 1) * 100,
+        "target_percent": 3.0, "device": torch.cuda.get_device_name(),
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+    }
+    print(json.dumps({k: v for k, v in result.items() if not k.endswith("step_s")}), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

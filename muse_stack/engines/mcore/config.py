@@ -1,0 +1,139 @@
+"""The megatron-core ``TransformerConfig`` of a Muse Spark recipe.
+
+:func:`transformer_config_kwargs` is pure (no megatron-core import) so the translation is
+tested anywhere; :func:`transformer_config` builds the real object.
+
+What megatron-core expresses as config is taken from it: GQA shapes, the softmax scale
+(``qk_scale_factor / sqrt(head_dim)``), the sliding window (megatron's ``(W - 1, 0)`` is W keys
+counting the query) with ``window_attn_skip_freq`` (1 = sliding) and ``no_rope_freq``
+(1 = NoPE) per layer, the latent MoE width (``moe_latent_size``), sigmoid routing with an
+expert (selection) bias, top-k, grouped GEMM, the alltoall dispatcher, and every
+parallelism. The rest (gated residuals, post-norms, parameter-free norms, the attention
+output gate with its norm, the router's logit multiplier, the softcap) lives in the layer
+spec of :mod:`muse_stack.engines.mcore.layers`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from muse_stack.errors import RecipeError
+from muse_stack.model_config import ModelConfig
+from muse_stack.recipes.schema import Recipe
+
+INIT_STD = 0.02  #: the reference model's initialisation (muse_stack.model.init)
+
+
+def pipeline_split(recipe: Recipe, num_layers: int) -> tuple[int | None, int | None]:
+    """(first, last) stage layer counts for megatron-core's uneven pipeline split."""
+    lay = recipe.layout
+    if lay.pp <= 1:
+        return None, None
+    if lay.pp_layers:
+        if len(lay.pp_layers) != lay.pp or sum(lay.pp_layers) != num_layers:
+            raise RecipeError("pp_layers must list one count per stage that add up to the layers",
+                              field="layout.pp_layers", value=lay.pp_layers,
+                              fix=f"{lay.pp} counts summing to {num_layers}")
+        middle = lay.pp_layers[1:-1]
+        if middle and len(set(middle)) != 1:
+            raise RecipeError("megatron-core splits the middle stages evenly", field="layout.pp_layers",
+                              value=lay.pp_layers, fix="use equal counts for every stage but the first and last")
+        return lay.pp_layers[0], lay.pp_layers[-1]
+    return lay.first_stage_layers, lay.last_stage_layers
+
+
+def transformer_config_kwargs(recipe: Recipe, model: ModelConfig) -> dict[str, Any]:
+    """Keyword arguments of megatron-core's TransformerConfig (dtypes as strings)."""
+    lay = recipe.layout
+    tp, pp, cp, ep = lay.tp, lay.pp, lay.cp or 1, lay.ep or 1
+    if model.num_attention_heads % tp or model.num_key_value_heads % tp:
+        raise RecipeError("attention heads do not split over tensor parallelism", field="layout.tp", value=tp,
+                          fix=f"a TP that divides {model.num_key_value_heads} KV heads")
+    if model.num_local_experts % ep:
+        raise RecipeError("experts do not split over expert parallelism", field="layout.ep", value=ep,
+                          fix=f"an EP that divides {model.num_local_experts}")
+    sliding = [0 if model.is_full_attention(i) else 1 for i in range(model.num_hidden_layers)]
+    nope = [0 if model.uses_rope(i) else 1 for i in range(model.num_hidden_layers)]
+    sp = bool(lay.sequence_parallel) if lay.sequence_parallel is not None else tp > 1
+    first, last = pipeline_split(recipe, model.num_hidden_layers)
+    rc = recipe.recompute
+    granularity = rc.granularity if rc.granularity not in (None, "none") else None
+    kwargs: dict[str, Any] = dict(
+        num_layers=model.num_hidden_layers,
+        hidden_size=model.hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_key_value_heads,
+        kv_channels=model.head_dim,
+        ffn_hidden_size=model.moe_intermediate_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=model.rms_norm_eps,
+        layernorm_zero_centered_gamma=True,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        gated_linear_unit=True,
+        activation_func="silu",
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        softmax_scale=model.softmax_scale,
+        window_size=(model.sliding_window - 1, 0),
+        window_attn_skip_freq=sliding,
+        no_rope_freq=nope,
+        num_moe_experts=model.num_local_experts,
+        moe_ffn_hidden_size=model.moe_intermediate_size,
+        moe_latent_size=model.moe_hidden_size,
+        moe_router_topk=model.num_experts_per_tok,
+        moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=True,
+        moe_router_bias_update_rate=0.0,
+        moe_router_dtype="fp32",
+        moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0,
+        moe_router_topk_scaling_factor=None if model.routed_scaling_factor == 1.0 else model.routed_scaling_factor,
+        moe_grouped_gemm=True,
+        moe_token_dispatcher_type=lay.dispatcher or "alltoall",
+        moe_permute_fusion=True,
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=lay.vpp,
+        num_layers_in_first_pipeline_stage=first,
+        num_layers_in_last_pipeline_stage=last,
+        context_parallel_size=cp,
+        cp_comm_type=lay.cp_comm_type or "a2a",
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=lay.etp,
+        recompute_granularity=granularity,
+        recompute_method=(rc.method or "uniform") if granularity == "full" else None,
+        recompute_num_layers=(rc.num_layers or 1) if granularity == "full" else None,
+        recompute_modules=rc.modules if granularity == "selective" and rc.modules else None,
+        calculate_per_token_loss=True,
+        init_method_std=INIT_STD,
+        bf16=recipe.precision == "bf16",
+        fp16=False,
+        params_dtype="bfloat16" if recipe.precision == "bf16" else "float32",
+        pipeline_dtype="float32",  # the residual stream crosses stages in fp32
+        bias_activation_fusion=True,
+        apply_rope_fusion=True,
+        gradient_accumulation_fusion=True,
+        variable_seq_lengths=False,
+    )
+    if kwargs["recompute_modules"] is None:
+        kwargs.pop("recompute_modules")
+    return kwargs
+
+
+def transformer_config(recipe: Recipe, model: ModelConfig, **extra: Any):
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    kwargs = {**transformer_config_kwargs(recipe, model), **extra}
+    kwargs["activation_func"] = F.silu
+    kwargs["params_dtype"] = getattr(torch, kwargs["params_dtype"])
+    kwargs["pipeline_dtype"] = getattr(torch, kwargs["pipeline_dtype"])
+    std = kwargs["init_method_std"]
+    from megatron.core.utils import init_method_normal
+
+    kwargs["init_method"] = init_method_normal(std)
+    kwargs["output_layer_init_method"] = init_method_normal(std)
+    return TransformerConfig(**kwargs)

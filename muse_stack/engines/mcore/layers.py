@@ -1,0 +1,374 @@
+"""Muse Spark modules on megatron-core: what its config switches do not express.
+
+Composed from megatron-core and Transformer Engine modules (see :mod:`.spec`):
+
+* :class:`MuseSparkAttention` -- q/k/v/gate as ``TEColumnParallelLinear``, the weightless QK
+  norm, rotate-half RoPE (megatron-core's fused kernel) on sliding layers only,
+  ``TEDotProductAttention`` (cuDNN fused attention, sliding window from
+  ``window_size``/``window_attn_skip_freq``, scale ``qk_scale_factor / sqrt(d)``, context
+  parallelism), then ``o = rms(o) * sigmoid(g)`` per head and ``TERowParallelLinear``.
+* :class:`MuseSparkRouter` -- megatron-core's ``TopKRouter`` (sigmoid scores, selection-only
+  expert bias, renormalised top-k weights) with the logit multiplier and an fp32 weight.
+* :class:`MuseSparkMoE` -- megatron-core's ``MoELayer`` with ``moe_latent_size`` (its
+  ``fc1_latent_proj``/``fc2_latent_proj`` are the pre/post expert projections), plus the
+  pre-expert norm on the latent before dispatch.
+* :class:`MuseSparkExperts` -- ``TEGroupedMLP`` (grouped GEMM SwiGLU experts) whose output gets
+  the post-expert norm per expert slot *before* the routing weight is applied (the norm is
+  not linear, so the weight cannot be folded into the activation as megatron-core does).
+* :class:`MuseSparkLayer` -- the decoder layer: pre-norms with centred gains, post-norms,
+  gated residuals on an fp32 residual stream.
+* :class:`MuseSparkBlock` -- the layers of one pipeline stage (uneven first/last stages via
+  megatron-core's layer offsets), full recompute, the final norm.
+
+Norms follow :mod:`muse_stack.model.norms` exactly; they run in fp32 and hand bf16 to the
+matmuls. ``MUSE_STACK_MCORE_COMPILE=1`` fuses the elementwise chains with ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from megatron.core import tensor_parallel
+from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.moe.experts import TEGroupedMLP
+from megatron.core.transformer.moe.moe_layer import MoELayer
+from megatron.core.transformer.moe.router import TopKRouter
+from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+from megatron.core.transformer.transformer_block import get_num_layers_to_build
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+from muse_stack.model.residual import ALPHA_SQUARED_FLOOR, initial_gate_value
+from muse_stack.model_config import ModelConfig
+
+_COMPILE = os.environ.get("MUSE_STACK_MCORE_COMPILE", "0") == "1"
+
+
+def _maybe_compile(fn):
+    if not _COMPILE:
+        return fn
+    compiled = None
+
+    def wrapper(*args):
+        nonlocal compiled
+        if compiled is None:
+            compiled = torch.compile(fn, dynamic=False)
+        return compiled(*args)
+
+    wrapper.__name__ = fn.__name__
+    return wrapper
+
+
+# ---- elementwise math (fp32) ------------------------------------------------------------
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
+@_maybe_compile
+def centered_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms(x) * (1 + w) in bf16 (the pre-norms and the pre-expert norm)."""
+    return (_rms(x, eps) * (1.0 + w.float())).to(torch.bfloat16)
+
+
+@_maybe_compile
+def gain_first_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms(x * (1 + w)) in fp32 (post-FFN and post-expert norms)."""
+    return _rms(x.float() * (1.0 + w.float()), eps)
+
+
+@_maybe_compile
+def gated_residual(stream: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, temperature: float) -> torch.Tensor:
+    """alpha * s + beta * branch (fp32), coefficients from the stored gate vector."""
+    u = gate.float() / temperature
+    beta = torch.sigmoid(u)
+    alpha = torch.sqrt(torch.clamp(torch.sigmoid(-u) * (1.0 + beta), min=ALPHA_SQUARED_FLOOR))
+    return alpha * stream + beta * branch.float()
+
+
+@_maybe_compile
+def post_attention_residual(stream: torch.Tensor, attn: torch.Tensor, gate: torch.Tensor, eps: float,
+                            temperature: float) -> torch.Tensor:
+    """Weightless rms of the attention branch (post-norm eps), then the gated residual."""
+    return gated_residual(stream, _rms(attn, eps), gate, temperature)
+
+
+@_maybe_compile
+def qk_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return _rms(x, eps).to(torch.bfloat16)
+
+
+@_maybe_compile
+def output_gate(o: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms(o) per head x sigmoid(g), bf16."""
+    return (_rms(o, eps) * torch.sigmoid(g.float())).to(torch.bfloat16)
+
+
+@_maybe_compile
+def softcap_logits(raw: torch.Tensor, multiplier: float, cap: float) -> torch.Tensor:
+    return cap * torch.tanh(raw.float() * (multiplier / cap))
+
+
+# ---- parameters -----------------------------------------------------------------------
+def _fp32_param(size: int, value: float, sequence_parallel: bool) -> torch.nn.Parameter:
+    p = torch.nn.Parameter(torch.full((size,), value, dtype=torch.float32, device=torch.cuda.current_device()))
+    # seen by each TP rank on its own tokens under sequence parallelism: reduce over TP
+    setattr(p, "sequence_parallel", sequence_parallel)
+    return p
+
+
+class CenteredNorm(torch.nn.Module):
+    """rms(x) * (1 + weight); weight stored centred at 0 (fp32)."""
+
+    def __init__(self, size: int, eps: float, sequence_parallel: bool) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = _fp32_param(size, 0.0, sequence_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return centered_norm(x, self.weight, self.eps)
+
+
+class GainFirstNorm(torch.nn.Module):
+    """rms(x * (1 + weight)) (fp32)."""
+
+    def __init__(self, size: int, eps: float, sequence_parallel: bool) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = _fp32_param(size, 0.0, sequence_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gain_first_norm(x, self.weight, self.eps)
+
+
+class StoredGainNorm(torch.nn.Module):
+    """rms(x) * weight, weight used as stored (the final norm)."""
+
+    def __init__(self, size: int, eps: float, sequence_parallel: bool) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = _fp32_param(size, 1.0, sequence_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (_rms(x, self.eps) * self.weight).to(torch.bfloat16)
+
+
+class ResidualGate(torch.nn.Module):
+    """Holds ``gate`` (checkpoint ``...residual_gate.gate``)."""
+
+    def __init__(self, size: int, temperature: float, num_layers: int, sequence_parallel: bool) -> None:
+        super().__init__()
+        self.temperature = temperature
+        self.gate = _fp32_param(size, initial_gate_value(num_layers, temperature), sequence_parallel)
+
+
+# ---- attention ------------------------------------------------------------------------
+@dataclass
+class AttentionSubmodules:
+    linear_q: Any
+    linear_k: Any
+    linear_v: Any
+    linear_gate: Any
+    core_attention: Any
+    linear_proj: Any
+
+
+class MuseSparkAttention(MegatronModule):
+    def __init__(self, config, submodules: AttentionSubmodules, layer_number: int, muse: ModelConfig,
+                 pg_collection=None) -> None:
+        super().__init__(config=config)
+        self.layer_number = layer_number
+        tp = pg_collection.tp.size() if pg_collection is not None else 1
+        self.heads = config.num_attention_heads // tp
+        self.kv_heads = config.num_query_groups // tp
+        self.head_dim = config.kv_channels
+        self.eps = muse.rms_norm_eps
+        self.use_rope = not config.no_rope_freq[layer_number - 1] if config.no_rope_freq else True
+        self.cp_group = pg_collection.cp if pg_collection is not None else None
+        q_width, kv_width = config.num_attention_heads * self.head_dim, config.num_query_groups * self.head_dim
+        common = dict(config=config, init_method=config.init_method, gather_output=False, bias=False,
+                      skip_bias_add=False, is_expert=False, tp_group=pg_collection.tp if pg_collection else None)
+        self.linear_q = build_module(submodules.linear_q, config.hidden_size, q_width, tp_comm_buffer_name="q", **common)
+        self.linear_k = build_module(submodules.linear_k, config.hidden_size, kv_width, tp_comm_buffer_name="k", **common)
+        self.linear_v = build_module(submodules.linear_v, config.hidden_size, kv_width, tp_comm_buffer_name="v", **common)
+        self.linear_gate = build_module(submodules.linear_gate, config.hidden_size, q_width, tp_comm_buffer_name="gate",
+                                        **common)
+        self.core_attention = build_module(
+            submodules.core_attention, config=config, layer_number=layer_number, attn_mask_type=AttnMaskType.causal,
+            attention_type="self", softmax_scale=config.softmax_scale, cp_comm_type=config.cp_comm_type,
+            pg_collection=pg_collection)
+        self.linear_proj = build_module(
+            submodules.linear_proj, q_width, config.hidden_size, config=config, init_method=config.output_layer_init_method,
+            bias=False, input_is_parallel=True, skip_bias_add=False, is_expert=False, tp_comm_buffer_name="proj",
+            tp_group=pg_collection.tp if pg_collection else None)
+        self.recompute_core = (config.recompute_granularity == "selective"
+                               and "core_attn" in (config.recompute_modules or []))
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.core_attention(q, k, v, attention_mask=None, attn_mask_type=AttnMaskType.causal)
+
+    def forward(self, x: torch.Tensor, rotary_pos_emb: torch.Tensor | None) -> torch.Tensor:
+        q, _ = self.linear_q(x)
+        k, _ = self.linear_k(x)
+        v, _ = self.linear_v(x)
+        g, _ = self.linear_gate(x)
+        s, b = q.shape[0], q.shape[1]
+        q = qk_norm(q.view(s, b, self.heads, self.head_dim), self.eps)
+        k = qk_norm(k.view(s, b, self.kv_heads, self.head_dim), self.eps)
+        v = v.view(s, b, self.kv_heads, self.head_dim)
+        if self.use_rope and rotary_pos_emb is not None:
+            q = apply_rotary_pos_emb(q, rotary_pos_emb, config=self.config)
+            k = apply_rotary_pos_emb(k, rotary_pos_emb, config=self.config)
+        if self.recompute_core:
+            o = tensor_parallel.checkpoint(self._core, False, q, k, v)
+        else:
+            o = self._core(q, k, v)
+        o = output_gate(o.view(s, b, self.heads, self.head_dim), g.view(s, b, self.heads, self.head_dim), self.eps)
+        out, _ = self.linear_proj(o.view(s, b, self.heads * self.head_dim))
+        return out
+
+
+# ---- mixture of experts ---------------------------------------------------------------
+class MuseSparkRouter(TopKRouter):
+    """TopKRouter with ``logits x output_multiplier`` and the weight kept in fp32."""
+
+    output_multiplier: float = 1.0
+
+    def reset_parameters(self) -> None:
+        if self.config.perform_initialization:
+            self.config.init_method(self.weight)
+        self.weight.data = self.weight.data.to(dtype=torch.float32)
+        setattr(self.weight, "sequence_parallel", self.config.sequence_parallel)
+
+    def gating(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - megatron-core's signature
+        return super().gating(input) * self.output_multiplier
+
+
+class MuseSparkExperts(TEGroupedMLP):
+    """Grouped-GEMM SwiGLU experts; post-expert norm per slot, then the routing weight."""
+
+    post_norm_eps: float = 1e-8
+
+    def __init__(self, num_local_experts: int, config, submodules, pg_collection=None, name=None) -> None:
+        super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection, name=name)
+        self.post_expert_norm = GainFirstNorm(config.moe_latent_size, self.post_norm_eps, False)
+
+    def forward(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, permuted_probs: torch.Tensor,
+                **kwargs: Any):
+        out, bias = super().forward(hidden, tokens_per_expert, torch.ones_like(permuted_probs))
+        out = (self.post_expert_norm(out) * permuted_probs.unsqueeze(-1).float()).to(hidden.dtype)
+        return out, bias
+
+
+class MuseSparkMoE(MoELayer):
+    """MoELayer with latent projections and the pre-expert norm on the latent."""
+
+    def __init__(self, config, submodules=None, layer_number=None, pg_collection=None, muse: ModelConfig | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(config, submodules, layer_number=layer_number, pg_collection=pg_collection, **kwargs)
+        assert muse is not None
+        self.router.output_multiplier = muse.output_multiplier
+        self.experts.post_expert_norm.eps = muse.post_norm_eps
+        self.pre_expert_norm = CenteredNorm(config.moe_latent_size, muse.rms_norm_eps, config.sequence_parallel)
+
+    def preprocess(self, hidden_states: torch.Tensor, probs: torch.Tensor, routing_map: torch.Tensor):
+        latent, _ = self.fc1_latent_proj(hidden_states)
+        latent = self.pre_expert_norm(latent)
+        return self.token_dispatcher.dispatch_preprocess(latent, routing_map, probs)
+
+
+# ---- decoder layer and block ----------------------------------------------------------
+@dataclass
+class LayerSubmodules:
+    self_attention: Any
+    mlp: Any
+
+
+class MuseSparkLayer(MegatronModule):
+    """One decoder layer on the fp32 residual stream [s, b, H]."""
+
+    def __init__(self, config, submodules: LayerSubmodules, layer_number: int, muse: ModelConfig,
+                 pg_collection=None, vp_stage=None) -> None:
+        super().__init__(config=config)
+        self.layer_number = layer_number  # global, 1-based
+        sp = config.sequence_parallel
+        h, eps, post_eps, t = config.hidden_size, muse.rms_norm_eps, muse.post_norm_eps, muse.residual_gate_temperature
+        self.post_eps, self.temperature = post_eps, t
+        self.input_layernorm = CenteredNorm(h, eps, sp)
+        self.self_attention = build_module(submodules.self_attention, config=config, layer_number=layer_number,
+                                           muse=muse, pg_collection=pg_collection)
+        self.post_attention_residual_gate = ResidualGate(h, t, muse.num_hidden_layers, sp)
+        self.pre_mlp_layernorm = CenteredNorm(h, eps, sp)
+        self.mlp = build_module(submodules.mlp, config=config, layer_number=layer_number, pg_collection=pg_collection,
+                                muse=muse)
+        self.post_mlp_layernorm = GainFirstNorm(h, post_eps, sp)
+        self.post_mlp_residual_gate = ResidualGate(h, t, muse.num_hidden_layers, sp)
+
+    def forward(self, stream: torch.Tensor, rotary_pos_emb: torch.Tensor | None) -> torch.Tensor:
+        attn = self.self_attention(self.input_layernorm(stream), rotary_pos_emb)
+        stream = post_attention_residual(stream, attn, self.post_attention_residual_gate.gate, self.post_eps,
+                                         self.temperature)
+        ffn, _ = self.mlp(self.pre_mlp_layernorm(stream))
+        return gated_residual(stream, self.post_mlp_layernorm(ffn), self.post_mlp_residual_gate.gate, self.temperature)
+
+
+class MuseSparkBlock(MegatronModule):
+    """The decoder layers of this pipeline stage, and the final norm on the last stage."""
+
+    def __init__(self, config, layer_spec: ModuleSpec, muse: ModelConfig, pre_process: bool, post_process: bool,
+                 pg_collection=None, pp_rank: int = 0, vp_stage: int | None = None) -> None:
+        super().__init__(config=config)
+        self.pre_process, self.post_process = pre_process, post_process
+        count = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
+        self.layer_offset = get_transformer_layer_offset(config, vp_stage, pp_rank)
+        self.layers = torch.nn.ModuleList(
+            build_module(layer_spec, config=config, layer_number=self.layer_offset + i + 1, muse=muse,
+                         pg_collection=pg_collection)
+            for i in range(count))
+        self.final_layernorm = StoredGainNorm(config.hidden_size, muse.rms_norm_eps, config.sequence_parallel) \
+            if post_process else None
+        self.input_tensor: torch.Tensor | None = None
+
+    def set_input_tensor(self, tensor: torch.Tensor | None) -> None:
+        self.input_tensor = tensor
+
+    def _run(self, start: int, end: int):
+        def fn(stream: torch.Tensor, rotary: torch.Tensor | None) -> torch.Tensor:
+            for layer in self.layers[start:end]:
+                stream = layer(stream, rotary)
+            return stream
+
+        return fn
+
+    def forward(self, stream: torch.Tensor | None, rotary_pos_emb: torch.Tensor | None) -> torch.Tensor:
+        if not self.pre_process:
+            stream = self.input_tensor
+        cfg = self.config
+        n = len(self.layers)
+        if cfg.recompute_granularity == "full" and self.training:
+            k = cfg.recompute_num_layers or 1
+            if cfg.recompute_method == "block":
+                for i in range(n):
+                    fn = self._run(i, i + 1)
+                    stream = tensor_parallel.checkpoint(fn, False, stream, rotary_pos_emb) if i < k \
+                        else fn(stream, rotary_pos_emb)
+            else:  # uniform: checkpoint every group of k layers
+                for i in range(0, n, k):
+                    stream = tensor_parallel.checkpoint(self._run(i, min(n, i + k)), False, stream, rotary_pos_emb)
+        else:
+            stream = self._run(0, n)(stream, rotary_pos_emb)
+        if self.final_layernorm is not None:
+            return self.final_layernorm(stream)
+        return stream
+
+
+def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return _rms(x, eps)
+
+
+__all__ = ["MuseSparkAttention", "MuseSparkBlock", "MuseSparkExperts", "MuseSparkLayer", "MuseSparkMoE",
+           "MuseSparkRouter", "rms", "softcap_logits"]

@@ -1,0 +1,80 @@
+"""The Muse Spark causal LM on megatron-core: embedding (+ parameter-free norm), the decoder
+layers of this pipeline stage, and on the last stage the final norm, the vocab-parallel
+output layer, ``logits x output_multiplier`` with the softcap, and the per-token loss."""
+
+from __future__ import annotations
+
+import torch
+from megatron.core import tensor_parallel
+from megatron.core.extensions.transformer_engine import TEColumnParallelLinear
+from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from megatron.core.transformer.module import MegatronModule
+
+from muse_stack.engines.mcore.layers import MuseSparkBlock, rms, softcap_logits
+from muse_stack.engines.mcore.spec import muse_spark_layer_spec
+from muse_stack.model.loss import IGNORE_INDEX
+from muse_stack.model_config import ModelConfig
+
+
+class MuseSparkMCore(MegatronModule):
+    """One pipeline stage (all of the model when PP = 1). Parameter names: see .weights."""
+
+    def __init__(self, config, muse: ModelConfig, *, seq_length: int, pre_process: bool = True,
+                 post_process: bool = True, pg_collection=None, pp_rank: int = 0) -> None:
+        super().__init__(config=config)
+        self.muse = muse
+        self.pre_process, self.post_process = pre_process, post_process
+        self.cp_size = pg_collection.cp.size() if pg_collection is not None else 1
+        if pre_process:
+            self.embedding = LanguageModelEmbedding(config, muse.vocab_size, seq_length, position_embedding_type="rope",
+                                                    tp_group=pg_collection.tp if pg_collection else None)
+        theta = muse.rope_theta
+        self.rotary_pos_emb = RotaryEmbedding(muse.head_dim, rotary_percent=1.0,
+                                              rotary_base=int(theta) if float(theta).is_integer() else theta,
+                                              cp_group=pg_collection.cp if pg_collection else None)
+        self.decoder = MuseSparkBlock(config, muse_spark_layer_spec(), muse, pre_process, post_process,
+                                      pg_collection=pg_collection, pp_rank=pp_rank)
+        if post_process:
+            self.output_layer = TEColumnParallelLinear(
+                config.hidden_size, muse.vocab_size, config=config, init_method=config.output_layer_init_method,
+                gather_output=False, bias=False, skip_bias_add=False, is_expert=False,
+                tp_group=pg_collection.tp if pg_collection else None)
+
+    def set_input_tensor(self, input_tensor) -> None:
+        if isinstance(input_tensor, (list, tuple)):
+            input_tensor = input_tensor[0]
+        self.decoder.set_input_tensor(input_tensor)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Input ids [b, s] (this CP rank's tokens). The last stage returns the per-token loss
+        [b, s] (fp32, 0 where not supervised) when labels are given, else the soft-capped
+        logits [s, b, V/TP]; other stages return the fp32 residual stream."""
+        stream = None
+        if self.pre_process:
+            stream = rms(self.embedding(input_ids, position_ids=None), self.muse.rms_norm_eps)
+        rotary = self.rotary_pos_emb(input_ids.shape[1] * self.cp_size)
+        hidden = self.decoder(stream, rotary)
+        if not self.post_process:
+            return hidden
+        raw, _ = self.output_layer(hidden)
+        logits = softcap_logits(raw, self.muse.output_multiplier, self.muse.final_logit_softcapping)
+        if labels is None:
+            return logits
+        target = labels.transpose(0, 1).contiguous()
+        mask = target != IGNORE_INDEX
+        if loss_mask is not None:
+            mask = mask & loss_mask.transpose(0, 1).to(torch.bool)
+        per_token = tensor_parallel.vocab_parallel_cross_entropy(logits, torch.where(mask, target, 0))
+        return (per_token * mask).transpose(0, 1).contiguous()
+
+
+def build_model(config, muse: ModelConfig, seq_length: int, pg_collection=None) -> MuseSparkMCore:
+    from megatron.core import parallel_state as ps
+
+    pp_rank = ps.get_pipeline_model_parallel_rank()
+    return MuseSparkMCore(config, muse, seq_length=seq_length,
+                          pre_process=ps.is_pipeline_first_stage(ignore_virtual=True),
+                          post_process=ps.is_pipeline_last_stage(ignore_virtual=True),
+                          pg_collection=pg_collection, pp_rank=pp_rank)

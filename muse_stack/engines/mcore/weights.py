@@ -1,0 +1,144 @@
+"""Weight names of the megatron-core Muse Spark model and their Hugging Face checkpoint names.
+
+The mapping is one-to-one: every megatron-core parameter (or buffer) of the model built by
+:mod:`muse_stack.engines.mcore.model` is one checkpoint tensor, or one expert's slice of a
+stacked expert tensor, or a tensor-parallel shard of one of those. Nothing is fused or
+permuted, so the same checkpoint loads into the reference engine and into this one.
+
+Names here are *global* (layer index over the whole decoder, expert index over all experts);
+:func:`local_to_global` turns the names of one pipeline stage / expert-parallel rank into
+them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+LM = "model.language_model."
+
+#: megatron-core suffix inside ``decoder.layers.{l}.`` -> HF suffix inside ``layers.{l}.``
+LAYER_NAMES: dict[str, str] = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "self_attention.linear_q.weight": "self_attn.q_proj.weight",
+    "self_attention.linear_k.weight": "self_attn.k_proj.weight",
+    "self_attention.linear_v.weight": "self_attn.v_proj.weight",
+    "self_attention.linear_gate.weight": "self_attn.gate_proj.weight",
+    "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+    "post_attention_residual_gate.gate": "post_attention_residual_gate.gate",
+    "pre_mlp_layernorm.weight": "pre_feedforward_layernorm.weight",
+    "mlp.router.weight": "mlp.gate.weight",
+    "mlp.router.expert_bias": "mlp.gate.e_score_correction_bias",
+    "mlp.fc1_latent_proj.weight": "mlp.pre_expert_proj.weight",
+    "mlp.pre_expert_norm.weight": "mlp.pre_expert_norm.weight",
+    "mlp.experts.post_expert_norm.weight": "mlp.experts.post_expert_norm.weight",
+    "mlp.fc2_latent_proj.weight": "mlp.post_expert_proj.weight",
+    "post_mlp_layernorm.weight": "post_feedforward_layernorm.weight",
+    "post_mlp_residual_gate.gate": "post_feedforward_residual_gate.gate",
+}
+#: stacked expert tensors: megatron-core keeps one weight per local expert
+EXPERT_NAMES: dict[str, str] = {
+    "mlp.experts.linear_fc1.weight": "mlp.experts.gate_up_proj",
+    "mlp.experts.linear_fc2.weight": "mlp.experts.down_proj",
+}
+TOP_NAMES: dict[str, str] = {
+    "embedding.word_embeddings.weight": LM + "embed_tokens.weight",
+    "decoder.final_layernorm.weight": LM + "norm.weight",
+    "output_layer.weight": "lm_head.weight",
+}
+
+#: tensor-parallel split axis of each weight (absent: replicated over TP)
+TP_AXIS: dict[str, int] = {
+    "self_attention.linear_q.weight": 0,
+    "self_attention.linear_k.weight": 0,
+    "self_attention.linear_v.weight": 0,
+    "self_attention.linear_gate.weight": 0,
+    "self_attention.linear_proj.weight": 1,
+    "embedding.word_embeddings.weight": 0,
+    "output_layer.weight": 0,
+}
+#: expert-tensor-parallel split axis of the expert weights (fc1 splits gate and up halves alike)
+ETP_AXIS: dict[str, int] = {"mlp.experts.linear_fc1.weight": 0, "mlp.experts.linear_fc2.weight": 1}
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^(mlp\.experts\.linear_fc[12]\.weight)(\d+)$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one megatron-core tensor comes from in the checkpoint."""
+
+    hf_name: str
+    expert: int | None = None  #: index into the stacked expert tensor
+    tp_axis: int | None = None  #: split over tensor parallelism (dense weights)
+    etp_axis: int | None = None  #: split over expert tensor parallelism
+    glu: bool = False  #: [gate; up] rows: each half splits separately
+
+
+def mcore_to_hf(name: str) -> Target:
+    """The checkpoint tensor of a *global* megatron-core name (see module doc)."""
+    if name in TOP_NAMES:
+        return Target(TOP_NAMES[name], tp_axis=TP_AXIS.get(name))
+    match = _LAYER.match(name)
+    if match is None:
+        raise KeyError(f"not a Muse Spark megatron-core tensor: {name}")
+    layer, rest = int(match.group(1)), match.group(2)
+    prefix = f"{LM}layers.{layer}."
+    if rest in LAYER_NAMES:
+        return Target(prefix + LAYER_NAMES[rest], tp_axis=TP_AXIS.get(rest))
+    expert = _EXPERT.match(rest)
+    if expert is not None:
+        base = expert.group(1)
+        return Target(prefix + EXPERT_NAMES[base], expert=int(expert.group(2)), etp_axis=ETP_AXIS[base],
+                      glu=base.endswith("fc1.weight"))
+    raise KeyError(f"not a Muse Spark megatron-core tensor: {name}")
+
+
+def hf_to_mcore(hf_name: str, num_experts: int) -> list[str]:
+    """Global megatron-core names that read ``hf_name`` (a stacked expert tensor gives one per expert)."""
+    for mc, hf in TOP_NAMES.items():
+        if hf == hf_name:
+            return [mc]
+    match = re.match(rf"^{re.escape(LM)}layers\.(\d+)\.(.+)$", hf_name)
+    if match is None:
+        raise KeyError(f"not a Muse Spark text-decoder tensor: {hf_name}")
+    layer, rest = int(match.group(1)), match.group(2)
+    for mc, hf in LAYER_NAMES.items():
+        if hf == rest:
+            return [f"decoder.layers.{layer}.{mc}"]
+    for mc, hf in EXPERT_NAMES.items():
+        if hf == rest:
+            return [f"decoder.layers.{layer}.{mc}{e}" for e in range(num_experts)]
+    raise KeyError(f"not a Muse Spark text-decoder tensor: {hf_name}")
+
+
+def local_to_global(name: str, layer_offset: int, expert_offset: int) -> str:
+    """Name on one pipeline stage / expert-parallel rank -> global name."""
+    match = _LAYER.match(name)
+    if match is None:
+        return name
+    layer, rest = int(match.group(1)) + layer_offset, match.group(2)
+    expert = _EXPERT.match(rest)
+    if expert is not None:
+        rest = f"{expert.group(1)}{int(expert.group(2)) + expert_offset}"
+    return f"decoder.layers.{layer}.{rest}"
+
+
+def shard(tensor, target: Target, tp_rank: int, tp_size: int, etp_rank: int, etp_size: int):
+    """This rank's part of a full checkpoint tensor (already indexed by expert)."""
+    axis, rank, size = (target.tp_axis, tp_rank, tp_size) if target.etp_axis is None \
+        else (target.etp_axis, etp_rank, etp_size)
+    if axis is None or size == 1:
+        return tensor
+    if target.glu:
+        gate, up = tensor.chunk(2, dim=axis)
+        return _cat([gate.chunk(size, dim=axis)[rank], up.chunk(size, dim=axis)[rank]], axis)
+    if tensor.shape[axis] % size:
+        raise ValueError(f"{target.hf_name}: dimension {axis} of size {tensor.shape[axis]} does not split over {size} ranks")
+    return tensor.chunk(size, dim=axis)[rank]
+
+
+def _cat(parts, axis):
+    import torch
+
+    return torch.cat(parts, dim=axis)

@@ -1,0 +1,255 @@
+"""The megatron-core + Transformer Engine engine behind ``muse-stack run`` (recipes with
+``engine: megatron``).
+
+One process per GPU (torchrun). The layout of the recipe maps onto megatron-core's
+parallel state: TP (with sequence parallelism), PP (uneven first/last stages), CP (a2a by
+default), EP / ETP with the alltoall dispatcher, DP with megatron-core's DDP and distributed
+optimizer. Each optimizer step runs megatron-core's pipeline schedule
+(``get_forward_backward_func``) over GBS / (MBS x DP) micro-batches, with the loss summed per
+token and divided by the global supervised-token count (``calculate_per_token_loss``), so the
+loss and gradients are those of the reference engine. The LR of every step is
+:func:`muse_stack.run.schedule.lr_at`. Checkpoints are megatron-core dist-checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from muse_stack import atomic
+from muse_stack.engines.base import StepStats, TrainContext
+from muse_stack.engines.megatron_available import require_megatron
+from muse_stack.errors import RecipeError
+from muse_stack.run.schedule import lr_at
+
+GIB = 2**30
+
+
+def _init_process_group(ctx: TrainContext) -> None:
+    if tdist.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    tdist.init_process_group("nccl", rank=ctx.rank, world_size=ctx.world_size,
+                             device_id=torch.device("cuda", ctx.local_rank))
+
+
+class MegatronEngine:
+    name = "megatron"
+
+    def __init__(self, ctx: TrainContext, *, load_state: dict[str, torch.Tensor] | None = None) -> None:
+        require_megatron()
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.process_groups_config import ProcessGroupCollection
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        from muse_stack.engines.mcore.config import transformer_config
+        from muse_stack.engines.mcore.load import checkpoint_getter, load_hf_weights, state_dict_getter
+        from muse_stack.engines.mcore.model import build_model
+
+        self.ctx = ctx
+        recipe, lay, batch = ctx.recipe, ctx.recipe.layout, ctx.recipe.batch
+        torch.cuda.set_device(ctx.local_rank)
+        self.device = f"cuda:{ctx.local_rank}"
+        _init_process_group(ctx)
+        if not batch.mbs or not batch.gbs or not batch.seq_length:
+            raise RecipeError("the megatron engine needs batch.mbs, batch.gbs and batch.seq_length",
+                              field="batch", value=batch.model_dump(), fix="set all three")
+        if not ps.model_parallel_is_initialized():
+            ps.initialize_model_parallel(
+                tensor_model_parallel_size=lay.tp, pipeline_model_parallel_size=lay.pp,
+                virtual_pipeline_model_parallel_size=lay.vpp, context_parallel_size=lay.cp or 1,
+                expert_model_parallel_size=lay.ep or 1, expert_tensor_parallel_size=lay.etp)
+        seed = recipe.training.seed if recipe.training.seed is not None else 0
+        model_parallel_cuda_manual_seed(seed)
+        self.config = transformer_config(recipe, ctx.model)
+        self.pg = ProcessGroupCollection.use_mpu_process_groups()
+        self.seq_length = batch.seq_length
+        model = build_model(self.config, ctx.model, batch.seq_length, self.pg).cuda()
+
+        ep_rank, ep = ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()
+        self.load_kwargs = dict(layer_offset=model.decoder.layer_offset,
+                                expert_offset=ep_rank * (ctx.model.num_local_experts // ep),
+                                tp_rank=ps.get_tensor_model_parallel_rank(),
+                                tp_size=ps.get_tensor_model_parallel_world_size(),
+                                etp_rank=ps.get_expert_tensor_parallel_rank(),
+                                etp_size=ps.get_expert_tensor_parallel_world_size())
+        if load_state is not None:
+            load_hf_weights(model, state_dict_getter(load_state), **self.load_kwargs)
+        elif ctx.pretrained_checkpoint:
+            load_hf_weights(model, checkpoint_getter(ctx.pretrained_checkpoint), **self.load_kwargs)
+
+        dist_opt = lay.distributed_optimizer if lay.distributed_optimizer is not None else True
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                   use_distributed_optimizer=dist_opt, check_for_nan_in_grad=False)
+        self.model = DistributedDataParallel(self.config, ddp_config, model)
+        opt = recipe.optimizer
+        if opt.name == "sgd":
+            raise RecipeError("the megatron engine trains with Adam(W)", field="optimizer.name", value=opt.name,
+                              fix="use adam, or the reference engine for SGD")
+        self.opt_config = OptimizerConfig(
+            optimizer="adam", lr=opt.lr or 0.0, min_lr=opt.min_lr or 0.0, weight_decay=opt.weight_decay or 0.0,
+            adam_beta1=opt.beta1 or 0.9, adam_beta2=opt.beta2 or 0.999, adam_eps=opt.eps or 1e-8,
+            clip_grad=opt.clip_grad or 0.0, bf16=recipe.precision == "bf16", params_dtype=self.config.params_dtype,
+            use_distributed_optimizer=dist_opt)
+        self.optimizer = get_megatron_optimizer(self.opt_config, [self.model])
+        self.config.no_sync_func = self.model.no_sync
+        self.config.finalize_model_grads_func = finalize_model_grads
+        self.config.grad_scale_func = self.optimizer.scale_loss
+
+        self.dp_rank = ps.get_data_parallel_rank(with_context_parallel=False)
+        self.dp_size = ps.get_data_parallel_world_size(with_context_parallel=False)
+        per_step = batch.mbs * self.dp_size
+        if batch.gbs % per_step:
+            raise RecipeError("the global batch does not split over the data-parallel ranks", field="batch.gbs",
+                              value=batch.gbs, rule=f"GBS divisible by MBS x DP = {per_step}",
+                              fix=f"use a multiple of {per_step}")
+        self.micro_batches = batch.gbs // per_step
+        self._batches = ctx.data.batches(batch.mbs, seed=recipe.training.data_seed, rank=self.dp_rank,
+                                         world_size=self.dp_size, epochs=None)
+        self.cp_size = ps.get_context_parallel_world_size()
+        self._seq_lens: list[int] | None = None
+
+    # -- data -----------------------------------------------------------------------------
+    def _prepare(self, mb: dict[str, Any]) -> dict[str, torch.Tensor]:
+        rows, width = mb["input_ids"].shape
+        if len(mb["cu_seqlens"]) - 1 > rows:
+            raise RecipeError("packed rows (several sequences per row) are not supported by the megatron engine",
+                              field="batch.packed", value=True,
+                              fix="train packed data with the reference engine, or build unpacked rows")
+        out = {k: mb[k].to(self.device, non_blocking=True) for k in ("input_ids", "labels", "loss_mask")}
+        if self.cp_size > 1:
+            from megatron.core.utils import get_batch_on_this_cp_rank
+
+            out = get_batch_on_this_cp_rank(out, is_hybrid_cp=False)
+        return out
+
+    def _forward_step(self, data_iterator, model):
+        mb = next(data_iterator)
+        output = model(mb["input_ids"], labels=mb["labels"], loss_mask=mb["loss_mask"])
+        mask = (mb["labels"] != -100) & mb["loss_mask"].to(torch.bool)
+        return output, partial(_per_token_loss, mask)
+
+    # -- one optimizer step ---------------------------------------------------------------
+    def train_step(self, step: int) -> StepStats:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        recipe = self.ctx.recipe
+        lr = lr_at(step, recipe.optimizer, self.ctx.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        raw = [next(self._batches) for _ in range(self.micro_batches)]
+        if self._seq_lens is None:
+            self._seq_lens = [raw[0]["input_ids"].shape[1]]
+        micro = [self._prepare(mb) for mb in raw]
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        losses = get_forward_backward_func()(
+            forward_step_func=self._forward_step, data_iterator=iter(micro), model=[self.model],
+            num_microbatches=self.micro_batches, seq_length=self.seq_length // self.cp_size,
+            micro_batch_size=recipe.batch.mbs, forward_only=False)
+        _, grad_norm, _ = self.optimizer.step()
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for item in losses:
+            totals += item["lm loss"].to(torch.float64)
+        # every TP rank of the last stage holds the same sums: the ratio is unaffected
+        tdist.all_reduce(totals)
+        loss_sum, supervised = totals.tolist()
+        tokens = recipe.batch.gbs * self.seq_length
+        dup = self._loss_copies()
+        return StepStats(loss=loss_sum / max(supervised, 1.0), grad_norm=float(grad_norm or 0.0), lr=lr,
+                         tokens=tokens, supervised_tokens=int(round(supervised / dup)))
+
+    def _loss_copies(self) -> int:
+        from megatron.core import parallel_state as ps
+
+        return ps.get_tensor_model_parallel_world_size()
+
+    @torch.no_grad()
+    def eval_loss(self, mb: dict[str, Any]) -> tuple[float, int]:
+        """Mean supervised-token loss of one micro-batch on this rank (PP = 1), no update."""
+        self.model.eval()
+        try:
+            batch = self._prepare(mb)
+            out = self.model(batch["input_ids"], labels=batch["labels"], loss_mask=batch["loss_mask"])
+            mask = (batch["labels"] != -100) & batch["loss_mask"].to(torch.bool)
+            return float(out.sum()) / max(int(mask.sum()), 1), int(mask.sum())
+        finally:
+            self.model.train()
+
+    def seq_lens(self) -> list[int]:
+        return self._seq_lens or [self.ctx.recipe.batch.seq_length or 1]
+
+    def peak_memory_gib(self) -> float | None:
+        return torch.cuda.max_memory_allocated(self.device) / GIB
+
+    def describe(self) -> dict[str, Any]:
+        from megatron.core import parallel_state as ps
+
+        local = sum(p.numel() for p in self.model.module.parameters())
+        lay = self.ctx.recipe.layout
+        return {"engine": self.name, "device": self.device, "local_parameters": local,
+                "micro_batches_per_step": self.micro_batches,
+                "parallel": {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp or 1, "ep": lay.ep or 1, "etp": lay.etp,
+                             "dp": self.dp_size, "sequence_parallel": self.config.sequence_parallel,
+                             "pp_rank": ps.get_pipeline_model_parallel_rank(),
+                             "first_stage_layers": self.config.num_layers_in_first_pipeline_stage,
+                             "last_stage_layers": self.config.num_layers_in_last_pipeline_stage},
+                "recompute": self.config.recompute_granularity, "dispatcher": self.config.moe_token_dispatcher_type,
+                "distributed_optimizer": self.opt_config.use_distributed_optimizer,
+                "attention": "TEDotProductAttention", "experts": "TEGroupedMLP (grouped GEMM)",
+                "torch_compile_elementwise": os.environ.get("MUSE_STACK_MCORE_COMPILE", "0") == "1",
+                "peak_memory_kind": "max allocated (CUDA)"}
+
+    # -- checkpoints (megatron-core dist-checkpointing) -----------------------------------
+    def save(self, directory: Path, step: int) -> None:
+        from megatron.core import dist_checkpointing
+
+        directory = Path(directory)
+        tmp = directory.with_name(directory.name + ".partial")
+        if self.ctx.rank == 0:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        tdist.barrier()
+        model_sd = self.model.module.sharded_state_dict()
+        state = {"model": model_sd, "optimizer": self.optimizer.sharded_state_dict(model_sd)}
+        dist_checkpointing.save(state, str(tmp))
+        tdist.barrier()
+        if self.ctx.rank == 0:
+            import shutil
+
+            atomic.write_text(tmp / "trainer_state.json", json.dumps({"step": step}) + "\n")
+            if directory.exists():
+                shutil.rmtree(directory)
+            tmp.rename(directory)
+        tdist.barrier()
+
+    def load(self, directory: Path) -> int:
+        from megatron.core import dist_checkpointing
+
+        model_sd = self.model.module.sharded_state_dict()
+        state = dist_checkpointing.load({"model": model_sd, "optimizer": self.optimizer.sharded_state_dict(model_sd)},
+                                        str(directory))
+        self.model.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        step = json.loads((Path(directory) / "trainer_state.json").read_text())["step"]
+        for _ in range(step * self.micro_batches):
+            next(self._batches)
+        return step
+
+
+def _per_token_loss(mask: torch.Tensor, output: torch.Tensor):
+    """megatron-core loss contract with calculate_per_token_loss: (sum, count, reported)."""
+    loss_sum = output.sum()
+    count = mask.sum().to(torch.int)
+    return loss_sum, count, {"lm loss": torch.stack([loss_sum.detach().double(), count.double()])}
