@@ -69,8 +69,8 @@ def render_diff(report: DiffReport, console: Console) -> None:
 def render_audit(report: AuditReport, console: Console) -> None:
     table = Table(title=f"audit of {report.fingerprint} against {report.source}", show_lines=False)
     table.add_column("component", no_wrap=True)
-    table.add_column("expects", overflow="fold")
-    table.add_column("found", overflow="fold")
+    table.add_column("expects", overflow="fold", max_width=22)
+    table.add_column("found", overflow="fold", max_width=22)
     table.add_column("status", no_wrap=True)
     table.add_column("note", overflow="fold", ratio=1)
     for c in report.checks:
