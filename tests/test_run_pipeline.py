@@ -144,3 +144,20 @@ def test_sigterm_leaves_an_interrupted_run(tmp_path):
     rows = metrics(out)
     assert res["steps_completed"] == len(rows) >= 3
     assert (out / "checkpoint" / "model.safetensors").is_file()
+
+
+def test_export_a_run_as_an_openrecipes_record(tiny_run, cli, tmp_path):
+    from muse_stack.recipes.openrecipes import import_record
+
+    path = tiny_run[0].path
+    out = tmp_path / "record.yaml"
+    rc, _, _ = cli("record", "export", path, "-o", out)
+    assert rc == 0
+    again = import_record(out, "mine")
+    results = json.loads((path / "results.json").read_text())
+    fp = json.loads((path / "fingerprint.json").read_text())
+    assert again.result.tokens_per_s_per_gpu == pytest.approx(results["tokens_per_s_per_gpu"])
+    assert again.data.rows_sha256 == fp["run_inputs"]["rows_sha256"]
+    assert again.stack.pytorch.startswith(fp["frameworks"]["torch"]["version"])
+    rc, _, err = cli("record", "export", path, "-o", out)
+    assert rc == 3 and "exists" in err

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -53,10 +54,10 @@ def print_plan(plan: Plan) -> None:
     t.add_row("parameters", f"{plan.total_params:,} total, {plan.active_params:,} active per token")
     console.print(t)
     if plan.memory:
-        m = Table(title="memory per GPU (GiB), by pipeline stage", title_justify="left")
-        for col in ("stage", "layers", "params", "weights", "grads", "optimizer", "activations", "logits",
-                    "buffers", "total"):
-            m.add_column(col, justify="right")
+        m = Table(title="memory per GPU (GiB), by pipeline stage", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+        for col in ("stage", "layers", "params", "weights", "grads", "optim", "activ", "logits", "buf", "total"):
+            m.add_column(col, justify="right", min_width=len(col), no_wrap=True)
         for s in plan.memory:
             def f(x):
                 return "?" if x is None else f"{x:.1f}"
@@ -153,7 +154,9 @@ def register(app: typer.Typer) -> None:
 
         run = read_run(run_dir)
         stack = run.stack_summary()
-        text = record_yaml(recipe_to_record(run.recipe, results=run.results, stack=stack))
+        rows = (run.fingerprint or {}).get("run_inputs", {}).get("rows_sha256")
+        text = record_yaml(recipe_to_record(run.recipe, results=run.results, stack=stack,
+                                            rows_sha256=rows if isinstance(rows, str) else None))
         if out is None:
             typer.echo(text, nl=False)
         else:

@@ -214,7 +214,7 @@ def read_record_file(path: str | Path) -> dict[str, Any]:
 
 
 def recipe_to_record(recipe: Recipe, results: dict[str, Any] | None = None,
-                     stack: dict[str, Any] | None = None) -> dict[str, Any]:
+                     stack: dict[str, Any] | None = None, rows_sha256: str | None = None) -> dict[str, Any]:
     """An OpenRecipes record of a recipe; ``results`` (a run's results.json) replaces the recorded result
     and ``stack`` (from a fingerprint) the recorded stack."""
     hw, lay, batch, data = recipe.hardware, recipe.layout, recipe.batch, recipe.data
@@ -249,7 +249,8 @@ def recipe_to_record(recipe: Recipe, results: dict[str, Any] | None = None,
         })
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "model": (recipe.model.hf_id or "Muse-Spark-Open-816B-A42B").split("/")[-1],
+        "model": recipe.model.hf_id.split("/")[-1] if recipe.model.hf_id
+        else f"{recipe.name} (a reduced Muse Spark configuration)",
         "gpu": {"type": hw.gpu, "memory_gb": hw.nominal_memory_gb, "count": hw.count, "per_node": hw.per_node,
                 "instance": hw.instance},
         "author": recipe.author,
@@ -259,7 +260,7 @@ def recipe_to_record(recipe: Recipe, results: dict[str, Any] | None = None,
             "row_tokens": batch.seq_length, "rows": rows_description, "global_batch": batch.gbs,
             "precision": recipe.precision,
             "dataset": {"name": dataset_name, "source": data.dataset, "revision": data.revision,
-                        "license": data.license, "rows_sha256": data.rows_sha256, "build": build},
+                        "license": data.license, "rows_sha256": rows_sha256 or data.rows_sha256, "build": build},
         },
         "layout": {
             "label": lay.label, "summary": lay.summary, "highlights": lay.highlights,
