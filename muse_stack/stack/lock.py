@@ -274,6 +274,7 @@ class Lock(_Strict):
                         f"components.{c}.cuda_archs",
                         f"capability {arch} (sm100 and later) needs CUDA >= 12.8, the lock pins {self.cuda.version}",
                         "raise [cuda] version or drop the capability",
+                        arch,
                     )
         te = comps.transformer_engine
         if self.platform == "linux/arm64" and cuda[0] >= 13 and te.build == "wheel":
@@ -281,6 +282,7 @@ class Lock(_Strict):
                 "components.transformer_engine.build",
                 "PyPI has no aarch64 Transformer Engine core wheel for CUDA 13",
                 'set build = "source" and pin source_commit',
+                te.build,
             )
         return self
 
@@ -288,9 +290,9 @@ class Lock(_Strict):
 class _Rule(ValueError):
     """A cross-field rule broken; carries the field path and the fix for LockError."""
 
-    def __init__(self, field: str, rule: str, fix: str) -> None:
+    def __init__(self, field: str, rule: str, fix: str, value: Any = None) -> None:
         super().__init__(rule)
-        self.field, self.rule, self.fix = field, rule, fix
+        self.field, self.rule, self.fix, self.value = field, rule, fix, value
 
 
 @dataclass(frozen=True)
@@ -354,7 +356,7 @@ def parse(data: dict[str, Any], *, where: str = "<lock>") -> Lock:
         ctx_err = err.get("ctx", {}).get("error")
         if isinstance(ctx_err, _Rule):
             raise LockError(
-                f"{where}: {ctx_err.rule}", field=ctx_err.field, value=None, rule=ctx_err.rule, fix=ctx_err.fix
+                f"{where}: {ctx_err.rule}", field=ctx_err.field, value=ctx_err.value, rule=ctx_err.rule, fix=ctx_err.fix
             ) from None
         field = _loc(err["loc"]) or "<top>"
         raise LockError(
