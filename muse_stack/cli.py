@@ -31,6 +31,7 @@ _AREAS: list[str] = [
     "muse_stack.stack.commands",
     "muse_stack.data.commands",
     "muse_stack.fingerprint.commands",
+    "muse_stack.launch.commands",
 ]
 
 err_console = Console(stderr=True)

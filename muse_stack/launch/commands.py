@@ -1,0 +1,76 @@
+"""`muse-stack launch NAME --slurm | --k8s`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("launch")
+    def launch_cmd(
+        name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
+        overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
+        slurm: bool = typer.Option(False, "--slurm", help="render an sbatch script"),
+        k8s: bool = typer.Option(False, "--k8s", help="render Kubernetes manifests (Kubeflow PyTorchJob)"),
+        image: Optional[str] = typer.Option(None, "--image", help="container image (default: the target lock's tag)"),
+        nodes: Optional[int] = typer.Option(None, "--nodes", help="nodes (default: the recipe's GPUs / GPUs per node)"),
+        gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs (or CPU processes) in all"),
+        steps: Optional[int] = typer.Option(None, "--steps", help="optimizer steps (overrides the recipe)"),
+        run_name: Optional[str] = typer.Option(None, "--run-name",
+                                               help="run directory name (re-submitting it continues an interrupted run)"),
+        runs_dir: Optional[str] = typer.Option(None, "--runs-dir", help="shared host folder for run directories"),
+        data_dir: Optional[str] = typer.Option(None, "--data-dir", help="shared host folder for data caches (Slurm)"),
+        checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir",
+                                                     help="shared host folder for checkpoints (Slurm)"),
+        time_limit: Optional[str] = typer.Option(None, "--time", help="Slurm time limit, e.g. 04:00:00"),
+        partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition"),
+        account: Optional[str] = typer.Option(None, "--account", help="Slurm account"),
+        namespace: Optional[str] = typer.Option(None, "--namespace", help="Kubernetes namespace"),
+        claim: str = typer.Option("muse-stack-shared", "--volume-claim",
+                                  help="Kubernetes ReadWriteMany claim holding data/, checkpoints/, runs/"),
+        submit: bool = typer.Option(False, "--submit", help="submit the script with sbatch and print the job id"),
+        output: Optional[Path] = typer.Option(None, "-o", "--output", help="write to this file (default: stdout)"),
+    ) -> None:
+        """Render (and submit) a multi-node launch of a recipe, validated by the planner first."""
+        from muse_stack import atomic
+        from muse_stack.errors import InputError
+        from muse_stack.launch import k8s as k8s_mod
+        from muse_stack.launch import slurm as slurm_mod
+        from muse_stack.launch.spec import resolve
+
+        if slurm == k8s:
+            raise InputError("choose one launcher", field="--slurm/--k8s", value=None,
+                             fix="pass --slurm or --k8s")
+        if submit and not slurm:
+            raise InputError("--submit submits Slurm jobs", field="--submit", value=True,
+                             fix="use --slurm --submit, or apply the manifests with kubectl")
+        if output is not None and output.exists():
+            raise InputError("the output file exists; launch never overwrites a file", field="--output",
+                             value=str(output), fix="choose a new file name or remove the old one")
+        spec = resolve(name, overrides or [], nodes=nodes, gpus=gpus, steps=steps, image=image, run_name=run_name)
+        if slurm:
+            text = slurm_mod.render(spec, runs_dir=runs_dir, data_dir=data_dir, checkpoint_dir=checkpoint_dir,
+                                    python=sys.executable, time_limit=time_limit, partition=partition,
+                                    account=account)
+        else:
+            text = k8s_mod.render(spec, namespace=namespace, claim=claim)
+        if output is not None:
+            atomic.write_text(output, text)
+            if output.suffix in ("", ".sh", ".sbatch"):
+                output.chmod(0o755)
+            console.print(f"wrote {output}: {spec.nodes} node{'s' if spec.nodes > 1 else ''} x {spec.per_node} "
+                          f"{'GPUs' if spec.target.container else 'processes'}")
+        elif not submit:
+            typer.echo(text, nl=False)
+        if submit:
+            job = slurm_mod.submit(text)
+            typer.echo(job)
+            runs = runs_dir or str(Path.cwd() / "runs")
+            console.print(f"submitted job {job}; run directory {runs}/{spec.run_name or f'{spec.recipe.name}-{job}'}")

@@ -1,0 +1,186 @@
+"""Kubernetes manifests: a Kubeflow PyTorchJob (one pod per node running torchrun) and a headless
+service that gives the first pod a stable name for the c10d rendezvous.
+
+Why a PyTorchJob rather than a JobSet: the Kubeflow training SDK on PyPI (kubeflow-training)
+publishes API models for the whole resource, pod templates included (the Kubernetes client's),
+so every manifest is checked field by field against published models here; JobSet has no
+published Python models, and its envelope could only be checked against a schema written by
+hand. The training operator also restarts failed pods, and an interrupted run continues from its
+checkpoint in the shared run directory.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+import yaml
+
+from muse_stack.errors import InputError
+from muse_stack.launch.spec import (CHECKPOINT_MOUNT, CONTAINER_ENV, DATA_MOUNT, RDZV_PORT, RUNS_MOUNT,
+                                    STOP_SIGNAL_SECONDS, LaunchSpec)
+
+HEAD_LABEL = "muse-stack.dev/rendezvous-head"
+
+
+def _k8s_value(value: str) -> str:
+    """Shell-style $VAR / ${VAR} references as Kubernetes' $(VAR) dependent variables."""
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: f"$({m.group(1) or m.group(2)})", value)
+
+
+def _env(spec: LaunchSpec, run_name: str) -> list[dict[str, str]]:
+    env = [{"name": k, "value": v} for k, v in CONTAINER_ENV.items()]
+    env.append({"name": "MUSE_STACK_RUN_DIR", "value": f"{RUNS_MOUNT}/{run_name}"})
+    if spec.image and "@sha256:" in spec.image:
+        env.append({"name": "MUSE_STACK_IMAGE_DIGEST", "value": spec.image.split("@", 1)[1]})
+    for k, v in spec.env.items():
+        env.append({"name": k, "value": _k8s_value(v)})
+    return env
+
+
+def _command(spec: LaunchSpec, service: str, job: str) -> list[str]:
+    run_args = " ".join(shlex.quote(a) for a in spec.run_command_args())
+    script = (
+        (f'export LD_LIBRARY_PATH="{spec.library_path}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"; '
+         if spec.library_path else "") +
+        'if grep -qs \'"status": *"interrupted"\' "$MUSE_STACK_RUN_DIR/results.json"; '
+        'then set -- --resume "$MUSE_STACK_RUN_DIR"; '
+        f'else set -- {run_args} --out "$MUSE_STACK_RUN_DIR"; fi; '
+        "exec muse-stack-entrypoint python -m torch.distributed.run "
+        f"--nnodes={spec.nodes} --nproc-per-node={spec.per_node} "
+        f"--rdzv-backend=c10d --rdzv-endpoint={service}:{RDZV_PORT} --rdzv-id={job} "
+        '--module muse_stack.cli run "$@" --no-progress'
+    )
+    return ["/bin/sh", "-c", script]
+
+
+def _pod(spec: LaunchSpec, service: str, job: str, run_name: str, claim: str, head: bool) -> dict[str, Any]:
+    resources = {"nvidia.com/gpu": str(spec.per_node)}
+    if spec.env and spec.target.efa_devices:
+        resources["vpc.amazonaws.com/efa"] = str(spec.target.efa_devices)
+    labels = {"app.kubernetes.io/name": "muse-stack", "muse-stack.dev/recipe": spec.recipe.name}
+    if head:
+        labels[HEAD_LABEL] = job
+    return {
+        "metadata": {"labels": labels},
+        "spec": {
+            "terminationGracePeriodSeconds": STOP_SIGNAL_SECONDS,
+            "containers": [{
+                "name": "pytorch",
+                "image": spec.image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": _command(spec, service, job),
+                "env": _env(spec, run_name),
+                "ports": [{"name": "c10d", "containerPort": RDZV_PORT, "protocol": "TCP"}],
+                "resources": {"requests": dict(resources), "limits": dict(resources)},
+                "volumeMounts": [
+                    {"name": "shared", "mountPath": DATA_MOUNT, "subPath": "data"},
+                    {"name": "shared", "mountPath": CHECKPOINT_MOUNT, "subPath": "checkpoints"},
+                    {"name": "shared", "mountPath": RUNS_MOUNT, "subPath": "runs"},
+                    {"name": "dshm", "mountPath": "/dev/shm"},
+                ],
+            }],
+            "volumes": [
+                {"name": "shared", "persistentVolumeClaim": {"claimName": claim}},
+                {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            ],
+        },
+    }
+
+
+def manifests(spec: LaunchSpec, *, namespace: str | None = None, claim: str = "muse-stack-shared") -> list[dict]:
+    """The headless rendezvous service and the PyTorchJob, as plain dicts."""
+    if not spec.target.container:
+        raise InputError("Kubernetes launches run the GPU images; CPU recipes run on Slurm or locally",
+                         field="hardware.gpu", value=spec.recipe.hardware.gpu,
+                         fix="use --slurm, or `muse-stack run` / torchrun for a CPU recipe")
+    job = spec.run_name or spec.job_name
+    run_name = spec.run_name or job
+    service = f"{job}-rdzv"
+    meta: dict[str, Any] = {"labels": {"app.kubernetes.io/name": "muse-stack", "muse-stack.dev/recipe": spec.recipe.name}}
+    if namespace:
+        meta["namespace"] = namespace
+    svc = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": service, **meta},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,  # the rendezvous starts before any pod is ready
+            "selector": {HEAD_LABEL: job},
+            "ports": [{"name": "c10d", "port": RDZV_PORT, "targetPort": RDZV_PORT, "protocol": "TCP"}],
+        },
+    }
+    replicas: dict[str, Any] = {
+        "Master": {"replicas": 1, "restartPolicy": "OnFailure",
+                   "template": _pod(spec, service, job, run_name, claim, head=True)},
+    }
+    if spec.nodes > 1:
+        replicas["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": "OnFailure",
+                              "template": _pod(spec, service, job, run_name, claim, head=False)}
+    pytorchjob = {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": job, **meta},
+        "spec": {
+            "nprocPerNode": str(spec.per_node),
+            "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 3},
+            "pytorchReplicaSpecs": replicas,
+        },
+    }
+    return [svc, pytorchjob]
+
+
+_MODELS = {("v1", "Service"): "V1Service", ("kubeflow.org/v1", "PyTorchJob"): "KubeflowOrgV1PyTorchJob"}
+
+
+def _diff(a: Any, b: Any, path: str = "") -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in a:
+            if k not in b:
+                return f"{path}.{k}" if path else k
+            d = _diff(a[k], b[k], f"{path}.{k}" if path else k)
+            if d:
+                return d
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = _diff(x, y, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    return None if a == b else path
+
+
+def validate(docs: list[dict]) -> None:
+    """Deserialise each manifest into its published API model (the Kubernetes client's V1Service,
+    the Kubeflow SDK's PyTorchJob with the client's pod templates) and serialise it back: a field
+    the API does not know, a value of the wrong type, or a missing required field fails."""
+    from kubeflow.training.api_client import ApiClient
+
+    client = ApiClient()
+    for doc in docs:
+        key = (doc.get("apiVersion"), doc.get("kind"))
+        if key not in _MODELS:
+            raise InputError("no API model for this manifest", field="kind", value=f"{key[0]}/{key[1]}",
+                             fix=f"manifests of kinds {sorted(_MODELS)}")
+        try:
+            obj = client._ApiClient__deserialize(doc, _MODELS[key])
+        except (ValueError, TypeError) as exc:
+            raise InputError(f"the {key[1]} manifest is not valid: {exc}", field=key[1], value=doc["metadata"]["name"],
+                             fix="correct the manifest") from exc
+        back = client.sanitize_for_serialization(obj)
+        where = _diff(doc, back)
+        if where is not None:
+            raise InputError(f"the {key[1]} manifest has a field the API does not accept as written: {where}",
+                             field=f"{key[1]}.{where}", value=doc["metadata"]["name"],
+                             fix="correct the field's name or type")
+
+
+def render(spec: LaunchSpec, *, namespace: str | None = None, claim: str = "muse-stack-shared") -> str:
+    docs = manifests(spec, namespace=namespace, claim=claim)
+    validate(docs)
+    header = (f"# muse-stack launch {spec.recipe.name} --k8s: {spec.nodes} node{'s' if spec.nodes > 1 else ''} x "
+              f"{spec.per_node} GPUs = {spec.world_size} GPUs\n# Network: {spec.network}\n"
+              f"# Needs the Kubeflow training operator (PyTorchJob), the NVIDIA and EFA device plugins, and a\n"
+              f"# ReadWriteMany volume claim {claim!r} (subfolders data/, checkpoints/, runs/). Apply with kubectl apply -f.\n")
+    return header + yaml.safe_dump_all(docs, sort_keys=False, width=120, default_flow_style=False)
