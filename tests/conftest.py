@@ -30,3 +30,15 @@ def cli(capsys):
         return rc, out.out, out.err
 
     return run
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors gain nothing from intra-op threads, and on a busy 2-core machine OpenMP
+    threads waiting on each other slow each op down a hundredfold."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -10,26 +10,16 @@ from safetensors.torch import load_file, save_file
 
 from muse_stack.errors import InputError
 from muse_stack.model import MuseSparkForCausalLM, load_checkpoint, load_weights_into, save_checkpoint
-from muse_stack.model_config import ModelConfig
-
-TINY = dict(vocab_size=97, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=8, moe_hidden_size=16, num_local_experts=8, num_experts_per_tok=2,
-            moe_intermediate_size=16, sliding_window=4)
+from tiny_model import tiny_config
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads, and on a busy 2-core machine OpenMP
-    threads waiting on each other slow each op down a hundredfold."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 IDS = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(0))
 
 
 def tiny_model(seed: int = 0, **overrides) -> MuseSparkForCausalLM:
-    model = MuseSparkForCausalLM(ModelConfig().with_overrides(**{**TINY, **overrides}), seed=seed)
+    model = MuseSparkForCausalLM(tiny_config(**overrides), seed=seed)
     with torch.no_grad():  # non-zero gains and bias, so a lost tensor would show
         for name, tensor in model.state_dict(keep_vars=True).items():
             if tensor.dim() == 1:

@@ -16,25 +16,15 @@ from muse_stack.model import (
     trainable_parameters,
     unfreeze,
 )
-from muse_stack.model_config import ModelConfig
-
-TINY = dict(vocab_size=97, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=8, moe_hidden_size=16, num_local_experts=8, num_experts_per_tok=2,
-            moe_intermediate_size=16, sliding_window=4)
+from tiny_model import tiny_config
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads, and on a busy 2-core machine OpenMP
-    threads waiting on each other slow each op down a hundredfold."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(seed: int = 0) -> MuseSparkForCausalLM:
-    return MuseSparkForCausalLM(ModelConfig().with_overrides(**TINY), seed=seed)
+    return MuseSparkForCausalLM(tiny_config(), seed=seed)
 
 
 def batch(seed: int = 0, rows: int = 4, length: int = 24):
