@@ -137,7 +137,7 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
         engine_cls = get_engine(recipe.engine)  # fail early when the engine is unavailable
         del engine_cls
         path = Path(out) if out is not None else None
-        if path is not None and path.exists():
+        if path is not None and path.exists() and env.rank == 0:  # the other ranks may start after rank 0 made it
             raise InputError("the run directory already exists; a run never overwrites another", field="--out",
                              value=str(path), fix="choose a new --out path (or omit it for a fresh one), "
                                                    "or continue an interrupted run with --resume")
@@ -193,7 +193,8 @@ def _run(recipe: Recipe, path: Path | None, env: "dist.DistEnv", resuming: bool,
         if resuming:
             resumed_step = engine.load(path / rundir.CHECKPOINT)
             metrics = metrics[:resumed_step]
-            atomic.write_text(metrics_file, "".join(json.dumps(m) + "\n" for m in metrics))
+            if rank0:
+                atomic.write_text(metrics_file, "".join(json.dumps(m) + "\n" for m in metrics))
             log.info("resumed at step %d", resumed_step)
 
         # fingerprint: every rank captures its own, rank 0 records whether they agree
