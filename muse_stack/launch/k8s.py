@@ -133,29 +133,54 @@ def manifests(spec: LaunchSpec, *, namespace: str | None = None, claim: str = "m
 _MODELS = {("v1", "Service"): "V1Service", ("kubeflow.org/v1", "PyTorchJob"): "KubeflowOrgV1PyTorchJob"}
 
 
-def _diff(a: Any, b: Any, path: str = "") -> str | None:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in a:
-            if k not in b:
-                return f"{path}.{k}" if path else k
-            d = _diff(a[k], b[k], f"{path}.{k}" if path else k)
-            if d:
-                return d
-        return None
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
-            d = _diff(x, y, f"{path}[{i}]")
-            if d:
-                return d
-        return None
-    return None if a == b else path
+_PRIMITIVES = {"str": str, "int": int, "bool": bool, "float": (int, float), "object": object, "datetime": str,
+               "date": str}
+
+
+def _check(data: Any, klass: str, path: str) -> str | None:
+    """Where ``data`` breaks the declared types of the API model ``klass`` (field names and value types)."""
+    import re as _re
+
+    import kubeflow.training.models as models
+
+    if klass.startswith("list["):
+        if not isinstance(data, list):
+            return f"{path}: a list"
+        inner = _re.match(r"list\[(.*)\]", klass).group(1)
+        return next((e for i, x in enumerate(data) if (e := _check(x, inner, f"{path}[{i}]"))), None)
+    if klass.startswith("dict("):
+        if not isinstance(data, dict):
+            return f"{path}: a mapping"
+        inner = _re.match(r"dict\(([^,]*), (.*)\)", klass).group(2)
+        return next((e for k, x in data.items() if (e := _check(x, inner, f"{path}.{k}"))), None)
+    if klass in _PRIMITIVES:
+        want = _PRIMITIVES[klass]
+        ok = isinstance(data, want) and not (klass in ("int", "float") and isinstance(data, bool))
+        return None if ok else f"{path}: {klass}, not {type(data).__name__}"
+    model = getattr(models, klass)
+    if not isinstance(data, dict):
+        return f"{path}: a {klass} mapping"
+    fields = {json_key: attr for attr, json_key in model.attribute_map.items()}
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else key
+        if key not in fields:
+            return f"{where}: not a field of {klass}"
+        err = _check(value, model.openapi_types[fields[key]], where)
+        if err:
+            return err
+    return None
 
 
 def validate(docs: list[dict]) -> None:
-    """Deserialise each manifest into its published API model (the Kubernetes client's V1Service,
-    the Kubeflow SDK's PyTorchJob with the client's pod templates) and serialise it back: a field
-    the API does not know, a value of the wrong type, or a missing required field fails."""
-    from kubeflow.training.api_client import ApiClient
+    """Check each manifest against its published API model (the Kubernetes client's V1Service, the
+    Kubeflow SDK's PyTorchJob with the client's pod templates): deserialising it through the SDK's
+    ApiClient fails on a missing required field, and walking the models' declared field types
+    fails on a field the API does not know or a value of the wrong type."""
+    try:
+        from kubeflow.training.api_client import ApiClient
+    except ImportError as exc:
+        raise InputError("the Kubernetes API models are not installed", field="--k8s", value="kubeflow-training",
+                         fix="pip install kubeflow-training (a muse-stack dependency)") from exc
 
     client = ApiClient()
     for doc in docs:
@@ -168,11 +193,11 @@ def validate(docs: list[dict]) -> None:
         except (ValueError, TypeError) as exc:
             raise InputError(f"the {key[1]} manifest is not valid: {exc}", field=key[1], value=doc["metadata"]["name"],
                              fix="correct the manifest") from exc
-        back = client.sanitize_for_serialization(obj)
-        where = _diff(doc, back)
+        del obj
+        where = _check(doc, _MODELS[key], "")
         if where is not None:
-            raise InputError(f"the {key[1]} manifest has a field the API does not accept as written: {where}",
-                             field=f"{key[1]}.{where}", value=doc["metadata"]["name"],
+            raise InputError(f"the {key[1]} manifest does not match the API model: {where}",
+                             field=f"{key[1]}.{where.split(':')[0]}", value=doc["metadata"]["name"],
                              fix="correct the field's name or type")
 
 
