@@ -134,8 +134,7 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
                               rule=f"one process per GPU: {env.world_size} launched",
                               fix=f"launch {recipe.hardware.count} processes (torchrun --nproc-per-node ...) "
                                   f"or pass --gpus {env.world_size}")
-        engine_cls = get_engine(recipe.engine)  # fail early when the engine is unavailable
-        del engine_cls
+        get_engine(recipe.engine)  # fail early, before any output, when the engine cannot run here
         path = Path(out) if out is not None else None
         if path is not None and path.exists() and env.rank == 0:  # the other ranks may start after rank 0 made it
             raise InputError("the run directory already exists; a run never overwrites another", field="--out",
