@@ -44,7 +44,6 @@ def _row_segments(rows: Rows, r: int) -> tuple[np.ndarray, np.ndarray]:
 def collate(rows: Rows, index: np.ndarray) -> dict[str, Any]:
     import torch
 
-    n = rows.row_tokens
     ids = rows.ids[index].astype(np.int64)
     mask = rows.mask[index]
     seg = np.zeros_like(ids)

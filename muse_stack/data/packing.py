@@ -9,7 +9,6 @@ conversation. A max-segment tree over the packs' free space finds the first fit 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from muse_stack.errors import LayoutError
