@@ -154,7 +154,7 @@ class MegatronEngine:
         self.optimizer.zero_grad()
         losses = get_forward_backward_func()(
             forward_step_func=self._forward_step, data_iterator=iter(micro), model=[self.model],
-            num_microbatches=self.micro_batches, seq_length=self.seq_length // self.cp_size,
+            num_microbatches=self.micro_batches, seq_length=self.seq_length,
             micro_batch_size=recipe.batch.mbs, forward_only=False)
         _, grad_norm, _ = self.optimizer.step()
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)
@@ -182,6 +182,16 @@ class MegatronEngine:
             out = self.model(batch["input_ids"], labels=batch["labels"], loss_mask=batch["loss_mask"])
             mask = (batch["labels"] != -100) & batch["loss_mask"].to(torch.bool)
             return float(out.sum()) / max(int(mask.sum()), 1), int(mask.sum())
+        finally:
+            self.model.train()
+
+    @torch.no_grad()
+    def eval_logits(self, mb: dict[str, Any]) -> torch.Tensor:
+        """Soft-capped logits [b, s, V / TP] of one micro-batch (PP = 1)."""
+        self.model.eval()
+        try:
+            batch = self._prepare(mb)
+            return self.model(batch["input_ids"]).transpose(0, 1).float()
         finally:
             self.model.train()
 

@@ -51,6 +51,10 @@ def init(env: DistEnv, cuda: bool) -> None:
     os.environ.setdefault("WORLD_SIZE", str(env.world_size))
     os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
     os.environ.setdefault("MASTER_PORT", "29500")
+    if cuda:
+        import torch
+
+        torch.cuda.set_device(env.local_rank)  # before NCCL starts: one GPU per process
     _dist().init_process_group(backend="nccl" if cuda else "gloo", rank=env.rank, world_size=env.world_size)
 
 

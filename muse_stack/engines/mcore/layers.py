@@ -245,7 +245,8 @@ class MuseSparkRouter(TopKRouter):
         setattr(self.weight, "sequence_parallel", self.config.sequence_parallel)
 
     def gating(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - megatron-core's signature
-        return super().gating(input) * self.output_multiplier
+        # fp32 matmul of fp32 weight and upcast input, as the reference router
+        return torch.nn.functional.linear(input.float(), self.weight.float()) * self.output_multiplier
 
 
 class MuseSparkExperts(TEGroupedMLP):

@@ -23,6 +23,11 @@ class MuseSparkMCore(MegatronModule):
     def __init__(self, config, muse: ModelConfig, *, seq_length: int, pre_process: bool = True,
                  post_process: bool = True, pg_collection=None, pp_rank: int = 0) -> None:
         super().__init__(config=config)
+        from megatron.core.enums import ModelType
+
+        self.model_type = ModelType.encoder_or_decoder
+        # input and output embeddings are untied: nothing to all-reduce between first and last stage
+        self.share_embeddings_and_output_weights = False
         self.muse = muse
         self.pre_process, self.post_process = pre_process, post_process
         self.cp_size = pg_collection.cp.size() if pg_collection is not None else 1

@@ -1,10 +1,13 @@
-"""Same weights, same tokens: the loss of the megatron-core engine against the reference model.
+"""Same weights, same tokens: the megatron-core engine against the reference model.
 
-``python -m muse_stack.engines.mcore.parity [--tp N --ep N] [--out FILE]`` (under torchrun for
-N > 1). The reference model is initialised on the CPU from the seed (as the reference engine
-does), its HF-named state dict is loaded into the megatron-core model through the weight
-mapping, and both compute the mean token loss of the same batch: the reference in fp32 and
-in bf16 autocast, the engine in bf16 with fp32 norms, residual stream and softcap.
+``python -m muse_stack.engines.mcore.parity [--tp N --ep N] [--train-steps K] [--out FILE]``
+(under torchrun for N > 1). The reference model is initialised on the CPU from the seed (as
+the reference engine does), its HF-named state dict is loaded into the megatron-core model
+through the weight mapping, and both compute the mean token loss of the same batch: the
+reference in fp32 and in bf16 autocast, the engine in bf16 with fp32 norms, residual stream
+and softcap. With TP = 1 the logits are compared too (relative RMS against fp32). With
+``--train-steps K`` (one process) both engines then train K optimizer steps on the same
+batch with the recipe's AdamW, LR schedule and clipping, and the per-step losses are compared.
 """
 
 from __future__ import annotations
@@ -58,7 +61,10 @@ def make_batch(vocab: int, seq: int, seed: int = 7) -> dict[str, Any]:
             "segment_ids": torch.zeros(1, seq, dtype=torch.long), "cu_seqlens": torch.tensor([0, seq], dtype=torch.int32)}
 
 
-def run(tp: int = 1, ep: int = 1, seed: int = 1234) -> dict[str, Any]:
+def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0) -> dict[str, Any]:
+    from muse_stack.engines.megatron_available import require_megatron
+
+    require_megatron()  # Transformer Engine loads its cuDNN before torch touches any
     from muse_stack.engines.megatron import MegatronEngine
     from muse_stack.model import MuseSparkForCausalLM
 
@@ -79,25 +85,51 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234) -> dict[str, Any]:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             ref16 = reference(on["input_ids"], labels=on["labels"], loss_mask=on["loss_mask"])
     del reference
-    ctx = TrainContext(recipe=recipe, model=cfg, data=_OneBatch(batch), total_steps=1, rank=rank, world_size=world,
+    ctx = TrainContext(recipe=recipe, model=cfg, data=_OneBatch(batch), total_steps=max(1, train_steps), rank=rank, world_size=world,
                        local_rank=local)
     engine = MegatronEngine(ctx, load_state=state)
     loss, n = engine.eval_loss(batch)
     ref_fp32, ref_bf16 = float(ref32.loss), float(ref16.loss)
+    logits = {}
+    if tp == 1:
+        mine = engine.eval_logits(batch)
+
+        def rel(a, b):
+            return float((a.float() - b.float()).pow(2).mean().sqrt() / b.float().pow(2).mean().sqrt())
+
+        logits = {"logits_rel_rms_megatron_vs_fp32": rel(mine, ref32.logits),
+                  "logits_rel_rms_reference_bf16_vs_fp32": rel(ref16.logits, ref32.logits)}
     out = {"tp": tp, "ep": ep, "world_size": world, "rank": rank, "tokens": n, "model": TINY, "seq_length": SEQ,
            "reference_fp32_loss": ref_fp32, "reference_bf16_loss": ref_bf16, "megatron_loss": loss,
            "rel_diff_vs_fp32": abs(loss - ref_fp32) / ref_fp32,
-           "rel_diff_reference_bf16_vs_fp32": abs(ref_bf16 - ref_fp32) / ref_fp32}
+           "rel_diff_reference_bf16_vs_fp32": abs(ref_bf16 - ref_fp32) / ref_fp32, **logits}
+    if train_steps:
+        out.update(_train(engine, recipe, cfg, batch, train_steps, rank, world, local))
     return out
+
+
+def _train(engine, recipe, cfg, batch, steps: int, rank: int, world: int, local: int) -> dict[str, Any]:
+    from muse_stack.engines.reference import ReferenceEngine
+
+    mine = [engine.train_step(s) for s in range(1, steps + 1)]
+    ref_ctx = TrainContext(recipe=recipe, model=cfg, data=_OneBatch(batch), total_steps=steps, rank=rank,
+                           world_size=world, local_rank=local)
+    ref = ReferenceEngine(ref_ctx)
+    theirs = [ref.train_step(s) for s in range(1, steps + 1)]
+    return {"train_steps": steps,
+            "megatron_step_losses": [m.loss for m in mine], "reference_step_losses": [r.loss for r in theirs],
+            "megatron_grad_norms": [m.grad_norm for m in mine], "reference_grad_norms": [r.grad_norm for r in theirs],
+            "max_step_loss_rel_diff": max(abs(m.loss - r.loss) / r.loss for m, r in zip(mine, theirs))}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--train-steps", type=int, default=0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    result = run(args.tp, args.ep)
+    result = run(args.tp, args.ep, train_steps=args.train_steps)
     print(json.dumps(result), flush=True)
     if args.out and result["rank"] == 0:
         with open(args.out, "w") as f:
