@@ -78,7 +78,10 @@ def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration 
         assumptions.append("layout.distributed_optimizer is not stated; the memory estimate assumes it on")
     if batch.mbs is None or batch.seq_length is None:
         report.unchecked.append("activation memory: batch.mbs or batch.seq_length is not stated")
-    memory = estimate(recipe, model, world, stages, dp, edp, micro, cal) if stages else []
+    missing = [f"layout.{k}" for k in ("ep", "cp") if getattr(lay, k) is None]
+    if missing:
+        report.unchecked.append(f"memory: {', '.join(missing)} not stated (pass {missing[0]}=N)")
+    memory = estimate(recipe, model, world, stages, dp, edp, micro, cal) if stages and not missing else []
     spec = gpu_spec(recipe.hardware.gpu)
     gpu_mem = recipe.hardware.memory_gib or (spec.memory_gib if spec else None)
     totals = [m.total_gib for m in memory if m.total_gib is not None]
