@@ -86,6 +86,10 @@ class ModelConfig(BaseModel):
             raise ValueError(
                 f"layer_types has {len(self.layer_types)} entries but num_hidden_layers is {self.num_hidden_layers}"
             )
+        if self.tie_word_embeddings:
+            raise ValueError("tie_word_embeddings must be false: Muse Spark's input and output embeddings are untied")
+        if self.attention_bias:
+            raise ValueError("attention_bias must be false: Muse Spark attention has no bias")
         if self.num_shared_experts:
             raise ValueError("num_shared_experts must be 0: Muse Spark has no shared expert")
         return self
@@ -147,7 +151,7 @@ class ModelConfig(BaseModel):
 
     @property
     def output_params(self) -> int:
-        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return self.vocab_size * self.hidden_size
 
     @property
     def active_params(self) -> int:

@@ -182,3 +182,11 @@ def test_record_import_cli_refuses_to_overwrite(cli, seeds, tmp_path):
     before = out.read_text()
     rc, _, err = cli("record", "import", seeds / "openrecipes-b200-attune-record.txt", "--name", "a", "-o", out)
     assert rc != 0 and "exists" in err and out.read_text() == before
+
+
+@pytest.mark.parametrize("override", [{"tie_word_embeddings": True}, {"attention_bias": True},
+                                      {"num_shared_experts": 1}, {"num_key_value_heads": 3},
+                                      {"num_experts_per_tok": 300}])
+def test_model_config_refuses_what_muse_spark_is_not(override):
+    with pytest.raises(ValueError):
+        MUSE_SPARK_OPEN.with_overrides(**override)

@@ -23,8 +23,6 @@ class MuseSparkAttention(nn.Module):
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
-        if config.attention_bias:
-            raise NotImplementedError("attention_bias=True: Muse Spark attention has no bias")
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads

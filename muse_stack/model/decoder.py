@@ -159,8 +159,6 @@ class MuseSparkForCausalLM(nn.Module):
 
     def __init__(self, config: ModelConfig, *, seed: int | None = 0) -> None:
         super().__init__()
-        if config.tie_word_embeddings:
-            raise NotImplementedError("tie_word_embeddings=True: Muse Spark's input and output embeddings are untied")
         self.config = config
         self.model = MuseSparkModel(config)
         self.lm_head = Projection(config.hidden_size, config.vocab_size)

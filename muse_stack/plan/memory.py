@@ -139,7 +139,7 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
                 holds.append("perception towers (not counted)")
         if s == pp - 1:
             holds.append("output layer")
-            extra += vocab_part if not model.tie_word_embeddings or pp > 1 else 0
+            extra += vocab_part
         dense = n * dense_layer + extra
         experts = n * expert_layer
         params = dense + experts
