@@ -81,22 +81,15 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _read_json(file: Path, fix: str) -> dict[str, Any] | None:
-    if not file.is_file():
-        return None
-    try:
-        return json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{file} is not valid JSON ({exc})", field=file.name, value=str(file.parent),
-                         fix=fix) from exc
-
-
 def read_run(path: str | os.PathLike[str]) -> RunRecord:
     path = Path(path)
     if not (path / RECIPE).is_file():
         raise InputError("not a run directory (no recipe.yaml)", field="run", value=str(path),
                          fix="give a directory written by `muse-stack run`")
     recipe = parse_recipe(yaml.safe_load((path / RECIPE).read_text()), str(path / RECIPE))
-    results = _read_json(path / RESULTS, "the file is corrupt; re-run the recipe")
-    fingerprint = _read_json(path / FINGERPRINT, "the file is corrupt; capture it again with `muse-stack fingerprint`")
+    from muse_stack.compare.runs import read_results
+    from muse_stack.fingerprint.document import load_fingerprint
+
+    results = read_results(path)
+    fingerprint = load_fingerprint(path) if (path / FINGERPRINT).is_file() else None
     return RunRecord(path=path, recipe=recipe, results=results, metrics=read_metrics(path), fingerprint=fingerprint)
