@@ -4,6 +4,7 @@
 # /tmp/site). Writes everything under ${OUT:-bench-out}; each step is listed in benchmarks/README.md.
 #   usage: bash benchmarks/h200.sh STEP...   (default: smoke)
 #   all of benchmarks/: fingerprint parity proxy1 slice slice2 slicec overhead proxy2 parity2 pp2 plan
+#                       parity3 resume pp2r cp2 etp2 packed packedcp recompute plan2
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -12,8 +13,14 @@ export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT" runs
 MS="python3 -m muse_stack.cli"
-one() { CUDA_VISIBLE_DEVICES=0 "$@"; }
-two() { torchrun --standalone --nproc-per-node 2 "$@"; }
+# packed rows (THD): the shipped chat fixture, packed into 1,024-token rows
+PACKED="data.kind=sft data.builder=packed data.files=[data/tiny-chat.jsonl] data.tokenizer=data/tiny-tokenizer
+  data.loss_mask=muse_spark batch.packed=true batch.seq_length=1024"
+# a smaller proxy for checkpoint round trips (8 experts, top 2): a quick dist-checkpoint save
+SMALL="model.overrides.num_local_experts=8 model.overrides.num_experts_per_tok=2"
+T=${STEP_TIMEOUT:-900}  # seconds any one command may take (a hung collective must not eat the call)
+one() { CUDA_VISIBLE_DEVICES=0 timeout "$T" "$@"; }
+two() { timeout "$T" torchrun --standalone --nproc-per-node 2 "$@"; }
 keep() { # keep a run directory's small files under $OUT/$1
   mkdir -p "$OUT/$1"; cp "$2"/results.json "$2"/metrics.jsonl "$2"/fingerprint.json "$OUT/$1/" 2>/dev/null; }
 for what in "${@:-smoke}"; do
@@ -43,6 +50,50 @@ for what in "${@:-smoke}"; do
     two -m muse_stack.cli run proxy-2gpu layout.ep=1 layout.tp=2 recompute.granularity=full --steps 6 --out runs/tp2 \
       --no-progress; keep tp2 runs/tp2 ;;
   plan) for r in proxy-1gpu proxy-2gpu slice-1gpu; do $MS plan $r --json > "$OUT/plan-$r.json"; done ;;
+  parity3) # packed rows, PP, CP, ETP against the reference model
+    mkdir -p "$OUT/parity"
+    one python3 -m muse_stack.engines.mcore.parity --packed --train-steps 3 --out "$OUT/parity/parity-tp1-packed.json"
+    two -m muse_stack.engines.mcore.parity --pp 2 --train-steps 3 --out "$OUT/parity/parity-pp2.json"
+    two -m muse_stack.engines.mcore.parity --cp 2 --train-steps 3 --out "$OUT/parity/parity-cp2.json"
+    two -m muse_stack.engines.mcore.parity --cp 2 --packed --train-steps 3 --out "$OUT/parity/parity-cp2-packed.json"
+    two -m muse_stack.engines.mcore.parity --etp 2 --train-steps 3 --out "$OUT/parity/parity-etp2.json"
+    two -m muse_stack.engines.mcore.parity --tp 2 --packed --train-steps 3 --out "$OUT/parity/parity-tp2-packed.json" ;;
+  resume) # dist-checkpoint round trip: interrupted at step 3 and resumed == uninterrupted (EP 2, then PP 2)
+    for lay in "layout.ep=2" "layout.ep=1 layout.pp=2 layout.pp_layers=[1,3]"; do
+      tag=$(echo "$lay" | grep -q pp=2 && echo pp2 || echo ep2)
+      rm -rf runs/resume-$tag-full runs/resume-$tag-part
+      two -m muse_stack.cli run proxy-2gpu $SMALL $lay --steps 6 --out runs/resume-$tag-full --no-progress
+      two -m muse_stack.cli run proxy-2gpu $SMALL $lay --steps 6 --stop-after 3 --out runs/resume-$tag-part --no-progress
+      two -m muse_stack.cli run --resume runs/resume-$tag-part --no-progress
+      $MS compare runs/resume-$tag-full runs/resume-$tag-part --json --no-plot > "$OUT/resume-$tag-compare.json"
+      keep resume-$tag-full runs/resume-$tag-full; keep resume-$tag-part runs/resume-$tag-part
+      cp runs/resume-$tag-part/fingerprint.resumed.json "$OUT/resume-$tag-part/" 2>/dev/null
+    done ;;
+  pp2r) rm -rf runs/pp2; two -m muse_stack.cli run proxy-2gpu layout.ep=1 layout.pp=2 'layout.pp_layers=[1,3]' \
+          --out runs/pp2 --no-progress; keep pp2 runs/pp2 ;;
+  cp2) rm -rf runs/cp2; two -m muse_stack.cli run proxy-2gpu layout.ep=1 layout.cp=2 layout.cp_comm_type=a2a \
+         --out runs/cp2 --no-progress; keep cp2 runs/cp2 ;;
+  etp2) rm -rf runs/etp2; two -m muse_stack.cli run proxy-2gpu layout.ep=1 layout.etp=2 --out runs/etp2 --no-progress
+        keep etp2 runs/etp2 ;;
+  packed) rm -rf runs/packed1; one $MS run proxy-1gpu $PACKED --out runs/packed1 --no-progress; keep packed-1gpu runs/packed1 ;;
+  packedcp) rm -rf runs/packedcp; two -m muse_stack.cli run proxy-2gpu $PACKED layout.ep=1 layout.cp=2 \
+              layout.cp_comm_type=a2a --out runs/packedcp --no-progress; keep packed-cp2 runs/packedcp ;;
+  recompute) # peak memory under each recompute setting (proxy-1gpu, 6 steps), two at a time, one per GPU
+    rc() { rm -rf "runs/rc-$1"; CUDA_VISIBLE_DEVICES=$2 $MS run proxy-1gpu "${@:3}" --steps 6 --out "runs/rc-$1" \
+             --no-progress > "$OUT/rc-$1.log" 2>&1; keep "recompute/$1" "runs/rc-$1"; }
+    rc none 0 & rc full 1 "recompute.granularity=full" & wait
+    rc core-attn 0 "recompute.granularity=selective" "recompute.modules=[core_attn]" &
+    rc moe-act 1 "recompute.granularity=selective" "recompute.modules=[moe_act]" & wait
+    rc moe 0 "recompute.granularity=selective" "recompute.modules=[moe]" &
+    rc moe-act-core 1 "recompute.granularity=selective" "recompute.modules=[core_attn,moe_act]" & wait ;;
+  plan2) mkdir -p "$OUT/plan"
+    $MS plan proxy-2gpu layout.ep=1 layout.pp=2 'layout.pp_layers=[1,3]' --json > "$OUT/plan/plan-pp2.json"
+    $MS plan proxy-2gpu layout.ep=1 layout.cp=2 layout.cp_comm_type=a2a --json > "$OUT/plan/plan-cp2.json"
+    $MS plan proxy-2gpu layout.ep=1 layout.etp=2 --json > "$OUT/plan/plan-etp2.json"
+    for m in full "selective recompute.modules=[core_attn]" "selective recompute.modules=[moe_act]" \
+             "selective recompute.modules=[moe]"; do
+      $MS plan proxy-1gpu recompute.granularity=$m --json > "$OUT/plan/plan-rc-$(echo $m | tr -c 'a-z_\n' '-').json"
+    done ;;
   *) echo "unknown step $what" ;;
   esac
 done

@@ -60,3 +60,15 @@ def test_uneven_pipeline_stages():
 def test_heads_must_split_over_tp():
     with pytest.raises(RecipeError):
         kwargs("proxy-2gpu", "layout.ep=1", "layout.tp=8")
+
+
+def test_selective_recompute_modules_the_engine_implements():
+    kw = kwargs("proxy-1gpu", "recompute.granularity=selective", "recompute.modules=[core_attn,moe_act]")
+    assert kw["recompute_granularity"] == "selective" and kw["recompute_modules"] == ["core_attn", "moe_act"]
+    assert "recompute_modules" not in kwargs("proxy-1gpu", "recompute.granularity=selective")  # megatron's default
+
+
+def test_selective_recompute_refuses_modules_it_cannot_recompute():
+    with pytest.raises(RecipeError) as err:
+        kwargs("proxy-1gpu", "recompute.granularity=selective", "recompute.modules=[layernorm]")
+    assert err.value.field == "recompute.modules" and "layernorm" in err.value.fix

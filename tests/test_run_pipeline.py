@@ -120,6 +120,18 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert [m["loss"] for m in b] == pytest.approx([m["loss"] for m in a], rel=1e-6, abs=1e-6)
 
 
+def test_stop_after_from_the_command_line_then_resume(tmp_path, cli):
+    out = tmp_path / "stop"
+    rc, text, _ = cli("run", "tiny-cpu", "--steps", "4", "--stop-after", "2", "--out", out, "--no-progress",
+                      "training.measure_warmup_steps=1")
+    assert rc == 1 and "interrupted" in text
+    assert json.loads((out / "results.json").read_text())["steps_completed"] == 2
+    assert (out / "checkpoint").is_dir()
+    rc, text, _ = cli("run", "--resume", out, "--no-progress")
+    assert rc == 0 and "completed" in text
+    assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
+
+
 def test_resume_refuses_a_completed_run(tiny_run, cli):
     rc, _, err = cli("run", "--resume", tiny_run[0].path)
     assert rc == 3 and "only an interrupted run" in err

@@ -116,15 +116,19 @@ class MegatronEngine:
         self._batches = ctx.data.batches(batch.mbs, seed=recipe.training.data_seed, rank=self.dp_rank,
                                          world_size=self.dp_size, epochs=None)
         self.cp_size = ps.get_context_parallel_world_size()
+        #: packed rows run as THD (one token stream per micro-batch, per-sequence attention)
+        self.thd = bool(batch.packed) or recipe.data.builder == "packed"
         self._seq_lens: list[int] | None = None
 
     # -- data -----------------------------------------------------------------------------
-    def _prepare(self, mb: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def _prepare(self, mb: dict[str, Any]) -> dict[str, Any]:
         rows, width = mb["input_ids"].shape
+        if self.thd:
+            return self._prepare_packed(mb)
         if len(mb["cu_seqlens"]) - 1 > rows:
-            raise RecipeError("packed rows (several sequences per row) are not supported by the megatron engine",
-                              field="batch.packed", value=True,
-                              fix="train packed data with the reference engine, or build unpacked rows")
+            raise RecipeError("these rows hold several sequences each, but the recipe does not declare packing",
+                              field="batch.packed", value=self.ctx.recipe.batch.packed,
+                              fix="set batch.packed: true so the engine attends within each sequence (THD)")
         out = {k: mb[k].to(self.device, non_blocking=True) for k in ("input_ids", "labels", "loss_mask")}
         if self.cp_size > 1:
             from megatron.core.utils import get_batch_on_this_cp_rank
@@ -132,9 +136,38 @@ class MegatronEngine:
             out = get_batch_on_this_cp_rank(out, is_hybrid_cp=False)
         return out
 
+    def _prepare_packed(self, mb: dict[str, Any]) -> dict[str, Any]:
+        """THD: the micro-batch's rows become one stream of tokens [1, B x N]; each packed
+        sequence (with its alignment padding, as the reference engine attends) is one THD
+        sequence. Under CP each sequence is split into 2 x CP chunks, zigzag (TE's layout)."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        cu = mb["cu_seqlens_padded"].to(self.device, dtype=torch.int32)
+        out = {k: mb[k].reshape(1, -1).to(self.device, non_blocking=True) for k in ("input_ids", "labels", "loss_mask")}
+        if self.cp_size > 1:
+            lengths = (cu[1:] - cu[:-1]).tolist()
+            bad = [n for n in lengths if n % (2 * self.cp_size)]
+            if bad:
+                raise RecipeError("packed sequences must split into 2 x CP equal chunks", field="batch.pack_alignment",
+                                  value=self.ctx.recipe.batch.pack_alignment,
+                                  rule=f"every padded sequence length divisible by {2 * self.cp_size} (lengths {bad[:4]})",
+                                  fix=f"set batch.pack_alignment to a multiple of {2 * self.cp_size} and rebuild the rows")
+            import transformer_engine_torch as tex
+            from megatron.core import parallel_state as ps
+
+            index = tex.thd_get_partitioned_indices(cu, out["input_ids"].shape[1], self.cp_size,
+                                                    ps.get_context_parallel_rank())
+            out = {k: v.index_select(1, index) for k, v in out.items()}
+        max_len = int(mb["max_seqlen"])
+        out["packed_seq_params"] = PackedSeqParams(
+            qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu,
+            max_seqlen_q=max_len, max_seqlen_kv=max_len)
+        return out
+
     def _forward_step(self, data_iterator, model):
         mb = next(data_iterator)
-        output = model(mb["input_ids"], labels=mb["labels"], loss_mask=mb["loss_mask"])
+        output = model(mb["input_ids"], labels=mb["labels"], loss_mask=mb["loss_mask"],
+                       packed_seq_params=mb.get("packed_seq_params"))
         mask = (mb["labels"] != -100) & mb["loss_mask"].to(torch.bool)
         return output, partial(_per_token_loss, mask)
 
@@ -147,15 +180,18 @@ class MegatronEngine:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         raw = [next(self._batches) for _ in range(self.micro_batches)]
-        if self._seq_lens is None:
-            self._seq_lens = [raw[0]["input_ids"].shape[1]]
+        width = raw[0]["input_ids"].shape[1]
+        if self._seq_lens is None:  # the sequences' lengths, for the attention FLOPs (as the reference engine)
+            cu = raw[0]["cu_seqlens"].tolist()
+            self._seq_lens = [b - a for a, b in zip(cu, cu[1:])] or [width]
         micro = [self._prepare(mb) for mb in raw]
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
+        # THD micro-batches cross pipeline stages as [MBS x N, 1, H]
+        seq, mbs = (width * recipe.batch.mbs, 1) if self.thd else (width, recipe.batch.mbs)
         losses = get_forward_backward_func()(
             forward_step_func=self._forward_step, data_iterator=iter(micro), model=[self.model],
-            num_microbatches=self.micro_batches, seq_length=self.seq_length,
-            micro_batch_size=recipe.batch.mbs, forward_only=False)
+            num_microbatches=self.micro_batches, seq_length=seq, micro_batch_size=mbs, forward_only=False)
         _, grad_norm, _ = self.optimizer.step()
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)
         for item in losses:
@@ -163,7 +199,7 @@ class MegatronEngine:
         # every TP rank of the last stage holds the same sums: the ratio is unaffected
         tdist.all_reduce(totals)
         loss_sum, supervised = totals.tolist()
-        tokens = recipe.batch.gbs * self.seq_length
+        tokens = recipe.batch.gbs * width
         dup = self._loss_copies()
         return StepStats(loss=loss_sum / max(supervised, 1.0), grad_norm=float(grad_norm or 0.0), lr=lr,
                          tokens=tokens, supervised_tokens=int(round(supervised / dup)))
@@ -179,7 +215,8 @@ class MegatronEngine:
         self.model.eval()
         try:
             batch = self._prepare(mb)
-            out = self.model(batch["input_ids"], labels=batch["labels"], loss_mask=batch["loss_mask"])
+            out = self.model(batch["input_ids"], labels=batch["labels"], loss_mask=batch["loss_mask"],
+                             packed_seq_params=batch.get("packed_seq_params"))
             mask = (batch["labels"] != -100) & batch["loss_mask"].to(torch.bool)
             return float(out.sum()) / max(int(mask.sum()), 1), int(mask.sum())
         finally:
@@ -191,7 +228,7 @@ class MegatronEngine:
         self.model.eval()
         try:
             batch = self._prepare(mb)
-            return self.model(batch["input_ids"]).transpose(0, 1).float()
+            return self.model(batch["input_ids"], packed_seq_params=batch.get("packed_seq_params")).transpose(0, 1).float()
         finally:
             self.model.train()
 
@@ -215,7 +252,7 @@ class MegatronEngine:
                              "last_stage_layers": self.config.num_layers_in_last_pipeline_stage},
                 "recompute": self.config.recompute_granularity, "dispatcher": self.config.moe_token_dispatcher_type,
                 "distributed_optimizer": self.opt_config.use_distributed_optimizer,
-                "attention": "TEDotProductAttention", "experts": "TEGroupedMLP (grouped GEMM)",
+                "attention": "TEDotProductAttention" + (" (THD packed)" if self.thd else ""), "experts": "TEGroupedMLP (grouped GEMM)",
                 "torch_compile_elementwise": os.environ.get("MUSE_STACK_MCORE_COMPILE", "0") == "1",
                 "peak_memory_kind": "max allocated (CUDA)"}
 
@@ -248,8 +285,9 @@ class MegatronEngine:
         from megatron.core import dist_checkpointing
 
         model_sd = self.model.module.sharded_state_dict()
-        state = dist_checkpointing.load({"model": model_sd, "optimizer": self.optimizer.sharded_state_dict(model_sd)},
-                                        str(directory))
+        # is_loading: the optimizer lays out (empty) Adam state to load into before its first step
+        wanted = {"model": model_sd, "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=True)}
+        state = dist_checkpointing.load(wanted, str(directory))
         self.model.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         step = json.loads((Path(directory) / "trainer_state.json").read_text())["step"]

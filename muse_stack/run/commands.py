@@ -22,6 +22,9 @@ def register(app: typer.Typer) -> None:
         resume: Optional[Path] = typer.Option(None, "--resume", help="continue an interrupted run directory"),
         pretrained_checkpoint: Optional[str] = typer.Option(
             None, "--pretrained-checkpoint", help="HF-style checkpoint directory to start from"),
+        stop_after: Optional[int] = typer.Option(
+            None, "--stop-after", min=1,
+            help="interrupt after this step: the checkpoint is saved and --resume continues the run"),
         no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
     ) -> None:
         """Validate, fingerprint and train a recipe; write results beside the fingerprint."""
@@ -33,7 +36,7 @@ def register(app: typer.Typer) -> None:
             overrides = [name, *(overrides or [])] if "=" in name else overrides
         outcome = run(None if resume is not None else name, overrides=overrides or [], out=out, steps=steps,
                       gpus=gpus, resume=resume, pretrained_checkpoint=pretrained_checkpoint,
-                      progress=not no_progress)
+                      progress=not no_progress, stop_after=stop_after)
         r = outcome.results
         if not r:
             return

@@ -23,6 +23,11 @@ from muse_stack.recipes.schema import Recipe
 
 INIT_STD = 0.02  #: the reference model's initialisation (muse_stack.model.init)
 
+#: selective recompute: the attention core (ours), the experts' SwiGLU (megatron-core's
+#: TEGroupedMLP) and the whole MoE layer (megatron-core's MoELayer); none is the default
+#: ``core_attn`` when ``recompute.modules`` is not given
+SELECTIVE_RECOMPUTE_MODULES = ("core_attn", "moe_act", "moe")
+
 
 def pipeline_split(recipe: Recipe, num_layers: int) -> tuple[int | None, int | None]:
     """(first, last) stage layer counts for megatron-core's uneven pipeline split."""
@@ -58,6 +63,12 @@ def transformer_config_kwargs(recipe: Recipe, model: ModelConfig) -> dict[str, A
     first, last = pipeline_split(recipe, model.num_hidden_layers)
     rc = recipe.recompute
     granularity = rc.granularity if rc.granularity not in (None, "none") else None
+    if granularity == "selective" and rc.modules:
+        unknown = [m for m in rc.modules if m not in SELECTIVE_RECOMPUTE_MODULES]
+        if unknown:
+            raise RecipeError("the engine cannot recompute these modules selectively", field="recompute.modules",
+                              value=rc.modules, rule=f"one of {', '.join(SELECTIVE_RECOMPUTE_MODULES)}",
+                              fix=f"drop {', '.join(unknown)}, or use recompute.granularity: full")
     kwargs: dict[str, Any] = dict(
         num_layers=model.num_hidden_layers,
         hidden_size=model.hidden_size,

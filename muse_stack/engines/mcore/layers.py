@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -208,25 +209,32 @@ class MuseSparkAttention(MegatronModule):
         self.recompute_core = (config.recompute_granularity == "selective"
                                and "core_attn" in (config.recompute_modules or []))
 
-    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.core_attention(q, k, v, attention_mask=None, attn_mask_type=AttnMaskType.causal)
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed_seq_params=None) -> torch.Tensor:
+        return self.core_attention(q, k, v, attention_mask=None, attn_mask_type=AttnMaskType.causal,
+                                   packed_seq_params=packed_seq_params)
 
-    def forward(self, x: torch.Tensor, rotary_pos_emb: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotary_pos_emb: torch.Tensor | None, packed_seq_params=None) -> torch.Tensor:
+        """``x`` [s, b, H]; with ``packed_seq_params`` (THD) b is 1 and s holds every packed
+        sequence back to back: RoPE restarts per sequence and attention stays inside each."""
         q, _ = self.linear_q(x)
         k, _ = self.linear_k(x)
         v, _ = self.linear_v(x)
         g, _ = self.linear_gate(x)
         s, b = q.shape[0], q.shape[1]
-        q = qk_norm(q.view(s, b, self.heads, self.head_dim), self.eps)
-        k = qk_norm(k.view(s, b, self.kv_heads, self.head_dim), self.eps)
-        v = v.view(s, b, self.kv_heads, self.head_dim)
+        thd = packed_seq_params is not None
+        shape = (s * b,) if thd else (s, b)  # THD: [tokens, heads, dim]
+        q = qk_norm(q.view(*shape, self.heads, self.head_dim), self.eps)
+        k = qk_norm(k.view(*shape, self.kv_heads, self.head_dim), self.eps)
+        v = v.view(*shape, self.kv_heads, self.head_dim)
         if self.use_rope and rotary_pos_emb is not None:
-            q = apply_rotary_pos_emb(q, rotary_pos_emb, config=self.config)
-            k = apply_rotary_pos_emb(k, rotary_pos_emb, config=self.config)
+            cu = packed_seq_params.cu_seqlens_q_padded if thd else None
+            q = apply_rotary_pos_emb(q, rotary_pos_emb, config=self.config, cu_seqlens=cu, cp_group=self.cp_group)
+            k = apply_rotary_pos_emb(k, rotary_pos_emb, config=self.config, cu_seqlens=cu, cp_group=self.cp_group)
         if self.recompute_core:
-            o = tensor_parallel.checkpoint(self._core, False, q, k, v)
+            # non-tensor arguments cannot pass through the checkpoint: bind them
+            o = tensor_parallel.checkpoint(partial(self._core, packed_seq_params=packed_seq_params), False, q, k, v)
         else:
-            o = self._core(q, k, v)
+            o = self._core(q, k, v, packed_seq_params)
         o = output_gate(o.view(s, b, self.heads, self.head_dim), g.view(s, b, self.heads, self.head_dim), self.eps)
         out, _ = self.linear_proj(o.view(s, b, self.heads * self.head_dim))
         return out
@@ -250,19 +258,33 @@ class MuseSparkRouter(TopKRouter):
 
 
 class MuseSparkExperts(TEGroupedMLP):
-    """Grouped-GEMM SwiGLU experts; post-expert norm per slot, then the routing weight."""
+    """Grouped-GEMM SwiGLU experts; post-expert norm per slot, then the routing weight.
+
+    Under expert tensor parallelism (ETP > 1) each ETP rank's row-parallel ``linear_fc2`` yields
+    a partial sum that the dispatcher's combine reduce-scatters. The norm is not linear, so the
+    partial sums are all-reduced first (autograd-aware: the backward sums the gradients too),
+    normed and weighted, and divided by ETP so that the combine's sum restores the value.
+    """
 
     post_norm_eps: float = 1e-8
 
     def __init__(self, num_local_experts: int, config, submodules, pg_collection=None, name=None) -> None:
         super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection, name=name)
         self.post_expert_norm = GainFirstNorm(config.moe_latent_size, self.post_norm_eps, False)
+        self.etp_group = pg_collection.expt_tp if pg_collection is not None else None
+        self.etp = self.etp_group.size() if self.etp_group is not None else 1
 
     def forward(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, permuted_probs: torch.Tensor,
                 **kwargs: Any):
         out, bias = super().forward(hidden, tokens_per_expert, torch.ones_like(permuted_probs))
-        out = (self.post_expert_norm(out) * permuted_probs.unsqueeze(-1).float()).to(hidden.dtype)
-        return out, bias
+        if self.etp > 1:
+            from torch.distributed.nn.functional import all_reduce
+
+            out = all_reduce(out, group=self.etp_group)
+        out = self.post_expert_norm(out) * permuted_probs.unsqueeze(-1).float()
+        if self.etp > 1:
+            out = out / self.etp
+        return out.to(hidden.dtype), bias
 
 
 class MuseSparkMoE(MoELayer):
@@ -309,8 +331,8 @@ class MuseSparkLayer(MegatronModule):
         self.post_mlp_layernorm = GainFirstNorm(h, post_eps, sp)
         self.post_mlp_residual_gate = ResidualGate(h, t, muse.num_hidden_layers, sp)
 
-    def forward(self, stream: torch.Tensor, rotary_pos_emb: torch.Tensor | None) -> torch.Tensor:
-        attn = self.self_attention(self.input_layernorm(stream), rotary_pos_emb)
+    def forward(self, stream: torch.Tensor, rotary_pos_emb: torch.Tensor | None, packed_seq_params=None) -> torch.Tensor:
+        attn = self.self_attention(self.input_layernorm(stream), rotary_pos_emb, packed_seq_params)
         stream = post_attention_residual(stream, attn, self.post_attention_residual_gate.gate, self.post_eps,
                                          self.temperature)
         ffn, _ = self.mlp(self.pre_mlp_layernorm(stream))
@@ -337,15 +359,34 @@ class MuseSparkBlock(MegatronModule):
     def set_input_tensor(self, tensor: torch.Tensor | None) -> None:
         self.input_tensor = tensor
 
-    def _run(self, start: int, end: int):
+    def _run(self, start: int, end: int, packed_seq_params=None):
         def fn(stream: torch.Tensor, rotary: torch.Tensor | None) -> torch.Tensor:
             for layer in self.layers[start:end]:
-                stream = layer(stream, rotary)
+                stream = layer(stream, rotary, packed_seq_params)
             return stream
 
         return fn
 
-    def forward(self, stream: torch.Tensor | None, rotary_pos_emb: torch.Tensor | None) -> torch.Tensor:
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """Dist-checkpoint keys name layers by their global number (``layers.{global}.``), so that
+        every pipeline stage writes its own layers and any split reads them back."""
+        from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
+        from megatron.core.transformer.utils import sharded_state_dict_default
+
+        assert not sharded_offsets, "the block is not sharded by its parent"
+        out = {}
+        for i, layer in enumerate(self.layers):
+            local, global_ = f"{prefix}layers.{i}.", f"{prefix}layers.{layer.layer_number - 1}."
+            sub = layer.sharded_state_dict(local, (), metadata)
+            replace_prefix_for_sharding(sub, local, global_)
+            out.update(sub)
+        for name, module in self.named_children():
+            if module is not self.layers:
+                out.update(sharded_state_dict_default(module, f"{prefix}{name}.", (), metadata))
+        return out
+
+    def forward(self, stream: torch.Tensor | None, rotary_pos_emb: torch.Tensor | None,
+                packed_seq_params=None) -> torch.Tensor:
         if not self.pre_process:
             stream = self.input_tensor
         cfg = self.config
@@ -354,14 +395,15 @@ class MuseSparkBlock(MegatronModule):
             k = cfg.recompute_num_layers or 1
             if cfg.recompute_method == "block":
                 for i in range(n):
-                    fn = self._run(i, i + 1)
+                    fn = self._run(i, i + 1, packed_seq_params)
                     stream = tensor_parallel.checkpoint(fn, False, stream, rotary_pos_emb) if i < k \
                         else fn(stream, rotary_pos_emb)
             else:  # uniform: checkpoint every group of k layers
                 for i in range(0, n, k):
-                    stream = tensor_parallel.checkpoint(self._run(i, min(n, i + k)), False, stream, rotary_pos_emb)
+                    stream = tensor_parallel.checkpoint(self._run(i, min(n, i + k), packed_seq_params), False,
+                                                        stream, rotary_pos_emb)
         else:
-            stream = self._run(0, n)(stream, rotary_pos_emb)
+            stream = self._run(0, n, packed_seq_params)(stream, rotary_pos_emb)
         if self.final_layernorm is not None:
             return self.final_layernorm(stream)
         return stream

@@ -52,15 +52,22 @@ class MuseSparkMCore(MegatronModule):
         self.decoder.set_input_tensor(input_tensor)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+                loss_mask: torch.Tensor | None = None, packed_seq_params=None) -> torch.Tensor:
         """Input ids [b, s] (this CP rank's tokens). The last stage returns the per-token loss
         [b, s] (fp32, 0 where not supervised) when labels are given, else the soft-capped
-        logits [s, b, V/TP]; other stages return the fp32 residual stream."""
+        logits [s, b, V/TP]; other stages return the fp32 residual stream.
+
+        Packed rows (THD): ``input_ids`` is [1, tokens] and ``packed_seq_params`` carries the
+        cumulative sequence lengths; positions restart at 0 in each sequence (RoPE) and no
+        attention crosses a boundary, as in the reference model."""
         stream = None
         if self.pre_process:
             stream = rms(self.embedding(input_ids, position_ids=None), self.muse.rms_norm_eps)
-        rotary = self.rotary_pos_emb(input_ids.shape[1] * self.cp_size)
-        hidden = self.decoder(stream, rotary)
+        if packed_seq_params is not None:  # a table long enough for the longest sequence
+            rotary = self.rotary_pos_emb(int(packed_seq_params.max_seqlen_q), packed_seq=True)
+        else:
+            rotary = self.rotary_pos_emb(input_ids.shape[1] * self.cp_size)
+        hidden = self.decoder(stream, rotary, packed_seq_params)
         if not self.post_process:
             return hidden
         raw, _ = self.output_layer(hidden)

@@ -1,13 +1,17 @@
 """Same weights, same tokens: the megatron-core engine against the reference model.
 
-``python -m muse_stack.engines.mcore.parity [--tp N --ep N] [--train-steps K] [--out FILE]``
-(under torchrun for N > 1). The reference model is initialised on the CPU from the seed (as
-the reference engine does), its HF-named state dict is loaded into the megatron-core model
-through the weight mapping, and both compute the mean token loss of the same batch: the
-reference in fp32 and in bf16 autocast, the engine in bf16 with fp32 norms, residual stream
-and softcap. With TP = 1 the logits are compared too (relative RMS against fp32). With
-``--train-steps K`` (one process) both engines then train K optimizer steps on the same
-batch with the recipe's AdamW, LR schedule and clipping, and the per-step losses are compared.
+``python -m muse_stack.engines.mcore.parity [--tp N --ep N --etp N --pp N --cp N] [--packed]
+[--train-steps K] [--out FILE]`` (under torchrun for more than one GPU). The reference model is
+initialised on the CPU from the seed (as the reference engine does), its HF-named state dict
+is loaded into the megatron-core model through the weight mapping, and both compute the mean
+token loss of the same batch: the reference in fp32 and in bf16 autocast, the engine in bf16
+with fp32 norms, residual stream and softcap. With TP = 1 the logits are compared too
+(relative RMS against fp32). ``--packed`` makes the batch one row of three sequences (THD in
+the engine, segment masks in the reference). With ``--train-steps K`` both engines then train
+K optimizer steps on the same batch with the recipe's AdamW, LR schedule and clipping (the
+reference on each rank's GPU alone, over the same global batch), and the per-step losses are
+compared. With PP or CP > 1 the loss of the first training step is the forward comparison
+(the stages' forward only runs inside the pipeline schedule; CP ranks hold parts of the row).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ TINY = dict(vocab_size=4096, first_padding_token_id=None, hidden_size=512, num_h
             num_local_experts=16, num_experts_per_tok=4, moe_intermediate_size=256, sliding_window=128,
             bos_token_id=1, eos_token_id=[2], pad_token_id=0)
 SEQ = 512
+#: the packed row: three sequences, each a multiple of 2 x CP for CP <= 2 (THD zigzag chunks)
+PACKED_LENGTHS = (200, 180, 132)
 
 
 class _OneBatch:
@@ -41,27 +47,37 @@ class _OneBatch:
             yield self.batch
 
 
-def tiny_recipe(tp: int = 1, ep: int = 1, world: int = 1):
+def tiny_recipe(tp: int = 1, ep: int = 1, world: int = 1, *, etp: int = 1, pp: int = 1, cp: int = 1,
+                packed: bool = False):
     doc = load_recipe("proxy-1gpu").model_dump(mode="json")
     doc["model"]["overrides"] = dict(TINY)
     doc["hardware"]["count"] = world
-    doc["layout"].update(tp=tp, ep=ep, pp=1, cp=1)
-    doc["batch"].update(mbs=1, gbs=world // tp, seq_length=SEQ)
+    doc["layout"].update(tp=tp, ep=ep, etp=etp, pp=pp, cp=cp, pp_layers=[1, 3] if pp == 2 else None)
+    doc["batch"].update(mbs=1, gbs=world // (tp * pp * cp), seq_length=SEQ, packed=packed or None,
+                        pack_alignment=2 * cp if packed and cp > 1 else None)
     return parse_recipe(doc, "parity-tiny")
 
 
-def make_batch(vocab: int, seq: int, seed: int = 7) -> dict[str, Any]:
+def make_batch(vocab: int, seq: int, seed: int = 7, packed: bool = False) -> dict[str, Any]:
+    """One row of ``seq`` tokens: a single sequence, or the ``PACKED_LENGTHS`` sequences."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (1, seq), generator=gen)
+    lengths = PACKED_LENGTHS if packed else (seq,)
+    assert sum(lengths) == seq
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    segment = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]
+    position = torch.cat([torch.arange(n) for n in lengths])[None]
+    mask = torch.ones(1, seq, dtype=torch.float32)
+    mask[0, cu[1:] - 1] = 0  # the last token of each sequence predicts nothing
     labels = torch.full_like(ids, -100)
     labels[:, :-1] = ids[:, 1:]
-    mask = torch.ones(1, seq, dtype=torch.float32)
-    mask[:, -1] = 0
-    return {"input_ids": ids, "labels": labels, "loss_mask": mask, "position_ids": torch.arange(seq)[None],
-            "segment_ids": torch.zeros(1, seq, dtype=torch.long), "cu_seqlens": torch.tensor([0, seq], dtype=torch.int32)}
+    labels[mask == 0] = -100
+    return {"input_ids": ids, "labels": labels, "loss_mask": mask, "position_ids": position, "segment_ids": segment,
+            "cu_seqlens": cu, "cu_seqlens_padded": cu.clone(), "max_seqlen": max(lengths)}
 
 
-def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0) -> dict[str, Any]:
+def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp: int = 1, pp: int = 1, cp: int = 1,
+        packed: bool = False) -> dict[str, Any]:
     from muse_stack.engines.megatron_available import require_megatron
 
     require_megatron()  # Transformer Engine loads its cuDNN before torch touches any
@@ -71,27 +87,32 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0) -> dic
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    recipe = tiny_recipe(tp, ep, world)
+    recipe = tiny_recipe(tp, ep, world, etp=etp, pp=pp, cp=cp, packed=packed)
     cfg = recipe.model_config_resolved()
-    batch = make_batch(cfg.vocab_size, SEQ)
+    batch = make_batch(cfg.vocab_size, SEQ, packed=packed)
+    if (pp > 1 or cp > 1) and train_steps < 1:
+        raise SystemExit("with PP or CP > 1 the comparison is the first training step: pass --train-steps K >= 1")
     reference = MuseSparkForCausalLM(cfg, seed=seed)
     state = {k: v.clone() for k, v in reference.state_dict().items()}
     device = torch.device("cuda", local)
     torch.cuda.set_device(device)
     reference = reference.to(device)
-    on = {k: v.to(device) for k, v in batch.items()}
+    on = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}
+    args = dict(position_ids=on["position_ids"], segment_ids=on["segment_ids"], labels=on["labels"],
+                loss_mask=on["loss_mask"])
     with torch.no_grad():
-        ref32 = reference(on["input_ids"], labels=on["labels"], loss_mask=on["loss_mask"])
+        ref32 = reference(on["input_ids"], **args)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            ref16 = reference(on["input_ids"], labels=on["labels"], loss_mask=on["loss_mask"])
+            ref16 = reference(on["input_ids"], **args)
     del reference
     ctx = TrainContext(recipe=recipe, model=cfg, data=_OneBatch(batch), total_steps=max(1, train_steps), rank=rank, world_size=world,
                        local_rank=local)
     engine = MegatronEngine(ctx, load_state=state)
-    loss, n = engine.eval_loss(batch)
+    forward_only = pp == 1 and cp == 1
+    loss, n = engine.eval_loss(batch) if forward_only else (float("nan"), int(batch["loss_mask"].sum()))
     ref_fp32, ref_bf16 = float(ref32.loss), float(ref16.loss)
     logits = {}
-    if tp == 1:
+    if tp == 1 and forward_only:
         mine = engine.eval_logits(batch)
 
         def rel(a, b):
@@ -99,21 +120,28 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0) -> dic
 
         logits = {"logits_rel_rms_megatron_vs_fp32": rel(mine, ref32.logits),
                   "logits_rel_rms_reference_bf16_vs_fp32": rel(ref16.logits, ref32.logits)}
-    out = {"tp": tp, "ep": ep, "world_size": world, "rank": rank, "tokens": n, "model": TINY, "seq_length": SEQ,
-           "reference_fp32_loss": ref_fp32, "reference_bf16_loss": ref_bf16, "megatron_loss": loss,
-           "rel_diff_vs_fp32": abs(loss - ref_fp32) / ref_fp32,
-           "rel_diff_reference_bf16_vs_fp32": abs(ref_bf16 - ref_fp32) / ref_fp32, **logits}
+    out = {"tp": tp, "ep": ep, "etp": etp, "pp": pp, "cp": cp, "packed": packed,
+           "packed_lengths": list(PACKED_LENGTHS) if packed else None, "world_size": world, "rank": rank,
+           "tokens": n, "model": TINY, "seq_length": SEQ, "reference_fp32_loss": ref_fp32,
+           "reference_bf16_loss": ref_bf16, "rel_diff_reference_bf16_vs_fp32": abs(ref_bf16 - ref_fp32) / ref_fp32,
+           **logits}
     if train_steps:
-        out.update(_train(engine, recipe, cfg, batch, train_steps, rank, world, local))
+        out.update(_train(engine, recipe, cfg, batch, train_steps, local))
+    if not forward_only:  # the first step's loss is the forward pass of the loaded weights
+        loss = out["megatron_step_losses"][0]
+        out["megatron_loss_from"] = "first training step (pipeline schedule)"
+    out["megatron_loss"] = loss
+    out["rel_diff_vs_fp32"] = abs(loss - ref_fp32) / ref_fp32
     return out
 
 
-def _train(engine, recipe, cfg, batch, steps: int, rank: int, world: int, local: int) -> dict[str, Any]:
+def _train(engine, recipe, cfg, batch, steps: int, local: int) -> dict[str, Any]:
     from muse_stack.engines.reference import ReferenceEngine
 
     mine = [engine.train_step(s) for s in range(1, steps + 1)]
-    ref_ctx = TrainContext(recipe=recipe, model=cfg, data=_OneBatch(batch), total_steps=steps, rank=rank,
-                           world_size=world, local_rank=local)
+    # the reference alone on this GPU: GBS / MBS micro-batches of the same row, as the engine's DP ranks
+    ref_ctx = TrainContext(recipe=recipe, model=cfg, data=_OneBatch(batch), total_steps=steps, rank=0,
+                           world_size=1, local_rank=local)
     ref = ReferenceEngine(ref_ctx)
     theirs = [ref.train_step(s) for s in range(1, steps + 1)]
     return {"train_steps": steps,
@@ -126,10 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--etp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--cp", type=int, default=1)
+    ap.add_argument("--packed", action="store_true")
     ap.add_argument("--train-steps", type=int, default=0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    result = run(args.tp, args.ep, train_steps=args.train_steps)
+    result = run(args.tp, args.ep, train_steps=args.train_steps, etp=args.etp, pp=args.pp, cp=args.cp,
+                 packed=args.packed)
     print(json.dumps(result), flush=True)
     if args.out and result["rank"] == 0:
         with open(args.out, "w") as f:
