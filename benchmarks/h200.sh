@@ -58,8 +58,10 @@ for what in "${@:-smoke}"; do
     two -m muse_stack.engines.mcore.parity --cp 2 --packed --train-steps 3 --out "$OUT/parity/parity-cp2-packed.json"
     two -m muse_stack.engines.mcore.parity --etp 2 --train-steps 3 --out "$OUT/parity/parity-etp2.json"
     two -m muse_stack.engines.mcore.parity --tp 2 --packed --train-steps 3 --out "$OUT/parity/parity-tp2-packed.json" ;;
-  resume) # dist-checkpoint round trip: interrupted at step 3 and resumed == uninterrupted (EP 2, then PP 2)
-    for lay in "layout.ep=2" "layout.ep=1 layout.pp=2 layout.pp_layers=[1,3]"; do
+  resume|resume-ep2|resume-pp2) # dist-checkpoint round trip: interrupted at step 3 and resumed == uninterrupted
+    lays=("layout.ep=2" "layout.ep=1 layout.pp=2 layout.pp_layers=[1,3]")
+    [ "$what" = resume-ep2 ] && lays=("layout.ep=2"); [ "$what" = resume-pp2 ] && lays=("${lays[1]}")
+    for lay in "${lays[@]}"; do
       tag=$(echo "$lay" | grep -q pp=2 && echo pp2 || echo ep2)
       rm -rf runs/resume-$tag-full runs/resume-$tag-part
       two -m muse_stack.cli run proxy-2gpu $SMALL $lay --steps 6 --out runs/resume-$tag-full --no-progress
@@ -79,13 +81,17 @@ for what in "${@:-smoke}"; do
   packedcp) rm -rf runs/packedcp; two -m muse_stack.cli run proxy-2gpu $PACKED layout.ep=1 layout.cp=2 \
               layout.cp_comm_type=a2a --out runs/packedcp --no-progress; keep packed-cp2 runs/packedcp ;;
   recompute) # peak memory under each recompute setting (proxy-1gpu, 6 steps), two at a time, one per GPU
-    rc() { rm -rf "runs/rc-$1"; CUDA_VISIBLE_DEVICES=$2 $MS run proxy-1gpu "${@:3}" --steps 6 --out "runs/rc-$1" \
+    rc() { rm -rf "runs/rc-$1"; CUDA_VISIBLE_DEVICES=$2 MASTER_PORT=$((29517 + $2)) $MS run proxy-1gpu "${@:3}" --steps 6 --out "runs/rc-$1" \
              --no-progress > "$OUT/rc-$1.log" 2>&1; keep "recompute/$1" "runs/rc-$1"; }
     rc none 0 & rc full 1 "recompute.granularity=full" & wait
     rc core-attn 0 "recompute.granularity=selective" "recompute.modules=[core_attn]" &
     rc moe-act 1 "recompute.granularity=selective" "recompute.modules=[moe_act]" & wait
     rc moe 0 "recompute.granularity=selective" "recompute.modules=[moe]" &
     rc moe-act-core 1 "recompute.granularity=selective" "recompute.modules=[core_attn,moe_act]" & wait ;;
+  recompute2) # the two recompute runs not measured by the first pass (same commands)
+    rc() { rm -rf "runs/rc-$1"; CUDA_VISIBLE_DEVICES=$2 MASTER_PORT=$((29517 + $2)) $MS run proxy-1gpu "${@:3}" --steps 6 \
+             --out "runs/rc-$1" --no-progress > "$OUT/rc-$1.log" 2>&1; keep "recompute/$1" "runs/rc-$1"; }
+    rc full 0 "recompute.granularity=full" & rc moe-act 1 "recompute.granularity=selective" "recompute.modules=[moe_act]" & wait ;;
   plan2) mkdir -p "$OUT/plan"
     $MS plan proxy-2gpu layout.ep=1 layout.pp=2 'layout.pp_layers=[1,3]' --json > "$OUT/plan/plan-pp2.json"
     $MS plan proxy-2gpu layout.ep=1 layout.cp=2 layout.cp_comm_type=a2a --json > "$OUT/plan/plan-cp2.json"

@@ -257,6 +257,20 @@ class MegatronEngine:
                 "peak_memory_kind": "max allocated (CUDA)"}
 
     # -- checkpoints (megatron-core dist-checkpointing) -----------------------------------
+    def _sharded_state(self, *, is_loading: bool) -> dict[str, Any]:
+        """Model and optimizer as sharded state, in megatron-core's torch_dist layout: the
+        distributed optimizer's state per gradient bucket (``dp_reshardable``: every rank writes
+        and reads its own shard; the DP size may change between save and load)."""
+        from megatron.core import parallel_state as ps
+
+        metadata: dict[str, Any] = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True,
+                                    "dp_cp_group": ps.get_data_parallel_group(with_context_parallel=True)}
+        if self.opt_config.use_distributed_optimizer:
+            metadata["distrib_optim_sharding_type"] = "dp_reshardable"
+        state: dict[str, Any] = {"model": self.model.module.sharded_state_dict(metadata=dict(metadata))}
+        state["optimizer"] = self.optimizer.sharded_state_dict(state, is_loading=is_loading, metadata=dict(metadata))
+        return state
+
     def save(self, directory: Path, step: int) -> None:
         from megatron.core import dist_checkpointing
 
@@ -268,9 +282,7 @@ class MegatronEngine:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         tdist.barrier()
-        model_sd = self.model.module.sharded_state_dict()
-        state = {"model": model_sd, "optimizer": self.optimizer.sharded_state_dict(model_sd)}
-        dist_checkpointing.save(state, str(tmp))
+        dist_checkpointing.save(self._sharded_state(is_loading=False), str(tmp))
         tdist.barrier()
         if self.ctx.rank == 0:
             import shutil
@@ -284,10 +296,8 @@ class MegatronEngine:
     def load(self, directory: Path) -> int:
         from megatron.core import dist_checkpointing
 
-        model_sd = self.model.module.sharded_state_dict()
         # is_loading: the optimizer lays out (empty) Adam state to load into before its first step
-        wanted = {"model": model_sd, "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=True)}
-        state = dist_checkpointing.load(wanted, str(directory))
+        state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(directory))
         self.model.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         step = json.loads((Path(directory) / "trainer_state.json").read_text())["step"]
