@@ -101,6 +101,10 @@ class MegatronEngine:
             clip_grad=opt.clip_grad or 0.0, bf16=recipe.precision == "bf16", params_dtype=self.config.params_dtype,
             use_distributed_optimizer=dist_opt)
         self.optimizer = get_megatron_optimizer(self.opt_config, [self.model])
+        if dist_opt:  # fp32 gains next to bf16 weights: see optimizer_order
+            from muse_stack.engines.mcore.optimizer_order import align_group_orders
+
+            self.reordered_optimizer_params = align_group_orders(self.optimizer)
         self.config.no_sync_func = self.model.no_sync
         self.config.finalize_model_grads_func = finalize_model_grads
         self.config.grad_scale_func = self.optimizer.scale_loss
@@ -252,6 +256,7 @@ class MegatronEngine:
                              "last_stage_layers": self.config.num_layers_in_last_pipeline_stage},
                 "recompute": self.config.recompute_granularity, "dispatcher": self.config.moe_token_dispatcher_type,
                 "distributed_optimizer": self.opt_config.use_distributed_optimizer,
+                "optimizer_positions_realigned": getattr(self, "reordered_optimizer_params", 0),
                 "attention": "TEDotProductAttention" + (" (THD packed)" if self.thd else ""), "experts": "TEGroupedMLP (grouped GEMM)",
                 "torch_compile_elementwise": os.environ.get("MUSE_STACK_MCORE_COMPILE", "0") == "1",
                 "peak_memory_kind": "max allocated (CUDA)"}
