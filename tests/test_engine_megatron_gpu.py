@@ -63,7 +63,9 @@ def test_committed_parity_results_within_tolerance():
 
 
 @pytest.mark.parametrize("name", ["proxy-1gpu", "proxy-2gpu", "slice-1gpu", "slice-1gpu-mbs2",
-                                  "slice-1gpu-mbs2-compiled"])
+                                  "slice-1gpu-mbs2-compiled", "pp2", "cp2", "etp2", "tp2-recompute",
+                                  "recompute/none", "recompute/full", "recompute/core-attn",
+                                  "recompute/moe-act", "recompute/moe"])
 def test_committed_results_follow_from_their_metrics(name):
     """results.json of each benchmark is what the run pipeline computes from its metrics.jsonl."""
     folder = BENCH / name
@@ -83,3 +85,12 @@ def test_committed_results_follow_from_their_metrics(name):
                       status="completed", device=results["device"], engine=results["engine"])
     for key in ("tokens_per_s_per_gpu", "mfu", "step_time_cv_percent", "peak_memory_gib"):
         assert again[key] == pytest.approx(results[key], rel=1e-9), key
+
+
+def test_committed_packed_run_trained_on_packed_rows():
+    """Packed rows ran as THD, and the attention FLOPs in its MFU follow each packed sequence's
+    length (about 30 tokens here), not the 1,024-token row's."""
+    results = json.loads((BENCH / "packed-1gpu" / "results.json").read_text())
+    assert results["status"] == "completed" and results["engine_info"]["attention"].endswith("(THD packed)")
+    assert results["final_loss"] < results["first_loss"] / 2
+    assert results["flops_per_token"]["attention_forward"] < 0.01 * results["flops_per_token"]["matmul_forward"]

@@ -74,6 +74,7 @@ def test_two_nodes_match_one_process(tmp_path):
     assert b[0]["grad_norm"] == pytest.approx(a[0]["grad_norm"], rel=1e-5)
     results = json.loads((two / "results.json").read_text())
     assert results["status"] == "completed" and results["world_size"] == 2
+    assert len(results["peak_memory_gib_by_rank"]) == 2 and all(p > 0 for p in results["peak_memory_gib_by_rank"])
     assert sorted(p.name for p in (two / "fingerprints").iterdir()) == ["rank-0.json", "rank-1.json"]
     fp = json.loads((two / "fingerprint.json").read_text())
     assert fp["ranks"]["count"] == 2 and fp["ranks"]["agree"] is True

@@ -7,3 +7,10 @@ export PYTHONPATH=/tmp/site:.
 CUDA_VISIBLE_DEVICES=0 python3 -m muse_stack.engines.mcore.parity --train-steps 3 --out parity-tp1.json
 torchrun --standalone --nproc-per-node 2 -m muse_stack.engines.mcore.parity --tp 2 --out parity-tp2.json
 torchrun --standalone --nproc-per-node 2 -m muse_stack.engines.mcore.parity --ep 2 --out parity-ep2.json
+# packed rows (THD), pipeline, context and expert-tensor parallelism
+CUDA_VISIBLE_DEVICES=0 python3 -m muse_stack.engines.mcore.parity --packed --train-steps 3 --out parity-tp1-packed.json
+torchrun --standalone --nproc-per-node 2 -m muse_stack.engines.mcore.parity --pp 2 --train-steps 3 --out parity-pp2.json
+torchrun --standalone --nproc-per-node 2 -m muse_stack.engines.mcore.parity --cp 2 --train-steps 3 --out parity-cp2.json
+torchrun --standalone --nproc-per-node 2 -m muse_stack.engines.mcore.parity --cp 2 --packed --train-steps 3 --out parity-cp2-packed.json
+torchrun --standalone --nproc-per-node 2 -m muse_stack.engines.mcore.parity --etp 2 --train-steps 3 --out parity-etp2.json
+torchrun --standalone --nproc-per-node 2 -m muse_stack.engines.mcore.parity --tp 2 --packed --train-steps 3 --out parity-tp2-packed.json

@@ -4,4 +4,4 @@
 set -euo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUDA_DEVICE_MAX_CONNECTIONS=1
 export PYTHONPATH=/tmp/site:.
-torchrun --standalone --nproc-per-node 2 -m muse_stack.cli run proxy-2gpu layout.ep=1 layout.pp=2 'layout.pp_layers=[1,3]' --steps 6 --out runs/pp2 --no-progress
+torchrun --standalone --nproc-per-node 2 -m muse_stack.cli run proxy-2gpu layout.ep=1 layout.pp=2 'layout.pp_layers=[1,3]' --out runs/pp2 --no-progress

@@ -19,7 +19,7 @@ GIB = 2**30
 
 
 class Calibration(BaseModel):
-    """Terms the formulas do not derive: runtime buffers and allocator slack.
+    """Terms the formulas do not derive: how much the activations really keep, and runtime buffers.
 
     Defaults are the values measured on an H200 with megatron-core + TE (benchmarks/); they
     are stated in every plan.
@@ -27,13 +27,14 @@ class Calibration(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    # Fitted to the peak allocated memory (torch.cuda.max_memory_allocated) of the megatron-core
-    # engine on H200 in benchmarks/{proxy-1gpu,proxy-2gpu,slice-1gpu,slice-1gpu-mbs2}/results.json
-    # (least squares of peak against the modelled live bytes; see benchmarks/README.md): the
-    # estimate lands within 3% of each. The CUDA context and NCCL's own buffers sit outside the
-    # caching allocator and are not in these peaks.
-    runtime_overhead_gib: float = 1.5  # cuBLAS/TE workspaces and other allocations outside the formulas
-    allocator_slack: float = 0.08  # fitted share over the modelled live tensors (the least-squares slope)
+    # Fitted by benchmarks/plan/fit.py to the peak allocated memory (torch.cuda.max_memory_allocated)
+    # of every uncompiled megatron-core run in benchmarks/ (13 runs: TP, PP, CP, EP, ETP, packed rows,
+    # full and selective recompute): peak = static + logits + activation_factor x activations +
+    # runtime_overhead_gib, least squares. Static memory (bf16 weights, fp32 gradient buffers, Adam
+    # state) is allocated exactly and is not scaled. The CUDA context and NCCL's own buffers sit
+    # outside the caching allocator and are not in these peaks.
+    activation_factor: float = 1.83  # measured activation bytes per modelled byte (fp32 temporaries of the norms and gates)
+    runtime_overhead_gib: float = 0.2  # cuBLAS/TE workspaces and other allocations outside the formulas
     logits_bytes: int = 10  # per logit on the last stage: fp32 logits, their gradient, bf16 copy
     # Policy, not a measurement: the estimate is of allocated memory (what the calibration above was
     # fitted to); a plan fits only if this share of the GPU stays free for what that leaves out:
@@ -60,10 +61,14 @@ class StageMemory(BaseModel):
     microbatches_in_flight: int | None
 
 
-def layer_activation_bytes_per_token(m: ModelConfig, tp: int, sp: bool, act_bytes: int = 2) -> dict[str, float]:
+def layer_activation_bytes_per_token(m: ModelConfig, tp: int, sp: bool, act_bytes: int = 2,
+                                     etp: int = 1) -> dict[str, float]:
     """Bytes one token leaves stored in one decoder layer for the backward pass (no recompute).
 
     Tensors outside the TP-split regions are divided by TP only with sequence parallelism.
+    Under expert tensor parallelism the dispatcher gathers the tokens of all ETP ranks, so each
+    rank holds ETP x the routed slots at the latent width and 1 / ETP of the expert FFN width.
+    Also returned: what each selective-recompute module frees per token and layer.
     """
     h, hm, i, k, e = m.hidden_size, m.moe_hidden_size, m.moe_intermediate_size, m.num_experts_per_tok, m.num_local_experts
     hq, hkv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
@@ -73,15 +78,38 @@ def layer_activation_bytes_per_token(m: ModelConfig, tp: int, sp: bool, act_byte
     attn_outside = (b * h + 4 * h + b * h + b * h) / seq_div
     # inside: q,k,v projections, normed/rotated q,k, output gate, attention output, gated output
     attn_inside = b * ((hq + 2 * hkv) + (hq + hkv) + hq + hq + 2 * hq) / tp
-    moe_outside = (b * h + 4 * e * 2 + 4 * h + b * h * 3) / seq_div
+    moe_input = b * h / seq_div
+    moe_outside = moe_input + (4 * e * 2 + 4 * h + b * h * 3) / seq_div
     moe_latent = b * (2 * hm + hm) / seq_div
-    # each routed slot (a GPU receives k slots per local token on average): dispatched input, gate_up out, activation, product, down out, post-expert norm
-    moe_slots = k * b * (hm + 2 * i + i + i + hm + hm) / seq_div
+    # each routed slot (a GPU receives k slots per local token on average, x ETP when ETP
+    # gathers): dispatched input, down out, post-expert norm at the latent width; gate_up out,
+    # activation, product at the (ETP-split) FFN width
+    moe_act = k * b * i / seq_div  # the SwiGLU output, per local token
+    moe_slots = k * b * (3 * hm * etp + 4 * i) / seq_div
+    moe = moe_outside + moe_latent + moe_slots
     return {
         "attention": attn_outside + attn_inside,
         "attention_inside": attn_inside,
-        "moe": moe_outside + moe_latent + moe_slots,
+        "moe": moe,
+        # selective recompute: what each module no longer keeps (TE's fused attention core keeps
+        # only q, k, v, its output and the softmax statistics, which its neighbours hold anyway)
+        "recompute_core_attn": 0.0,
+        "recompute_moe_act": moe_act,
+        "recompute_moe": moe - moe_input,
     }
+
+
+def selective_bytes_per_token(act: dict[str, float], modules: list[str] | None) -> tuple[float, float]:
+    """(freed per token and layer, recomputed working set per token of one layer) for the
+    selective recompute ``modules`` (megatron-core's default: core_attn)."""
+    freed = working = 0.0
+    for name in modules or ["core_attn"]:
+        saved = act.get(f"recompute_{name}")
+        if saved is None:
+            continue  # refused by the engine (RecipeError); nothing modelled
+        freed += saved
+        working += saved
+    return freed, working
 
 
 def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], dp: int | None,
@@ -125,7 +153,8 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
             elif target == "mlp.experts.down_proj":
                 lora_expert += experts_local * r * (i + hm)
 
-    act = layer_activation_bytes_per_token(model, tp, sp, act_bytes=w_bytes)
+    act = layer_activation_bytes_per_token(model, tp, sp, act_bytes=w_bytes, etp=etp)
+    freed, recomputed = selective_bytes_per_token(act, recipe.recompute.modules)
     tokens = (batch.mbs * batch.seq_length // cp) if batch.mbs and batch.seq_length else None
     granularity = recipe.recompute.granularity or "none"
     out: list[StageMemory] = []
@@ -166,16 +195,17 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
                 per_mb = n * stored_input
                 working = per_layer_full
             elif granularity == "selective":
-                per_mb = n * (per_layer_full - act["attention_inside"] * tokens)
-                working = act["attention_inside"] * tokens
+                per_mb = n * (per_layer_full - freed * tokens)
+                working = recomputed * tokens
             else:
                 per_mb = n * per_layer_full
                 working = 0
             activations = (per_mb * in_flight + working) / GIB
             if s == pp - 1:
                 logits = tokens * model.vocab_size / tp * cal.logits_bytes / GIB
-        live = (weights + grads + optimizer) / GIB + (activations or 0) + (logits or 0)
-        total = live * (1 + cal.allocator_slack) + cal.runtime_overhead_gib if tokens is not None else None
+        static = (weights + grads + optimizer) / GIB
+        total = (static + (logits or 0) + cal.activation_factor * (activations or 0) + cal.runtime_overhead_gib
+                 if tokens is not None else None)
         out.append(StageMemory(
             stage=s, layers=n, holds=holds, params=params, trainable_params=trainable_dense + trainable_expert,
             dense_params=dense, expert_params=experts, weights_gib=weights / GIB, grads_gib=grads / GIB,

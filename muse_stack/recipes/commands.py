@@ -72,7 +72,7 @@ def print_plan(plan: Plan) -> None:
             console.print(f"peak {plan.peak_memory_gib:.1f} GiB (stage {plan.peak_stage}) of "
                           f"{plan.gpu_memory_gib:.2f} GiB per {plan.gpu}: {verdict} "
                           f"(needs {plan.calibration.headroom_fraction:.0%} headroom; "
-                          f"allocator slack {plan.calibration.allocator_slack:.0%}, "
+                          f"activations x {plan.calibration.activation_factor:.2f}, "
                           f"runtime buffers {plan.calibration.runtime_overhead_gib} GiB)")
     for a in plan.assumptions:
         console.print(f"[yellow]assumed:[/] {a}")

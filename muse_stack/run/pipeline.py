@@ -168,6 +168,7 @@ def _run(recipe: Recipe, path: Path | None, env: "dist.DistEnv", resuming: bool,
     status, error = "failed", None
     results: dict[str, Any] = {}
     engine = None
+    rank_peaks: list[float | None] | None = None
     model_cfg = recipe.model_config_resolved()
     prior_wall = 0.0
     if resuming:
@@ -235,6 +236,8 @@ def _run(recipe: Recipe, path: Path | None, env: "dist.DistEnv", resuming: bool,
                     stop.signal = "stop_after"
                 if dist.any_flag(stop.signal is not None):
                     break
+        # every rank's peak (pipeline stages and expert ranks differ; the metrics carry rank 0's)
+        rank_peaks = dist.gather(engine.peak_memory_gib())
         if len(metrics) >= total:
             status = "completed"
         else:
@@ -264,6 +267,8 @@ def _run(recipe: Recipe, path: Path | None, env: "dist.DistEnv", resuming: bool,
                                 wall_seconds=prior_wall + time.time() - started, status=status, device=device,
                                 engine=engine_name)
             results["recipe"] = recipe.name
+            if rank_peaks is not None and env.world_size > 1:
+                results["peak_memory_gib_by_rank"] = rank_peaks
             if engine is not None:
                 results["engine_info"] = engine.describe()
             results["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
