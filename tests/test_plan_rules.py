@@ -79,6 +79,7 @@ BROKEN = [
     ("pretrain-192", ["layout.sequence_parallel=true"], "layout.sequence_parallel", "needs TP > 1"),
     ("sft-192", ["batch.mbs=2", "batch.gbs=256"], "batch.mbs", "offline packing needs MBS 1"),
     ("sft-192-32k", ["layout.cp_comm_type=p2p"], "layout.cp_comm_type", "rejects P2P"),
+    ("sft-192-32k", ["model.overrides.num_key_value_heads=4"], "layout.cp", "KV heads per TP rank (4 / 4 = 1)"),
     ("sft-192", ["layout.sequence_parallel=false"], "layout.sequence_parallel", "MoE with TP > 1"),
 ]
 

@@ -141,28 +141,23 @@ class MegatronEngine:
         return out
 
     def _prepare_packed(self, mb: dict[str, Any]) -> dict[str, Any]:
-        """THD: the micro-batch's rows become one stream of tokens [1, B x N]; each packed
-        sequence (with its alignment padding, as the reference engine attends) is one THD
-        sequence. Under CP each sequence is split into 2 x CP chunks, zigzag (TE's layout)."""
+        """THD (see :mod:`.mcore.packed`); under CP each sequence is split into 2 x CP chunks,
+        zigzag, by Transformer Engine's partitioning."""
         from megatron.core.packed_seq_params import PackedSeqParams
 
-        cu = mb["cu_seqlens_padded"].to(self.device, dtype=torch.int32)
-        out = {k: mb[k].reshape(1, -1).to(self.device, non_blocking=True) for k in ("input_ids", "labels", "loss_mask")}
+        from muse_stack.engines.mcore.packed import STREAM_KEYS, packed_stream
+
+        stream = packed_stream(mb, self.cp_size, self.ctx.recipe.batch.pack_alignment)
+        cu = stream["cu_seqlens"].to(self.device)
+        out = {k: stream[k].to(self.device, non_blocking=True) for k in STREAM_KEYS}
         if self.cp_size > 1:
-            lengths = (cu[1:] - cu[:-1]).tolist()
-            bad = [n for n in lengths if n % (2 * self.cp_size)]
-            if bad:
-                raise RecipeError("packed sequences must split into 2 x CP equal chunks", field="batch.pack_alignment",
-                                  value=self.ctx.recipe.batch.pack_alignment,
-                                  rule=f"every padded sequence length divisible by {2 * self.cp_size} (lengths {bad[:4]})",
-                                  fix=f"set batch.pack_alignment to a multiple of {2 * self.cp_size} and rebuild the rows")
             import transformer_engine_torch as tex
             from megatron.core import parallel_state as ps
 
             index = tex.thd_get_partitioned_indices(cu, out["input_ids"].shape[1], self.cp_size,
                                                     ps.get_context_parallel_rank())
             out = {k: v.index_select(1, index) for k, v in out.items()}
-        max_len = int(mb["max_seqlen"])
+        max_len = stream["max_seqlen"]
         out["packed_seq_params"] = PackedSeqParams(
             qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu,
             max_seqlen_q=max_len, max_seqlen_kv=max_len)

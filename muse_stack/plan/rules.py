@@ -129,6 +129,14 @@ def check(recipe: Recipe, model: ModelConfig, world: int) -> RuleReport:
                             field="layout.cp_comm_type", value=lay.cp_comm_type,
                             rule="Transformer Engine rejects P2P (and others) for sliding-window attention under CP",
                             fix="set layout.cp_comm_type=a2a"))
+        if lay.cp_comm_type == "a2a" and model.num_key_value_heads % tp == 0:
+            kv_local = model.num_key_value_heads // tp
+            if kv_local % cp:
+                err(LayoutError("the a2a exchange splits each rank's attention heads over CP, and the KV heads "
+                                "do not split", field="layout.cp", value=cp,
+                                rule=f"KV heads per TP rank ({model.num_key_value_heads} / {tp} = {kv_local}) "
+                                     f"divisible by CP (Transformer Engine, cp_comm_type a2a)",
+                                fix=f"use a CP that divides {kv_local}, or a smaller TP"))
         align = pack_alignment(lay)
         if batch.seq_length is not None and batch.seq_length % align:
             err(LayoutError("the sequence length does not divide into the context-parallel chunks",
