@@ -3,8 +3,9 @@
 # Needs TE 2.20.2 + megatron-core 0.19.2 importable (staged by shared/device/te-stage.sh into
 # /tmp/site). Writes everything under ${OUT:-bench-out}; each step is listed in benchmarks/README.md.
 #   usage: bash benchmarks/h200.sh STEP...   (default: smoke)
-#   all of benchmarks/: fingerprint parity proxy1 slice slice2 slicec overhead proxy2 parity2 pp2 plan
-#                       parity3 resume pp2r cp2 etp2 packed packedcp recompute plan2
+#   all of benchmarks/: fingerprint parity proxy1 slice slice2 slicec overhead proxy2 parity2 tp2
+#                       parity3 pp2 cp2 etp2 packed recompute; not yet measured: resume packedcp
+#   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -44,12 +45,9 @@ for what in "${@:-smoke}"; do
             MUSE_STACK_MCORE_COMPILE=1 one python3 benchmarks/overhead.py slice-1gpu batch.mbs=2 --steps 8 --warmup 3 \
               --out "$OUT/overhead-slice-mbs2-compiled.json" ;;
   proxy2) rm -rf runs/proxy-2gpu; two -m muse_stack.cli run proxy-2gpu --out runs/proxy-2gpu --no-progress; keep proxy-2gpu runs/proxy-2gpu ;;
-  pp2) # PP 2 with uneven stages (1 + 3 layers), then TP 2 with sequence parallelism and full recompute
-    rm -rf runs/pp2 runs/tp2; two -m muse_stack.cli run proxy-2gpu layout.ep=1 layout.pp=2 'layout.pp_layers=[1,3]' \
-      --steps 6 --out runs/pp2 --no-progress; keep pp2 runs/pp2
-    two -m muse_stack.cli run proxy-2gpu layout.ep=1 layout.tp=2 recompute.granularity=full --steps 6 --out runs/tp2 \
-      --no-progress; keep tp2 runs/tp2 ;;
-  plan) for r in proxy-1gpu proxy-2gpu slice-1gpu; do $MS plan $r --json > "$OUT/plan-$r.json"; done ;;
+  tp2) # TP 2 with sequence parallelism and full recompute (6 steps)
+    rm -rf runs/tp2; two -m muse_stack.cli run proxy-2gpu layout.ep=1 layout.tp=2 recompute.granularity=full --steps 6 \
+      --out runs/tp2 --no-progress; keep tp2-recompute runs/tp2 ;;
   parity3) # packed rows, PP, CP, ETP against the reference model
     mkdir -p "$OUT/parity"
     one python3 -m muse_stack.engines.mcore.parity --packed --train-steps 3 --out "$OUT/parity/parity-tp1-packed.json"
@@ -71,7 +69,7 @@ for what in "${@:-smoke}"; do
       keep resume-$tag-full runs/resume-$tag-full; keep resume-$tag-part runs/resume-$tag-part
       cp runs/resume-$tag-part/fingerprint.resumed.json "$OUT/resume-$tag-part/" 2>/dev/null
     done ;;
-  pp2r) rm -rf runs/pp2; two -m muse_stack.cli run proxy-2gpu layout.ep=1 layout.pp=2 'layout.pp_layers=[1,3]' \
+  pp2) rm -rf runs/pp2; two -m muse_stack.cli run proxy-2gpu layout.ep=1 layout.pp=2 'layout.pp_layers=[1,3]' \
           --out runs/pp2 --no-progress; keep pp2 runs/pp2 ;;
   cp2) rm -rf runs/cp2; two -m muse_stack.cli run proxy-2gpu layout.ep=1 layout.cp=2 layout.cp_comm_type=a2a \
          --out runs/cp2 --no-progress; keep cp2 runs/cp2 ;;
@@ -88,18 +86,6 @@ for what in "${@:-smoke}"; do
     rc moe-act 1 "recompute.granularity=selective" "recompute.modules=[moe_act]" & wait
     rc moe 0 "recompute.granularity=selective" "recompute.modules=[moe]" &
     rc moe-act-core 1 "recompute.granularity=selective" "recompute.modules=[core_attn,moe_act]" & wait ;;
-  recompute2) # the two recompute runs not measured by the first pass (same commands)
-    rc() { rm -rf "runs/rc-$1"; CUDA_VISIBLE_DEVICES=$2 MASTER_PORT=$((29517 + $2)) $MS run proxy-1gpu "${@:3}" --steps 6 \
-             --out "runs/rc-$1" --no-progress > "$OUT/rc-$1.log" 2>&1; keep "recompute/$1" "runs/rc-$1"; }
-    rc full 0 "recompute.granularity=full" & rc moe-act 1 "recompute.granularity=selective" "recompute.modules=[moe_act]" & wait ;;
-  plan2) mkdir -p "$OUT/plan"
-    $MS plan proxy-2gpu layout.ep=1 layout.pp=2 'layout.pp_layers=[1,3]' --json > "$OUT/plan/plan-pp2.json"
-    $MS plan proxy-2gpu layout.ep=1 layout.cp=2 layout.cp_comm_type=a2a --json > "$OUT/plan/plan-cp2.json"
-    $MS plan proxy-2gpu layout.ep=1 layout.etp=2 --json > "$OUT/plan/plan-etp2.json"
-    for m in full "selective recompute.modules=[core_attn]" "selective recompute.modules=[moe_act]" \
-             "selective recompute.modules=[moe]"; do
-      $MS plan proxy-1gpu recompute.granularity=$m --json > "$OUT/plan/plan-rc-$(echo $m | tr -c 'a-z_\n' '-').json"
-    done ;;
   *) echo "unknown step $what" ;;
   esac
 done
