@@ -42,7 +42,7 @@ def _nodes(args: list[str], logs: Path, rdzv_id: str) -> list[subprocess.Popen]:
     return procs
 
 
-def _wait_all(procs: list[subprocess.Popen], logs: Path, timeout: float = 90) -> list[int]:
+def _wait_all(procs: list[subprocess.Popen], logs: Path, timeout: float = 240) -> list[int]:
     try:
         return [p.wait(timeout=timeout) for p in procs]
     except subprocess.TimeoutExpired:
