@@ -43,6 +43,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_block import get_num_layers_to_build
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from muse_stack.model.norms import rms_norm as _rms
 from muse_stack.model.residual import ALPHA_SQUARED_FLOOR, initial_gate_value
 from muse_stack.model_config import ModelConfig
 
@@ -64,12 +65,7 @@ def _maybe_compile(fn):
     return wrapper
 
 
-# ---- elementwise math (fp32) ------------------------------------------------------------
-def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    x = x.float()
-    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
-
-
+# ---- elementwise math (fp32; the weightless rms is the reference model's) ----------------
 @_maybe_compile
 def centered_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """rms(x) * (1 + w) in bf16 (the pre-norms and the pre-expert norm)."""
@@ -122,40 +118,43 @@ def _fp32_param(size: int, value: float, sequence_parallel: bool) -> torch.nn.Pa
     return p
 
 
-class CenteredNorm(torch.nn.Module):
+def stored_gain_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms(x) * w in bf16 (the final norm)."""
+    return (_rms(x, eps) * w).to(torch.bfloat16)
+
+
+class _Norm(torch.nn.Module):
+    """A norm with an fp32 gain ``weight`` (initialised to ``init``) and its function ``fn``."""
+
+    init: float = 0.0
+    fn = None
+
+    def __init__(self, size: int, eps: float, sequence_parallel: bool) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = _fp32_param(size, self.init, sequence_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return type(self).fn(x, self.weight, self.eps)
+
+
+class CenteredNorm(_Norm):
     """rms(x) * (1 + weight); weight stored centred at 0 (fp32)."""
 
-    def __init__(self, size: int, eps: float, sequence_parallel: bool) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = _fp32_param(size, 0.0, sequence_parallel)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return centered_norm(x, self.weight, self.eps)
+    fn = staticmethod(centered_norm)
 
 
-class GainFirstNorm(torch.nn.Module):
+class GainFirstNorm(_Norm):
     """rms(x * (1 + weight)) (fp32)."""
 
-    def __init__(self, size: int, eps: float, sequence_parallel: bool) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = _fp32_param(size, 0.0, sequence_parallel)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gain_first_norm(x, self.weight, self.eps)
+    fn = staticmethod(gain_first_norm)
 
 
-class StoredGainNorm(torch.nn.Module):
+class StoredGainNorm(_Norm):
     """rms(x) * weight, weight used as stored (the final norm)."""
 
-    def __init__(self, size: int, eps: float, sequence_parallel: bool) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = _fp32_param(size, 1.0, sequence_parallel)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (_rms(x, self.eps) * self.weight).to(torch.bfloat16)
+    init = 1.0
+    fn = staticmethod(stored_gain_norm)
 
 
 class ResidualGate(torch.nn.Module):
@@ -409,9 +408,5 @@ class MuseSparkBlock(MegatronModule):
         return stream
 
 
-def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return _rms(x, eps)
-
-
 __all__ = ["MuseSparkAttention", "MuseSparkBlock", "MuseSparkExperts", "MuseSparkLayer", "MuseSparkMoE",
-           "MuseSparkRouter", "rms", "softcap_logits"]
+           "MuseSparkRouter", "softcap_logits"]

@@ -11,9 +11,10 @@ from megatron.core.models.common.embeddings.language_model_embedding import Lang
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.transformer.module import MegatronModule
 
-from muse_stack.engines.mcore.layers import MuseSparkBlock, rms, softcap_logits
+from muse_stack.engines.mcore.layers import MuseSparkBlock, softcap_logits
 from muse_stack.engines.mcore.spec import muse_spark_layer_spec
 from muse_stack.model.loss import IGNORE_INDEX
+from muse_stack.model.norms import rms_norm
 from muse_stack.model_config import ModelConfig
 
 
@@ -62,7 +63,7 @@ class MuseSparkMCore(MegatronModule):
         attention crosses a boundary, as in the reference model."""
         stream = None
         if self.pre_process:
-            stream = rms(self.embedding(input_ids, position_ids=None), self.muse.rms_norm_eps)
+            stream = rms_norm(self.embedding(input_ids, position_ids=None), self.muse.rms_norm_eps)
         if packed_seq_params is not None:  # a table long enough for the longest sequence
             rotary = self.rotary_pos_emb(int(packed_seq_params.max_seqlen_q), packed_seq=True)
         else:
