@@ -51,6 +51,7 @@ class MegatronEngine:
         from megatron.core.process_groups_config import ProcessGroupCollection
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
+        from muse_stack.engines.mcore import fuse
         from muse_stack.engines.mcore.config import transformer_config
         from muse_stack.engines.mcore.load import checkpoint_getter, load_hf_weights, state_dict_getter
         from muse_stack.engines.mcore.model import build_model
@@ -71,6 +72,7 @@ class MegatronEngine:
         seed = recipe.training.seed if recipe.training.seed is not None else 0
         model_parallel_cuda_manual_seed(seed)
         self.config = transformer_config(recipe, ctx.model)
+        fuse.configure(bool(recipe.fusions.compile_elementwise))
         self.pg = ProcessGroupCollection.use_mpu_process_groups()
         self.seq_length = batch.seq_length
         model = build_model(self.config, ctx.model, batch.seq_length, self.pg).cuda()
@@ -240,6 +242,8 @@ class MegatronEngine:
     def describe(self) -> dict[str, Any]:
         from megatron.core import parallel_state as ps
 
+        from muse_stack.engines.mcore import fuse
+
         local = sum(p.numel() for p in self.model.module.parameters())
         lay = self.ctx.recipe.layout
         return {"engine": self.name, "device": self.device, "local_parameters": local,
@@ -253,7 +257,7 @@ class MegatronEngine:
                 "distributed_optimizer": self.opt_config.use_distributed_optimizer,
                 "optimizer_positions_realigned": getattr(self, "reordered_optimizer_params", 0),
                 "attention": "TEDotProductAttention" + (" (THD packed)" if self.thd else ""), "experts": "TEGroupedMLP (grouped GEMM)",
-                "torch_compile_elementwise": os.environ.get("MUSE_STACK_MCORE_COMPILE", "0") == "1",
+                "torch_compile_elementwise": fuse.enabled(),
                 "peak_memory_kind": "max allocated (CUDA)"}
 
     # -- checkpoints (megatron-core dist-checkpointing) -----------------------------------

@@ -56,6 +56,11 @@ class Recompute(_Strict):
     modules: list[str] | None = None
 
 
+class Fusions(_Strict):
+    compile_elementwise: bool | None = Field(
+        None, description="megatron engine: fuse the norm / gate / residual / softcap chains with torch.compile")
+
+
 class Offload(_Strict):
     optimizer: bool | None = None
     activations: bool | None = None
@@ -198,6 +203,7 @@ class Recipe(_Strict):
     batch: Batch = Field(default_factory=Batch)
     recompute: Recompute = Field(default_factory=Recompute)
     offload: Offload = Field(default_factory=Offload)
+    fusions: Fusions = Field(default_factory=Fusions)
     precision: Literal["bf16", "fp32", "fp8"] | None = "bf16"
     optimizer: Optimizer = Field(default_factory=Optimizer)
     training: Training = Field(default_factory=Training)
@@ -218,6 +224,9 @@ class Recipe(_Strict):
     def _check(self) -> "Recipe":
         if self.training.steps is None and self.training.epochs is None:
             raise ValueError("training needs steps or epochs (or both)")
+        if self.fusions.compile_elementwise and self.engine != "megatron":
+            raise ValueError("fusions.compile_elementwise applies to the megatron engine only: "
+                             "set engine: megatron or drop fusions.compile_elementwise")
         return self
 
     def model_config_resolved(self) -> ModelConfig:

@@ -21,12 +21,12 @@ Composed from megatron-core and Transformer Engine modules (see :mod:`.spec`):
   megatron-core's layer offsets), full recompute, the final norm.
 
 Norms follow :mod:`muse_stack.model.norms` exactly; they run in fp32 and hand bf16 to the
-matmuls. ``MUSE_STACK_MCORE_COMPILE=1`` fuses the elementwise chains with ``torch.compile``.
+matmuls. The recipe's ``fusions.compile_elementwise`` fuses the elementwise chains with
+``torch.compile`` (:mod:`muse_stack.engines.mcore.fuse`).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -43,42 +43,26 @@ from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_block import get_num_layers_to_build
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from muse_stack.engines.mcore.fuse import elementwise
 from muse_stack.model.norms import rms_norm as _rms
 from muse_stack.model.residual import ALPHA_SQUARED_FLOOR, initial_gate_value
 from muse_stack.model_config import ModelConfig
 
-_COMPILE = os.environ.get("MUSE_STACK_MCORE_COMPILE", "0") == "1"
-
-
-def _maybe_compile(fn):
-    if not _COMPILE:
-        return fn
-    compiled = None
-
-    def wrapper(*args):
-        nonlocal compiled
-        if compiled is None:
-            compiled = torch.compile(fn, dynamic=False)
-        return compiled(*args)
-
-    wrapper.__name__ = fn.__name__
-    return wrapper
-
 
 # ---- elementwise math (fp32; the weightless rms is the reference model's) ----------------
-@_maybe_compile
+@elementwise
 def centered_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """rms(x) * (1 + w) in bf16 (the pre-norms and the pre-expert norm)."""
     return (_rms(x, eps) * (1.0 + w.float())).to(torch.bfloat16)
 
 
-@_maybe_compile
+@elementwise
 def gain_first_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """rms(x * (1 + w)) in fp32 (post-FFN and post-expert norms)."""
     return _rms(x.float() * (1.0 + w.float()), eps)
 
 
-@_maybe_compile
+@elementwise
 def gated_residual(stream: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, temperature: float) -> torch.Tensor:
     """alpha * s + beta * branch (fp32), coefficients from the stored gate vector."""
     u = gate.float() / temperature
@@ -87,25 +71,25 @@ def gated_residual(stream: torch.Tensor, branch: torch.Tensor, gate: torch.Tenso
     return alpha * stream + beta * branch.float()
 
 
-@_maybe_compile
+@elementwise
 def post_attention_residual(stream: torch.Tensor, attn: torch.Tensor, gate: torch.Tensor, eps: float,
                             temperature: float) -> torch.Tensor:
     """Weightless rms of the attention branch (post-norm eps), then the gated residual."""
     return gated_residual(stream, _rms(attn, eps), gate, temperature)
 
 
-@_maybe_compile
+@elementwise
 def qk_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return _rms(x, eps).to(torch.bfloat16)
 
 
-@_maybe_compile
+@elementwise
 def output_gate(o: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
     """rms(o) per head x sigmoid(g), bf16."""
     return (_rms(o, eps) * torch.sigmoid(g.float())).to(torch.bfloat16)
 
 
-@_maybe_compile
+@elementwise
 def softcap_logits(raw: torch.Tensor, multiplier: float, cap: float) -> torch.Tensor:
     return cap * torch.tanh(raw.float() * (multiplier / cap))
 

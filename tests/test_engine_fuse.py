@@ -1,0 +1,74 @@
+"""The GPU layers' elementwise fusion switch (torch.compile), exercised on CPU with a counting backend."""
+
+import pytest
+import torch
+
+from muse_stack.engines.mcore import fuse
+from muse_stack.errors import RecipeError
+from muse_stack.recipes.catalogue import load_recipe
+
+
+class CountingBackend:
+    """A torch.compile backend that runs the captured graph as is and counts compilations."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+@fuse.elementwise
+def chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + w)).to(x.dtype)
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    torch._dynamo.reset()
+    yield
+    fuse.configure(False)
+    torch._dynamo.reset()
+
+
+def _expected(x, w):
+    return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + w)).to(x.dtype)
+
+
+def test_off_runs_eagerly_and_compiles_nothing():
+    backend = CountingBackend()
+    fuse.configure(False, backend=backend)
+    x, w = torch.randn(5, 8), torch.randn(8)
+    assert torch.equal(chain(x, w), _expected(x, w))
+    assert backend.graphs == 0 and not fuse.enabled()
+
+
+def test_on_compiles_once_per_shape_family_not_once_per_token_count():
+    """Under EP > 1 every rank gets a different token count each step: one static graph, then
+    one with the token dimension symbolic, and no more."""
+    backend = CountingBackend()
+    fuse.configure(True, backend=backend)
+    w = torch.randn(8)
+    for tokens in (64, 64, 37, 90, 11, 250, 64):
+        x = torch.randn(tokens, 8)
+        torch.testing.assert_close(chain(x, w), _expected(x, w))
+    assert fuse.enabled()
+    assert backend.graphs == 2
+
+
+def test_reconfiguring_rebuilds_the_compiled_chain():
+    first, second = CountingBackend(), CountingBackend()
+    x, w = torch.randn(4, 8), torch.randn(8)
+    fuse.configure(True, backend=first)
+    chain(x, w)
+    torch._dynamo.reset()
+    fuse.configure(True, backend=second)
+    chain(x, w)
+    assert (first.graphs, second.graphs) == (1, 1)
+
+
+def test_recipe_switch_is_for_the_megatron_engine_only():
+    assert load_recipe("slice-1gpu", ["fusions.compile_elementwise=true"]).fusions.compile_elementwise is True
+    with pytest.raises(RecipeError, match="fusions.compile_elementwise"):
+        load_recipe("tiny-cpu", ["fusions.compile_elementwise=true"])
