@@ -300,10 +300,13 @@ class MegatronEngine:
     def load(self, directory: Path) -> int:
         from megatron.core import dist_checkpointing
 
-        # is_loading: the optimizer lays out (empty) Adam state to load into before its first step
-        state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(directory))
-        self.model.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        # is_loading: the optimizer lays out (empty) Adam state to load into before its first step.
+        # No autograd: the fp32 parameters' optimizer shards are views of the parameters themselves,
+        # and the load copies into them in place.
+        with torch.no_grad():
+            state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(directory))
+            self.model.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         step = json.loads((Path(directory) / "trainer_state.json").read_text())["step"]
         for _ in range(step * self.micro_batches):
             next(self._batches)
