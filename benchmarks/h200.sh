@@ -3,8 +3,8 @@
 # Needs TE 2.20.2 + megatron-core 0.19.2 importable (staged by shared/device/te-stage.sh into
 # /tmp/site). Writes everything under ${OUT:-bench-out}; each step is listed in benchmarks/README.md.
 #   usage: bash benchmarks/h200.sh STEP...   (default: smoke)
-#   all of benchmarks/: fingerprint parity proxy1 slice slice2 slicec overhead proxy2 parity2 tp2
-#                       parity3 pp2 cp2 etp2 packed recompute; not yet measured: resume packedcp
+#   all of benchmarks/: fingerprint parity proxy1 slice slice2 slicee slicee2 overhead proxy2 proxy2c
+#                       parity2 tp2 parity3 pp2 cp2 etp2 packed packedcp recompute resume resumectl
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
 set -uo pipefail
@@ -18,9 +18,11 @@ MS="python3 -m muse_stack.cli"
 PACKED="data.kind=sft data.builder=packed data.files=[data/tiny-chat.jsonl] data.tokenizer=data/tiny-tokenizer
   data.loss_mask=muse_spark batch.packed=true batch.seq_length=1024"
 # a smaller proxy for checkpoint round trips (8 experts, top 2): a quick dist-checkpoint save
+# the elementwise chains fused by torch.compile (the slice's own setting), or not
+FUSED="fusions.compile_elementwise=true" EAGER="fusions.compile_elementwise=false"
 SMALL="model.overrides.num_local_experts=8 model.overrides.num_experts_per_tok=2"
 T=${STEP_TIMEOUT:-900}  # seconds any one command may take (a hung collective must not eat the call)
-one() { CUDA_VISIBLE_DEVICES=0 timeout "$T" "$@"; }
+one() { CUDA_VISIBLE_DEVICES=${GPU:-0} timeout "$T" "$@"; }  # GPU=1 MASTER_PORT=29600: a second one beside
 two() { timeout "$T" torchrun --standalone --nproc-per-node 2 "$@"; }
 keep() { # keep a run directory's small files under $OUT/$1
   mkdir -p "$OUT/$1"; cp "$2"/results.json "$2"/metrics.jsonl "$2"/fingerprint.json "$OUT/$1/" 2>/dev/null; }
@@ -39,12 +41,17 @@ for what in "${@:-smoke}"; do
   slice) rm -rf runs/slice-1gpu; one $MS run slice-1gpu --out runs/slice-1gpu --no-progress; keep slice-1gpu runs/slice-1gpu ;;
   slice2) rm -rf runs/slice-1gpu-mbs2; one $MS run slice-1gpu batch.mbs=2 --out runs/slice-1gpu-mbs2 --no-progress
           keep slice-1gpu-mbs2 runs/slice-1gpu-mbs2 ;;
-  slicec) rm -rf runs/slice-c; MUSE_STACK_MCORE_COMPILE=1 one $MS run slice-1gpu batch.mbs=2 --out runs/slice-c --no-progress
-          keep slice-1gpu-mbs2-compiled runs/slice-c ;;
-  overhead) one python3 benchmarks/overhead.py slice-1gpu --steps 8 --warmup 3 --out "$OUT/overhead-slice-mbs1.json"
-            MUSE_STACK_MCORE_COMPILE=1 one python3 benchmarks/overhead.py slice-1gpu batch.mbs=2 --steps 8 --warmup 3 \
-              --out "$OUT/overhead-slice-mbs2-compiled.json" ;;
+  slicee) rm -rf runs/slice-e; one $MS run slice-1gpu $EAGER --out runs/slice-e --no-progress; keep slice-1gpu-eager runs/slice-e ;;
+  slicee2) rm -rf runs/slice-e2; one $MS run slice-1gpu batch.mbs=2 $EAGER --out runs/slice-e2 --no-progress
+           keep slice-1gpu-mbs2-eager runs/slice-e2 ;;
+  overhead|overheadc) # overheadc: only the compiled MBS 2 half
+    [ "$what" = overhead ] && one python3 benchmarks/overhead.py slice-1gpu $EAGER --steps 8 --warmup 3 \
+      --out "$OUT/overhead-slice-mbs1.json"
+    one python3 benchmarks/overhead.py slice-1gpu batch.mbs=2 --steps 8 --warmup 3 --out "$OUT/overhead-slice-mbs2-compiled.json" ;;
   proxy2) rm -rf runs/proxy-2gpu; two -m muse_stack.cli run proxy-2gpu --out runs/proxy-2gpu --no-progress; keep proxy-2gpu runs/proxy-2gpu ;;
+  proxy2c) # EP 2 compiled: each rank's expert token count changes every step (automatic dynamic shapes)
+    rm -rf runs/proxy-2gpu-c; two -m muse_stack.cli run proxy-2gpu $FUSED --out runs/proxy-2gpu-c --no-progress
+    keep proxy-2gpu-compiled runs/proxy-2gpu-c ;;
   tp2) # TP 2 with sequence parallelism and full recompute (6 steps)
     rm -rf runs/tp2; two -m muse_stack.cli run proxy-2gpu layout.ep=1 layout.tp=2 recompute.granularity=full --steps 6 \
       --out runs/tp2 --no-progress; keep tp2-recompute runs/tp2 ;;
@@ -68,6 +75,14 @@ for what in "${@:-smoke}"; do
       $MS compare runs/resume-$tag-full runs/resume-$tag-part --json --no-plot > "$OUT/resume-$tag-compare.json"
       keep resume-$tag-full runs/resume-$tag-full; keep resume-$tag-part runs/resume-$tag-part
       cp runs/resume-$tag-part/fingerprint.resumed.json "$OUT/resume-$tag-part/" 2>/dev/null
+    done ;;
+  resumectl) # the control for resume: a second uninterrupted run against the first (run-to-run spread)
+    for tag in ep2 pp2; do
+      lay="layout.ep=2"; [ $tag = pp2 ] && lay="layout.ep=1 layout.pp=2 layout.pp_layers=[1,3]"
+      rm -rf runs/resume-$tag-again
+      two -m muse_stack.cli run proxy-2gpu $SMALL $lay --steps 6 --out runs/resume-$tag-again --no-progress
+      $MS compare runs/resume-$tag-full runs/resume-$tag-again --json --no-plot > "$OUT/resume-$tag-control.json"
+      keep resume-$tag-again runs/resume-$tag-again
     done ;;
   pp2) rm -rf runs/pp2; two -m muse_stack.cli run proxy-2gpu layout.ep=1 layout.pp=2 'layout.pp_layers=[1,3]' \
           --out runs/pp2 --no-progress; keep pp2 runs/pp2 ;;

@@ -5,3 +5,4 @@ set -euo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUDA_DEVICE_MAX_CONNECTIONS=1
 export PYTHONPATH=/tmp/site:.
 CUDA_VISIBLE_DEVICES=0 python3 -m muse_stack.cli run slice-1gpu --out runs/slice-1gpu --no-progress
+# (measured as `slice-1gpu fusions.compile_elementwise=true`, which is the recipe's own setting)

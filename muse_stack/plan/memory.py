@@ -28,12 +28,15 @@ class Calibration(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     # Fitted by benchmarks/plan/fit.py to the peak allocated memory (torch.cuda.max_memory_allocated)
-    # of every uncompiled megatron-core run in benchmarks/ (13 runs: TP, PP, CP, EP, ETP, packed rows,
+    # of every eager megatron-core run in benchmarks/ (14 runs: TP, PP, CP, EP, ETP, packed rows,
     # full and selective recompute): peak = static + logits + activation_factor x activations +
     # runtime_overhead_gib, least squares. Static memory (bf16 weights, fp32 gradient buffers, Adam
     # state) is allocated exactly and is not scaled. The CUDA context and NCCL's own buffers sit
     # outside the caching allocator and are not in these peaks.
     activation_factor: float = 1.83  # measured activation bytes per modelled byte (fp32 temporaries of the norms and gates)
+    # The same, fitted (with runtime_overhead_gib fixed) to the runs whose elementwise chains were
+    # fused by torch.compile (recipe fusions.compile_elementwise): fused chains keep fewer temporaries.
+    compiled_activation_factor: float = 1.12
     runtime_overhead_gib: float = 0.2  # cuBLAS/TE workspaces and other allocations outside the formulas
     logits_bytes: int = 10  # per logit on the last stage: fp32 logits, their gradient, bf16 copy
     # Policy, not a measurement: the estimate is of allocated memory (what the calibration above was
@@ -41,6 +44,9 @@ class Calibration(BaseModel):
     # the CUDA context, NCCL's communicator buffers and the caching allocator's fragmentation.
     headroom_fraction: float = 0.10
     source: str = "H200 megatron-core measurements, benchmarks/README.md 'Planner calibration'"
+
+    def activation_factor_for(self, compiled: bool) -> float:
+        return self.compiled_activation_factor if compiled else self.activation_factor
 
 
 class StageMemory(BaseModel):
@@ -54,9 +60,10 @@ class StageMemory(BaseModel):
     weights_gib: float
     grads_gib: float
     optimizer_gib: float
-    activations_gib: float | None
+    activations_gib: float | None  # as modelled; total_gib counts activation_factor x this
     logits_gib: float | None
     buffers_gib: float
+    activation_factor: float = 1.0
     total_gib: float | None
     microbatches_in_flight: int | None
 
@@ -116,6 +123,7 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
              edp: int | None, microbatches: int | None, calibration: Calibration | None = None,
              assume_distributed_optimizer: bool = True) -> list[StageMemory]:
     cal = calibration or Calibration()
+    factor = cal.activation_factor_for(bool(recipe.fusions.compile_elementwise))
     lay, batch = recipe.layout, recipe.batch
     tp, pp, etp = lay.tp, lay.pp, lay.etp
     cp = lay.cp or 1
@@ -204,11 +212,12 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
             if s == pp - 1:
                 logits = tokens * model.vocab_size / tp * cal.logits_bytes / GIB
         static = (weights + grads + optimizer) / GIB
-        total = (static + (logits or 0) + cal.activation_factor * (activations or 0) + cal.runtime_overhead_gib
+        total = (static + (logits or 0) + factor * (activations or 0) + cal.runtime_overhead_gib
                  if tokens is not None else None)
         out.append(StageMemory(
             stage=s, layers=n, holds=holds, params=params, trainable_params=trainable_dense + trainable_expert,
             dense_params=dense, expert_params=experts, weights_gib=weights / GIB, grads_gib=grads / GIB,
             optimizer_gib=optimizer / GIB, activations_gib=activations, logits_gib=logits,
-            buffers_gib=cal.runtime_overhead_gib, total_gib=total, microbatches_in_flight=in_flight))
+            buffers_gib=cal.runtime_overhead_gib, activation_factor=factor, total_gib=total,
+            microbatches_in_flight=in_flight))
     return out

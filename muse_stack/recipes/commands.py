@@ -61,7 +61,7 @@ def print_plan(plan: Plan) -> None:
         for s in plan.memory:
             def f(x):
                 return "?" if x is None else f"{x:.1f}"
-            activ = None if s.activations_gib is None else s.activations_gib * plan.calibration.activation_factor
+            activ = None if s.activations_gib is None else s.activations_gib * s.activation_factor
             m.add_row(str(s.stage), str(s.layers), f"{s.params / 1e9:.2f}B", f(s.weights_gib), f(s.grads_gib),
                       f(s.optimizer_gib), "-" if activ is None else f(activ),
                       "-" if s.logits_gib is None else f(s.logits_gib), f(s.buffers_gib), f(s.total_gib))
@@ -73,7 +73,7 @@ def print_plan(plan: Plan) -> None:
             console.print(f"peak {plan.peak_memory_gib:.1f} GiB (stage {plan.peak_stage}) of "
                           f"{plan.gpu_memory_gib:.2f} GiB per {plan.gpu}: {verdict} "
                           f"(needs {plan.calibration.headroom_fraction:.0%} headroom; "
-                          f"activ: modelled x {plan.calibration.activation_factor:.2f}, "
+                          f"activ: modelled x {plan.memory[plan.peak_stage].activation_factor:.2f}, "
                           f"runtime buffers {plan.calibration.runtime_overhead_gib} GiB)")
     for a in plan.assumptions:
         console.print(f"[yellow]assumed:[/] {a}")

@@ -4,4 +4,5 @@
 set -euo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUDA_DEVICE_MAX_CONNECTIONS=1
 export PYTHONPATH=/tmp/site:.
-CUDA_VISIBLE_DEVICES=0 MUSE_STACK_MCORE_COMPILE=1 python3 -m muse_stack.cli run slice-1gpu batch.mbs=2 --out runs/slice-c --no-progress
+CUDA_VISIBLE_DEVICES=0 python3 benchmarks/overhead.py slice-1gpu fusions.compile_elementwise=false --steps 8 --warmup 3 --out overhead-slice-mbs1.json
+# (measured when eager was the slice's default, as `overhead.py slice-1gpu`)
