@@ -233,3 +233,53 @@ def test_real_h200_capture_against_crafted_b200():
     assert c["cuda_libraries.nccl.version"] == PERFORMANCE
     assert c["host.hostname"] == INFORMATIONAL
     assert report.exit_code == 2
+
+
+def _run_dir(root: Path, name: str, **overrides: str) -> Path:
+    """A run directory as `muse-stack run` leaves it, for the diff: fingerprint and resolved recipe."""
+    import yaml
+
+    from muse_stack.recipes.catalogue import load_recipe
+
+    run = root / name
+    run.mkdir()
+    (run / "fingerprint.json").write_text(json.dumps(B200))
+    recipe = load_recipe("attune-b200", [f"{k}={v}" for k, v in overrides.items()])
+    (run / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+    return run
+
+
+def test_run_directories_diff_names_the_recipe_fields_that_differ(tmp_path, capsys):
+    from muse_stack.compare.diff import diff_inputs
+
+    a = _run_dir(tmp_path, "a")
+    b = _run_dir(tmp_path, "b", **{"layout.ep": "4", "recompute.granularity": "selective",
+                                   "fusions.compile_elementwise": "true", "hardware.price_per_gpu_hour": "3.5"})
+    report = diff_inputs(a, b)
+    assert classes(report) == {
+        "recipe.layout.ep": NUMERICS,
+        "recipe.recompute.granularity": PERFORMANCE,
+        "recipe.fusions.compile_elementwise": NUMERICS,
+        "recipe.hardware.price_per_gpu_hour": INFORMATIONAL,
+    }
+    assert report.exit_code == 2
+    assert main(["diff", str(a), str(b), "--json"]) == 2
+    paths = {d["path"] for d in json.loads(capsys.readouterr().out)["differences"]}
+    assert "recipe.layout.ep" in paths
+
+
+def test_same_recipe_and_stack_is_identical_and_files_carry_no_recipe(tmp_path):
+    from muse_stack.compare.diff import diff_inputs
+
+    a, b = _run_dir(tmp_path, "a"), _run_dir(tmp_path, "b")
+    assert diff_inputs(a, b).identical
+    other = _run_dir(tmp_path, "c", **{"layout.ep": "4"})
+    # a fingerprint file against a run directory: only the fingerprints are compared
+    assert diff_inputs(a / "fingerprint.json", other).identical
+
+
+def test_recipe_env_is_classed_like_the_environment():
+    assert classify("recipe.env.NVTE_FUSED_ATTN") == NUMERICS
+    assert classify("recipe.env.NCCL_ALGO") == PERFORMANCE
+    assert classify("recipe.provenance.summary") == INFORMATIONAL
+    assert classify("recipe.model.overrides.num_hidden_layers") == NUMERICS

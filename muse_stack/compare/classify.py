@@ -16,6 +16,12 @@ none does):
   ids and rank numbers, container hints, the hash of the whole package listing (each
   package that differs is classified on its own).
 
+Between two run directories the resolved recipes are compared too (``recipe.*``): what the
+run computes (model, layout, batch, precision, optimizer, training schedule, data, fusions,
+frozen modules, PEFT) is numerics; recompute, offload, hardware and checkpoint cadence are
+performance (the recipe's ``env`` is classed like the environment); names, descriptions,
+provenance, notes and the recorded stack and results are informational.
+
 Paths that change on every capture (capture time and duration, pid) are not differences.
 """
 
@@ -149,6 +155,19 @@ RULES: list[tuple[str, str]] = [
     *((f"environment.variables.{p}", INFORMATIONAL) for p in INFORMATIONAL_ENV),
     ("environment", PERFORMANCE),
     ("environment.*", PERFORMANCE),
+    # the resolved recipe (run directories only)
+    *((f"recipe.{p}", INFORMATIONAL) for p in (
+        "name", "aliases", "aliases.*", "description", "provenance", "provenance.*", "notes", "notes.*",
+        "run_command", "author", "author.*", "status", "result", "result.*", "stack", "stack.*",
+        "correctness", "correctness.*", "hardware.instance", "hardware.price_per_gpu_hour",
+        "hardware.nominal_memory_gb", "layout.label", "layout.summary", "layout.highlights",
+        "training.log_interval", "training.measure_warmup_steps")),
+    *((f"recipe.env.{p}", NUMERICS) for p in NUMERICS_ENV),
+    *((f"recipe.{p}", PERFORMANCE) for p in (
+        "recompute", "recompute.*", "offload", "offload.*", "hardware", "hardware.*", "env", "env.*",
+        "training.checkpoint_interval")),
+    ("recipe", NUMERICS),
+    ("recipe.*", NUMERICS),
     # what was trained on
     ("run_inputs", NUMERICS),
     ("run_inputs.*", NUMERICS),

@@ -1,8 +1,11 @@
-"""Differences between two stack fingerprints, each classified (see classify.py)."""
+"""Differences between two stack fingerprints, each classified (see classify.py). Between two
+run directories the resolved recipes are compared too (section ``recipe``), so a diff names
+the recipe fields that differ, not only the recipe's hash."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from muse_stack.compare.classify import CLASSES, NUMERICS, PERFORMANCE, VOLATILE, classify
@@ -100,3 +103,22 @@ def diff_documents(a: dict[str, Any], b: dict[str, Any], a_name: str = "A", b_na
     """Every difference between two fingerprints, except capture time, duration and pid."""
     found = changes(a, b, skip=VOLATILE)
     return DiffReport(a_name, b_name, [_difference(c) for c in found])
+
+
+def _run_recipe(path: str | Path) -> dict[str, Any] | None:
+    from muse_stack.compare.runs import read_recipe
+
+    run = Path(path)
+    return read_recipe(run) if run.is_dir() and (run / "recipe.yaml").is_file() else None
+
+
+def diff_inputs(a: str | Path, b: str | Path) -> DiffReport:
+    """Diff two fingerprint files or run directories; when both are run directories with a
+    recipe.yaml, their resolved recipes are compared as well."""
+    from muse_stack.fingerprint.document import load_fingerprint
+
+    doc_a, doc_b = load_fingerprint(a), load_fingerprint(b)
+    recipe_a, recipe_b = _run_recipe(a), _run_recipe(b)
+    if recipe_a is not None and recipe_b is not None:
+        doc_a, doc_b = {**doc_a, "recipe": recipe_a}, {**doc_b, "recipe": recipe_b}
+    return diff_documents(doc_a, doc_b, str(a), str(b))

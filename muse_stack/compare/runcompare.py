@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from muse_stack.compare.convergence import ConvergenceResult, Thresholds, check_convergence
-from muse_stack.compare.diff import diff_documents
+from muse_stack.compare.diff import diff_inputs
 from muse_stack.compare.plot import plot_losses
 from muse_stack.compare.runs import read_metrics, read_results, require_run_dir
 from muse_stack.fingerprint.absent import absent, is_absent
-from muse_stack.fingerprint.document import load_fingerprint, resolve
+from muse_stack.fingerprint.document import resolve
 
 PERF_FIELDS = (
     ("tokens_per_s_per_gpu", "tokens/s per GPU"),
@@ -119,8 +119,7 @@ def fingerprint_summary(ref_run: Path, cand_run: Path) -> dict[str, Any]:
     missing = [str(resolve(r)) for r in (ref_run, cand_run) if not resolve(r).exists()]
     if missing:
         return absent(f"no fingerprint to compare: {', '.join(missing)} missing")
-    a, b = load_fingerprint(ref_run), load_fingerprint(cand_run)
-    report = diff_documents(a, b, str(ref_run), str(cand_run))
+    report = diff_inputs(ref_run, cand_run)
     by_cls: dict[str, list[str]] = {"numerics": [], "performance": [], "informational": []}
     for d in report.differences:
         by_cls[d.cls].append(d.path)

@@ -49,15 +49,15 @@ def register(app: typer.Typer) -> None:
         b: str = typer.Argument(..., help="Fingerprint file or run directory (candidate)."),
         as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
     ) -> None:
-        """Classified differences between two stack fingerprints.
+        """Classified differences between two stack fingerprints (and, between two run
+        directories, between their resolved recipes).
 
         Exit 0 identical (capture time and pid ignored), 1 only performance or informational
         differences, 2 numerics differ, 3 unreadable input.
         """
-        from muse_stack.compare.diff import diff_documents
-        from muse_stack.fingerprint.document import load_fingerprint
+        from muse_stack.compare.diff import diff_inputs
 
-        report = diff_documents(load_fingerprint(a), load_fingerprint(b), a, b)
+        report = diff_inputs(a, b)
         if as_json:
             typer.echo(_dump(report.as_dict()))
         else:
