@@ -72,3 +72,10 @@ def test_selective_recompute_refuses_modules_it_cannot_recompute():
     with pytest.raises(RecipeError) as err:
         kwargs("proxy-1gpu", "recompute.granularity=selective", "recompute.modules=[layernorm]")
     assert err.value.field == "recompute.modules" and "layernorm" in err.value.fix
+
+
+def test_one_virtual_stage_is_plain_1f1b_and_interleaving_is_refused():
+    assert kwargs("attune-b200")["virtual_pipeline_model_parallel_size"] is None  # the record's vpp 1
+    with pytest.raises(RecipeError, match="interleaved") as exc:
+        kwargs("proxy-2gpu", "layout.ep=1", "layout.pp=2", "layout.vpp=2")
+    assert exc.value.field == "layout.vpp"

@@ -93,6 +93,18 @@ def test_bad_input_writes_nothing(tmp_path, cli):
     assert rc == 2 and not out.exists()
 
 
+@pytest.mark.parametrize("override, field", [("layout.vpp=2", "layout.vpp"),
+                                             ("recompute.modules=[mlp]", "recompute.modules")])
+def test_what_the_gpu_engine_refuses_is_refused_before_any_output(tmp_path, cli, override, field):
+    """The megatron engine's own refusals (interleaved stages, unknown selective-recompute
+    modules) come from the recipe check, on any machine, before the run directory exists."""
+    out = tmp_path / "gpu"
+    extra = ["recompute.granularity=selective"] if field == "recompute.modules" else []
+    rc, _, err = cli("run", "proxy-2gpu", *extra, override, "--out", out, "--no-progress")
+    assert rc == 2 and not out.exists()
+    assert field in err and "fix:" in err
+
+
 def test_gpu_recipe_without_gpu_says_so(tmp_path, cli):
     pytest.importorskip("torch")
     import torch

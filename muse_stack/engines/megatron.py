@@ -52,7 +52,7 @@ class MegatronEngine:
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
         from muse_stack.engines.mcore import fuse
-        from muse_stack.engines.mcore.config import transformer_config
+        from muse_stack.engines.mcore.config import transformer_config, virtual_stages
         from muse_stack.engines.mcore.load import checkpoint_getter, load_hf_weights, state_dict_getter
         from muse_stack.engines.mcore.model import build_model
 
@@ -67,7 +67,7 @@ class MegatronEngine:
         if not ps.model_parallel_is_initialized():
             ps.initialize_model_parallel(
                 tensor_model_parallel_size=lay.tp, pipeline_model_parallel_size=lay.pp,
-                virtual_pipeline_model_parallel_size=lay.vpp, context_parallel_size=lay.cp or 1,
+                virtual_pipeline_model_parallel_size=virtual_stages(recipe), context_parallel_size=lay.cp or 1,
                 expert_model_parallel_size=lay.ep or 1, expert_tensor_parallel_size=lay.etp)
         seed = recipe.training.seed if recipe.training.seed is not None else 0
         model_parallel_cuda_manual_seed(seed)

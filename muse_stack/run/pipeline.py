@@ -83,6 +83,10 @@ def prepare(name: str, overrides: list[str], steps: int | None, gpus: int | None
         extra.append(f"hardware.count={gpus}")
     recipe = load_recipe(name, extra)
     plan, _ = make_plan(recipe)
+    if recipe.engine == "megatron":  # what the engine refuses is refused here, before any output
+        from muse_stack.engines.mcore.config import transformer_config_kwargs
+
+        transformer_config_kwargs(recipe, recipe.model_config_resolved())
     if plan.fits is False:
         raise LayoutError(
             f"the plan does not fit: {plan.peak_memory_gib:.1f} GiB estimated on stage {plan.peak_stage} "

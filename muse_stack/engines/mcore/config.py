@@ -47,6 +47,17 @@ def pipeline_split(recipe: Recipe, num_layers: int) -> tuple[int | None, int | N
     return lay.first_stage_layers, lay.last_stage_layers
 
 
+def virtual_stages(recipe: Recipe) -> int | None:
+    """megatron-core's virtual pipeline size: None for one model chunk per stage (``vpp`` unset
+    or 1, plain 1F1B). Interleaved stages are refused: the engine builds one chunk per stage."""
+    vpp = recipe.layout.vpp
+    if vpp is None or vpp == 1:
+        return None
+    raise RecipeError("the megatron engine builds one model chunk per pipeline stage; interleaved (virtual) "
+                      "pipeline stages are not supported", field="layout.vpp", value=vpp,
+                      rule="layout.vpp unset or 1", fix="set layout.vpp=1 (plain 1F1B over the same stages)")
+
+
 def transformer_config_kwargs(recipe: Recipe, model: ModelConfig) -> dict[str, Any]:
     """Keyword arguments of megatron-core's TransformerConfig (dtypes as strings)."""
     lay = recipe.layout
@@ -106,7 +117,7 @@ def transformer_config_kwargs(recipe: Recipe, model: ModelConfig) -> dict[str, A
         tensor_model_parallel_size=tp,
         sequence_parallel=sp,
         pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=lay.vpp,
+        virtual_pipeline_model_parallel_size=virtual_stages(recipe),
         num_layers_in_first_pipeline_stage=first,
         num_layers_in_last_pipeline_stage=last,
         context_parallel_size=cp,
