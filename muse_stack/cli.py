@@ -12,6 +12,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from muse_stack import __version__
 from muse_stack.errors import MuseStackError
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(rc, int):
             return rc
     except MuseStackError as exc:
-        err_console.print(f"[bold red]error:[/] {exc.render()}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(exc.render())}", highlight=False, soft_wrap=True)
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from muse_stack import atomic
 from muse_stack.engines.base import StepStats, TrainContext
+from muse_stack.engines.support import TOWERS
 from muse_stack.errors import RecipeError
 from muse_stack.run.schedule import lr_at
 
@@ -69,7 +70,7 @@ class ReferenceEngine:
         self.model = MuseSparkForCausalLM(ctx.model, seed=seed).to(self.device)
         if ctx.pretrained_checkpoint:
             load_weights_into(self.model, ctx.pretrained_checkpoint)
-        frozen = [f for f in recipe.frozen if f not in ("vision_tower", "audio_tower")]
+        frozen = [f for f in recipe.frozen if f not in TOWERS]
         if frozen:
             freeze(self.model, frozen)
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda and recipe.precision == "bf16"

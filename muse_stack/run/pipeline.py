@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from muse_stack import atomic
 from muse_stack.engines import TrainContext, get_engine
+from muse_stack.engines.support import check_recipe
 from muse_stack.errors import InputError, LayoutError, MuseStackError
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe, recipe_sha256
 from muse_stack.recipes.schema import Recipe
@@ -83,10 +84,7 @@ def prepare(name: str, overrides: list[str], steps: int | None, gpus: int | None
         extra.append(f"hardware.count={gpus}")
     recipe = load_recipe(name, extra)
     plan, _ = make_plan(recipe)
-    if recipe.engine == "megatron":  # what the engine refuses is refused here, before any output
-        from muse_stack.engines.mcore.config import transformer_config_kwargs
-
-        transformer_config_kwargs(recipe, recipe.model_config_resolved())
+    check_recipe(recipe)  # what the engine would refuse or not train as written, before any output
     if plan.fits is False:
         raise LayoutError(
             f"the plan does not fit: {plan.peak_memory_gib:.1f} GiB estimated on stage {plan.peak_stage} "

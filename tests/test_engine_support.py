@@ -1,0 +1,52 @@
+"""Recipes ask for what the engines do, or are refused before a run writes anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from muse_stack.engines.support import check_recipe
+from muse_stack.errors import RecipeError
+from muse_stack.recipes.catalogue import load_recipe
+
+RUNNABLE = ["attune-b200", "pretrain-192", "pretrain-256", "sft-192", "sft-256", "sft-192-32k",
+            "sft-192-coderforge-64k", "sft-192-mm", "proxy-1gpu", "proxy-2gpu", "proxy-8gpu", "proxy-8gpu-pp2",
+            "slice-1gpu", "tiny-cpu"]
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_catalogue_recipes_that_train_as_written_pass(name):
+    check_recipe(load_recipe(name))
+
+
+@pytest.mark.parametrize("name, overrides, field", [
+    ("lora-64", [], "peft"),
+    ("lora-16-mm", ["layout.cp=1"], "peft"),
+    ("miles-h200-64", [], "offload.optimizer"),
+    ("sft-192", ["frozen=[model.language_model.embed_tokens]"], "frozen"),
+    ("proxy-2gpu", ["layout.ep=1", "layout.pp=2", "layout.vpp=2"], "layout.vpp"),
+    ("proxy-2gpu", ["recompute.granularity=selective", "recompute.modules=[mlp]"], "recompute.modules"),
+    ("tiny-cpu", ["layout.tp=2", "hardware.count=2"], "layout.tp"),
+    ("tiny-cpu", ["layout.ep=2", "hardware.count=2"], "layout.ep"),
+    ("tiny-cpu", ["recompute.granularity=full"], "recompute.granularity"),
+    ("tiny-cpu", ["offload.activations=true"], "offload.activations"),
+])
+def test_what_an_engine_would_not_train_as_written_is_refused(name, overrides, field):
+    with pytest.raises(RecipeError) as exc:
+        check_recipe(load_recipe(name, overrides))
+    assert exc.value.field == field and exc.value.fix
+
+
+def test_perception_towers_may_stay_frozen_on_either_engine():
+    check_recipe(load_recipe("tiny-cpu", ["frozen=[vision_tower,audio_tower]"]))
+    check_recipe(load_recipe("sft-192", ["frozen=[vision_tower,audio_tower]"]))
+
+
+def test_the_reference_engine_freezes_by_parameter_name():
+    check_recipe(load_recipe("tiny-cpu", ["frozen=[model.language_model.embed_tokens]"]))
+
+
+def test_run_refuses_an_adapter_recipe_and_writes_nothing(tmp_path, cli):
+    out = tmp_path / "lora"
+    rc, _, err = cli("run", "lora-64", "--out", out, "--no-progress")
+    assert rc == 2 and not out.exists()
+    assert "peft" in err and "frozen: [base]" in err  # rich markup in messages is printed as written
