@@ -123,3 +123,39 @@ def test_committed_resume_continues_the_interrupted_run(layout):
     assert drift < 2 * spread < 5e-3  # restarting from fresh weights would give ~10.4 against ~9.8 at step 4
     for kind in ("resumed", "again"):
         assert json.loads((folder / f"{layout}-{kind}-vs-full.json").read_text())["passed"] is True
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("| `"):
+            rows.append([c.strip().replace("*", "") for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_benchmarks_readme_table_is_what_the_results_say():
+    """Every row of the benchmarks README's main table restates its folder's results.json."""
+    text = (BENCH / "README.md").read_text()
+    table = text[text.index("| benchmark | GPUs |"):text.index("\n\n", text.index("| benchmark | GPUs |"))]
+    rows = _table_rows(table)
+    assert len(rows) >= 13
+    for cells in rows:
+        folder = cells[0].split("`")[1]
+        r = json.loads((BENCH / folder / "results.json").read_text())
+        tok, mfu, mfu6, peak, cv, step = cells[3:9]
+        assert tok == f"{r['tokens_per_s_per_gpu']:,.0f}", folder
+        assert mfu == f"{100 * r['mfu']:.2f}%" and mfu6 == f"{100 * r['mfu_6n']:.2f}%", folder
+        assert peak.split()[0] == f"{r['peak_memory_gib']:.2f}", folder
+        assert cv == "-" or cv == f"{r['step_time_cv_percent']:.1f}%", folder
+        assert step == f"{r['step_time_mean_s']:.3f}", folder
+
+
+def test_readme_gpu_table_restates_the_benchmarks_table():
+    """README's GPU table shows rows of benchmarks/README.md's table, figure for figure."""
+    def figures(text: str, header: str) -> set[tuple[str, ...]]:
+        start = text.index(header)
+        return {tuple(c.split()[0] for c in row[3:8]) for row in _table_rows(text[start:text.index("\n\n", start)])}
+
+    bench = figures((BENCH / "README.md").read_text(), "| benchmark | GPUs |")
+    readme = figures((BENCH.parent / "README.md").read_text(), "| benchmark | GPUs |")
+    assert len(readme) >= 12 and readme <= bench, readme - bench
