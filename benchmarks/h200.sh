@@ -25,7 +25,7 @@ T=${STEP_TIMEOUT:-900}  # seconds any one command may take (a hung collective mu
 one() { CUDA_VISIBLE_DEVICES=${GPU:-0} timeout "$T" "$@"; }  # GPU=1 MASTER_PORT=29600: a second one beside
 two() { timeout "$T" torchrun --standalone --nproc-per-node 2 "$@"; }
 keep() { # keep a run directory's small files under $OUT/$1
-  mkdir -p "$OUT/$1"; cp "$2"/results.json "$2"/metrics.jsonl "$2"/fingerprint.json "$OUT/$1/" 2>/dev/null; }
+  mkdir -p "$OUT/$1"; cp "$2"/results.json "$2"/metrics.jsonl "$2"/fingerprint.json "$2"/recipe.yaml "$OUT/$1/" 2>/dev/null; }
 for what in "${@:-smoke}"; do
   echo "=== $what $(date +%T)"
   case "$what" in

@@ -62,10 +62,6 @@ def test_committed_parity_results_within_tolerance():
             assert doc["max_step_loss_rel_diff"] < LOSS_REL_TOL, name
 
 
-#: the resume runs trained a smaller proxy (benchmarks/resume/run.sh)
-SMALL = {"num_local_experts": 8, "num_experts_per_tok": 2}
-
-
 @pytest.mark.parametrize("name", ["proxy-1gpu", "proxy-2gpu", "proxy-2gpu-compiled", "slice-1gpu", "slice-1gpu-mbs2",
                                   "slice-1gpu-eager", "slice-1gpu-mbs2-eager", "pp2", "cp2", "etp2", "tp2-recompute",
                                   "recompute/none", "recompute/full", "recompute/core-attn",
@@ -82,9 +78,9 @@ def test_committed_results_follow_from_their_metrics(name):
     assert fingerprint["frameworks"]["megatron_core"]["version"] == "0.19.2"
     from muse_stack.recipes.catalogue import load_recipe
 
-    recipe = load_recipe(results["recipe"])
-    model = ModelConfig(**{**ModelConfig().model_dump(), **recipe.model.overrides,
-                           **(SMALL if name.startswith("resume/") else {})})
+    # the resolved recipe that ran where the folder keeps it (its hash is checked below), else the catalogue's
+    recipe = load_recipe(str(folder / "recipe.yaml") if (folder / "recipe.yaml").is_file() else results["recipe"])
+    model = ModelConfig(**{**ModelConfig().model_dump(), **recipe.model.overrides})
     again = summarise(metrics, model=model, world_size=results["world_size"], seq_lens=[recipe.batch.seq_length],
                       warmup=results["warmup_steps"], peak_tflops=results["peak_tflops"],
                       peak_source=results["peak_source"], price_per_gpu_hour=None, wall_seconds=0.0,
@@ -159,3 +155,14 @@ def test_readme_gpu_table_restates_the_benchmarks_table():
     bench = figures((BENCH / "README.md").read_text(), "| benchmark | GPUs |")
     readme = figures((BENCH.parent / "README.md").read_text(), "| benchmark | GPUs |")
     assert len(readme) >= 12 and readme <= bench, readme - bench
+
+
+def test_kept_recipes_are_the_ones_that_ran():
+    """A benchmark folder's recipe.yaml hashes to the recipe_sha256 its fingerprint recorded."""
+    import hashlib
+
+    kept = sorted(BENCH.rglob("recipe.yaml"))
+    assert len(kept) >= 12
+    for file in kept:
+        recorded = json.loads((file.parent / "fingerprint.json").read_text())["run_inputs"]["recipe_sha256"]
+        assert hashlib.sha256(file.read_bytes()).hexdigest() == recorded, file
