@@ -19,6 +19,10 @@ def check_recipe(recipe: Recipe) -> None:
         raise RecipeError(f"neither engine trains {recipe.peft.scheme.upper()} adapters yet; this recipe can be "
                           "planned but not run", field="peft", value=recipe.peft.scheme,
                           fix="`muse-stack plan` it; to train, drop peft and frozen: [base] (full fine-tuning)")
+    for part in ("optimizer", "activations"):
+        if getattr(recipe.offload, part):
+            raise RecipeError(f"neither engine offloads: the {part} stays on the device", field=f"offload.{part}",
+                              value=True, fix=f"set offload.{part}=false (`muse-stack plan` then counts it on the device)")
     if recipe.engine == "reference":
         lay = recipe.layout
         split = {k: v for k, v in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp or 1), ("ep", lay.ep or 1),
@@ -33,19 +37,10 @@ def check_recipe(recipe: Recipe) -> None:
             raise RecipeError("the reference engine keeps every activation; it does not recompute",
                               field="recompute.granularity", value=recipe.recompute.granularity,
                               fix="unset recompute.granularity, or use engine: megatron")
-        for part in ("optimizer", "activations"):
-            if getattr(recipe.offload, part):
-                raise RecipeError(f"the reference engine keeps the {part} on the device; it does not offload",
-                                  field=f"offload.{part}", value=True, fix=f"set offload.{part}=false")
     if recipe.engine == "megatron":
         from muse_stack.engines.mcore.config import transformer_config_kwargs
 
         transformer_config_kwargs(recipe, recipe.model_config_resolved())
-        for part in ("optimizer", "activations"):
-            if getattr(recipe.offload, part):
-                raise RecipeError(f"the megatron engine keeps the {part} on the GPU; it does not offload",
-                                  field=f"offload.{part}", value=True,
-                                  fix=f"set offload.{part}=false (`muse-stack plan` then counts it on the GPU)")
         frozen = [f for f in recipe.frozen if f not in TOWERS]
         if frozen:
             raise RecipeError("the megatron engine trains every decoder parameter; it does not freeze modules",
