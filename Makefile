@@ -35,3 +35,8 @@ clean:
 	rm -rf $(VENV) runs .pytest_cache
 
 include containers/image.mk
+
+# the hash-pinned wheel set of every lock (containers/locks/pylock.<target>.toml), resolved with uv
+.PHONY: wheelsets
+wheelsets: setup
+	$(VENV)/bin/muse-stack stack resolve

@@ -15,7 +15,7 @@
       lib = nixpkgs.lib;
       systems = [ "x86_64-linux" "aarch64-linux" ];
       lockNames = map (f: lib.removeSuffix ".toml" f)
-        (builtins.filter (f: lib.hasSuffix ".toml" f) (builtins.attrNames (builtins.readDir ./containers/locks)));
+        (builtins.filter (f: lib.hasSuffix ".toml" f && !(lib.hasPrefix "pylock." f)) (builtins.attrNames (builtins.readDir ./containers/locks)));
       readLock = name: import ./containers/nix/lock.nix { lockFile = ./containers/locks + "/${name}.toml"; };
       locks = lib.genAttrs lockNames readLock;
       revision = self.rev or self.dirtyRev or null;

@@ -8,7 +8,7 @@
 PY ?= .venv/bin/python
 ENGINE ?= docker
 gpu ?= cpu
-IMAGE_LOCKS := $(basename $(notdir $(wildcard containers/locks/*.toml)))
+IMAGE_LOCKS := $(filter-out pylock.%,$(basename $(notdir $(wildcard containers/locks/*.toml))))
 
 .PHONY: image image-test image-args image-check image-test-pytest
 

@@ -197,4 +197,44 @@ def register(app: typer.Typer) -> None:
             highlight=False,
         )
 
+    @stack.command("resolve")
+    def resolve(
+        targets: list[str] = typer.Argument(None, help="Targets or lock paths (default: every lock)."),
+        check_only: bool = typer.Option(
+            False, "--check", help="Resolve again and compare with the committed set; write nothing."
+        ),
+    ) -> None:
+        """Resolve each lock into its hash-pinned wheel set (pylock.<target>.toml) with uv."""
+        from muse_stack.stack import wheelset
+        from muse_stack.stack.lock import locks_dir
+
+        names = targets or sorted(p.stem for p in locks_dir().glob("*.toml") if not p.stem.startswith("pylock."))
+        failed = []
+        for name in names:
+            loaded = load(name)
+            with console.status(f"resolving {loaded.name} with uv ..."):
+                if check_only:
+                    diffs = wheelset.resolve_and_compare(loaded)
+                else:
+                    path = wheelset.write(loaded)
+            if check_only:
+                if diffs:
+                    failed.append(loaded.name)
+                    for d in diffs:
+                        console.print(f"[red]{loaded.name}[/] {d}", highlight=False, markup=False)
+                else:
+                    console.print(f"[green]ok[/] {loaded.name}: resolves to the committed set", highlight=False)
+            else:
+                n = len(wheelset.check(loaded).packages)
+                console.print(f"wrote {path} ({n} packages)", highlight=False)
+        if failed:
+            raise LockError(
+                f"the committed wheel set differs from a fresh resolution for: {', '.join(failed)}",
+                field="wheel set",
+                value=", ".join(failed),
+                rule="a wheel set is what the resolver makes of its lock",
+                fix="review the differences above, then `muse-stack stack resolve TARGET` and commit the set",
+                exit_code=1,
+            )
+
     app.add_typer(stack, name="stack")

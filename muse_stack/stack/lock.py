@@ -130,6 +130,9 @@ class TransformerEngine(_Archs):
     torch_package: str
     source_repo: str = Field(pattern=r"^https://")
     source_commit: str | Null
+    # build = "source": the runtime requirements of the source tree's setup.py, which the wheel
+    # set must carry because the source build is installed without dependency resolution
+    source_requires: list[str] = []
 
     @field_validator("source_commit")
     @classmethod
@@ -204,6 +207,29 @@ class Efa(_Strict):
         return self
 
 
+class Resolution(_Strict):
+    """How the lock's hash-pinned wheel set (containers/locks/pylock.<name>.toml) is resolved.
+
+    ``exclude_newer`` fixes the registry's state: re-resolving later gives the same set unless
+    a file was yanked or replaced, which the resolution test then reports.
+    """
+
+    index_url: str = Field(pattern=r"^https://")
+    exclude_newer: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
+    manylinux: str = Field(pattern=r"^2_\d{2}$")
+    find_links: list[str] = []
+    note: str = ""
+
+
+class Override(_Strict):
+    """A pin that deliberately differs from what a dependency's metadata asks for."""
+
+    package: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    version: str
+    replaces: str = Field(min_length=8)
+    note: str = Field(min_length=8)
+
+
 class MuseStackPin(_Strict):
     version: str
     source: Literal["build-context"]
@@ -241,6 +267,8 @@ class Lock(_Strict):
     cuda: Cuda | Null
     python: Python
     components: Components
+    resolution: Resolution
+    overrides: list[Override] = []
     deviations: list[Deviation] = []
 
     @property
@@ -276,14 +304,6 @@ class Lock(_Strict):
                         "raise [cuda] version or drop the capability",
                         arch,
                     )
-        te = comps.transformer_engine
-        if self.platform == "linux/arm64" and cuda[0] >= 13 and te.build == "wheel":
-            raise _Rule(
-                "components.transformer_engine.build",
-                "PyPI has no aarch64 Transformer Engine core wheel for CUDA 13",
-                'set build = "source" and pin source_commit',
-                te.build,
-            )
         return self
 
 
@@ -374,7 +394,7 @@ def load(target_or_path: str | os.PathLike[str]) -> LoadedLock:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        known = sorted(p.stem for p in locks_dir().glob("*.toml"))
+        known = sorted(p.stem for p in locks_dir().glob("*.toml") if not p.stem.startswith("pylock."))
         raise LockError(
             f"no lock at {path}",
             field="target",
