@@ -74,6 +74,17 @@ def _cublas_loaded_version(path: str) -> str:
     return ".".join(str(_int_out(path, "cublasGetProperty", t)) for t in (0, 1, 2))
 
 
+def _torch_cudnn_refusal(torch: Any) -> str | None:
+    """Why torch's cuDNN backend will not run with the loaded cuDNN, or None when it will."""
+    if not torch.backends.cudnn.is_available():
+        return None
+    try:
+        torch.backends.cudnn.version()
+    except RuntimeError as exc:  # "PyTorch was compiled against (9, 24, 0) but found runtime version (9, 22, 0)"
+        return f"torch's cuDNN backend refuses the loaded library ({exc})"
+    return None
+
+
 def initialise(torch: Any) -> list[str]:
     """Bring up CUDA, cuBLAS, cuDNN and NCCL on this process's device; returns what was done.
 
@@ -93,7 +104,13 @@ def initialise(torch: Any) -> list[str]:
     b = a.to(torch.bfloat16)
     _ = (b @ b).float().sum().item()
     done.append("cuBLAS matmul (fp32, bf16)")
-    if torch.backends.cudnn.is_available():
+    refused = _torch_cudnn_refusal(torch)
+    if refused:
+        # a deliberate pairing (the b200 lock's cuDNN 9.22 under torch built for 9.24): torch's own
+        # cuDNN backend refuses it, so it is not initialised here; the loaded library's version is
+        # still read below with cudnnGetVersion
+        done.append(f"cuDNN convolution skipped: {refused}")
+    elif torch.backends.cudnn.is_available():
         x = torch.ones((1, 1, 8, 8), device=device)
         w = torch.ones((1, 1, 3, 3), device=device)
         with torch.backends.cudnn.flags(enabled=True):

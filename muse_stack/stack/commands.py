@@ -197,6 +197,42 @@ def register(app: typer.Typer) -> None:
             highlight=False,
         )
 
+    @stack.command("selfcheck")
+    def selfcheck(
+        target: str = _TARGET,
+        image: bool = typer.Option(
+            False, "--image", help="Inside an image: also fail on any package installed outside the wheel set."
+        ),
+        json_out: Path = typer.Option(None, "--json", help="Write the full report as JSON here."),
+    ) -> None:
+        """Check this Python environment against a lock and its wheel set: every package at the set's
+        version, and every component importing at the locked version (cuDNN and NCCL as loaded)."""
+        from muse_stack.stack import selfcheck as sc
+
+        loaded = load(target)
+        report = sc.run(loaded, image=image)
+        t = Table("component", "locked", "found", "", title=f"{loaded.name}: components as imported and loaded")
+        for i in report["components"]:
+            t.add_row(i["what"], i["want"], i["got"], "[green]ok[/]" if i["ok"] else "[red]differs[/]")
+        console.print(t)
+        rows = report["wheel_set"]
+        same = sum(r["ok"] for r in rows[1:])
+        console.print(f"wheel set: {same} of {len(rows) - 1} packages installed at the set's version", highlight=False)
+        if report["outside_set"]:
+            console.print(f"outside the set: {len(report['outside_set'])} distribution(s)", highlight=False)
+        if json_out is not None:
+            json_out.write_text(json.dumps(report, indent=2) + "\n")
+        if not report["ok"]:
+            raise LockError(
+                f"this environment is not what {loaded.path.name} and its wheel set say: " + "; ".join(report["problems"]),
+                field="environment",
+                value=loaded.name,
+                rule="an image holds exactly its lock's wheel set and components",
+                fix="rebuild the image from the lock (make image gpu=TARGET); in a checkout, install the wheel set",
+                exit_code=1,
+            )
+        console.print(f"[green]ok[/] {loaded.name}: environment matches the lock and its wheel set", highlight=False)
+
     @stack.command("resolve")
     def resolve(
         targets: list[str] = typer.Argument(None, help="Targets or lock paths (default: every lock)."),

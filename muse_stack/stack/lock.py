@@ -128,6 +128,9 @@ class TransformerEngine(_Archs):
     build: Literal["wheel", "source"]
     core_package: str
     torch_package: str
+    # build = "wheel": the `transformer-engine` metapackage of the same version; TE's loader
+    # refuses a PyPI-installed PyTorch extension unless metapackage, core and extension agree
+    meta_package: str | None = None
     source_repo: str = Field(pattern=r"^https://")
     source_commit: str | Null
     # build = "source": the runtime requirements of the source tree's setup.py, which the wheel

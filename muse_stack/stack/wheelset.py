@@ -67,6 +67,8 @@ def component_pins(loaded: LoadedLock) -> dict[str, str]:
     if isinstance(te, TransformerEngine) and te.build == "wheel":
         pins[te.core_package] = te.version
         pins[te.torch_package] = te.version
+        if te.meta_package:
+            pins[te.meta_package] = te.version
     for comp in (c.cudnn, c.nccl, c.flash_attn, c.deepep, c.megatron_core):
         if not isinstance(comp, Null):
             pins[comp.package] = comp.version
