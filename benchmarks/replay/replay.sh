@@ -69,12 +69,12 @@ install)
   $PY -m pip install -q --no-index --no-deps --no-compile --require-hashes --find-links "$SRC/wheels" \
      --target "$ENV" -r /tmp/req-staged.txt || exit 1
   # the whole set against what this process now sees (staged first, then the image's own)
-  PYTHONPATH=$ENV:. $PY -m muse_stack.cli stack selfcheck "$lock" --json "$OUT/install-selfcheck-$lock.json" \
+  PYTHONPATH=$ENV:. CUDNN_HOME=$ENV/nvidia/cudnn $PY -m muse_stack.cli stack selfcheck "$lock" --json "$OUT/install-selfcheck-$lock.json" \
     > "$OUT/install-selfcheck-$lock.txt" 2>&1; tail -25 "$OUT/install-selfcheck-$lock.txt"
   ;;
 te)
   archs=$($PY -c "import tomllib,sys; print(';'.join(a.replace('.','') for a in tomllib.load(open(sys.argv[1],'rb'))['components']['transformer_engine']['cuda_archs']))" "containers/locks/$lock.toml")
-  $PY - "$PYLOCK" > /tmp/req-te.txt <<'PY'
+  $PY - "$PYLOCK" > /tmp/req-te-$lock.txt <<'PY'
 import sys
 sys.path.insert(0, "muse_stack/stack")
 import pylock
@@ -86,7 +86,7 @@ PY
   PYTHONPATH=$ENV NVTE_FRAMEWORK=pytorch NVTE_PYTORCH_FORCE_BUILD=TRUE NVTE_CUDA_ARCHS="$archs" MAX_JOBS=${MAX_JOBS:-16} \
     CUDNN_PATH=$ENV/nvidia/cudnn \
     $PY -m pip install --no-index --no-deps --no-build-isolation --no-cache-dir --require-hashes \
-      --find-links "$SRC/wheels" --target "/tmp/te-$lock" -r /tmp/req-te.txt > "/tmp/te-build-$lock.log" 2>&1 \
+      --find-links "$SRC/wheels" --target "/tmp/te-$lock" -r /tmp/req-te-$lock.txt > "/tmp/te-build-$lock.log" 2>&1 \
     || { tail -40 "/tmp/te-build-$lock.log"; echo "TE PyTorch extension did not build for $archs"; exit 1; }
   echo "TE PyTorch extension for NVTE_CUDA_ARCHS=$archs built in $(( $(date +%s) - start )) s"
   ls "/tmp/te-$lock"
@@ -94,17 +94,21 @@ PY
 run)
   mkdir -p "$OUT/$lock" runs
   # this lock's TE extension beside the TE package (TE's loader looks there), the other lock's removed
-  rm -rf "$ENV"/transformer_engine_torch*; cp -r "/tmp/te-$lock"/transformer_engine_torch* "$ENV"/
+  find "$ENV" -maxdepth 3 -name 'transformer_engine_torch*' -exec rm -rf {} +
+  cp -r "/tmp/te-$lock"/. "$ENV"/
   export PYTHONPATH=$ENV:.
+  # TE loads cuDNN from CUDNN_HOME, CUDNN_PATH, CUDA_HOME, /usr/local/cuda before the wheels: point it
+  # at the set's cuDNN (this machine's /usr/local/cuda carries another one), as the image does
+  export CUDNN_HOME=$ENV/nvidia/cudnn CUDNN_PATH=$ENV/nvidia/cudnn
   export CUDA_DEVICE_MAX_CONNECTIONS=1
   MS="$PY -m muse_stack.cli"
   $MS stack selfcheck "$lock" --json "$OUT/$lock/selfcheck.json" > "$OUT/$lock/selfcheck.txt" 2>&1
   tail -22 "$OUT/$lock/selfcheck.txt"
   rm -rf "runs/replay-$lock"
-  timeout 900 $MS run slice-1gpu --out "runs/replay-$lock" --no-progress > "$OUT/$lock/run.log" 2>&1
+  timeout ${RUN_TIMEOUT:-300} $MS run slice-1gpu --out "runs/replay-$lock" --no-progress > "$OUT/$lock/run.log" 2>&1
   echo "run exit $?"; tail -4 "$OUT/$lock/run.log"
   for f in results.json metrics.jsonl fingerprint.json recipe.yaml; do cp "runs/replay-$lock/$f" "$OUT/$lock/" 2>/dev/null; done
-  timeout 600 $PY -m muse_stack.engines.mcore.parity --train-steps 3 --out "$OUT/$lock/parity-tp1.json" \
+  timeout ${PARITY_TIMEOUT:-200} $PY -m muse_stack.engines.mcore.parity --train-steps 3 --out "$OUT/$lock/parity-tp1.json" \
     > "$OUT/$lock/parity.log" 2>&1; echo "parity exit $?"; tail -3 "$OUT/$lock/parity.log"
   $PY -m pip list --format=json > "$OUT/$lock/pip-list.json" 2>/dev/null
   tar -C "$OUT" -czf "$OUT/replay-$lock.tgz" "$lock" && rm -rf "${OUT:?}/$lock"

@@ -70,12 +70,37 @@ def _lib_dir(package: str) -> Path | None:
     return None
 
 
+def _mapped(prefix: str) -> list[str]:
+    """Distinct files named <prefix>*.so* mapped into this process (/proc/self/maps)."""
+    from muse_stack.fingerprint.procmaps import loaded_shared_objects
+
+    try:
+        loaded = loaded_shared_objects()
+    except OSError:
+        return []
+    return sorted({os.path.realpath(p) for p in loaded if os.path.basename(p).startswith(prefix)})
+
+
 def _loaded_version(package: str, soname: str, symbol: str, decode) -> tuple[str | None, str]:
-    lib = _lib_dir(package)
-    candidates = sorted(glob.glob(str(lib / soname))) if lib else []
-    if not candidates:
-        return None, f"no {soname} under nvidia/{package}/lib"
-    path = candidates[0]
+    """The version the library *mapped in this process* reports, and where it is mapped from.
+
+    Importing torch and Transformer Engine loads the library (TE looks in CUDNN_HOME, CUDNN_PATH,
+    CUDA_HOME and /usr/local/cuda before the wheels, so a toolkit copy can win); only when nothing
+    has mapped it yet is the wheel's own copy opened here. Two different copies mapped at once is a
+    failure whatever their versions.
+    """
+    stem = soname.split(".so")[0]
+    mapped = [p for p in _mapped(stem + ".so") if os.path.basename(p).split(".so")[0] == stem]
+    if len(mapped) > 1:
+        return None, "two copies loaded in one process: " + ", ".join(mapped)
+    if mapped:
+        path = mapped[0]
+    else:
+        lib = _lib_dir(package)
+        candidates = sorted(glob.glob(str(lib / soname))) if lib else []
+        if not candidates:
+            return None, f"no {soname} under nvidia/{package}/lib and none loaded"
+        path = candidates[0]
     handle = ctypes.CDLL(path)
     if symbol == "ncclGetVersion":
         v = ctypes.c_int()
@@ -85,7 +110,11 @@ def _loaded_version(package: str, soname: str, symbol: str, decode) -> tuple[str
         return decode(v.value), path
     fn = getattr(handle, symbol)
     fn.restype = ctypes.c_size_t
-    return decode(int(fn())), path
+    got = decode(int(fn()))
+    lib = _lib_dir(package)
+    if lib is not None and not path.startswith(str(lib.resolve())):
+        return got, f"{path} (not the wheel set's copy under {lib})"
+    return got, path
 
 
 def _cudnn(v: int) -> str:
@@ -109,6 +138,19 @@ def _import_version(module: str, attr_path: str = "__version__") -> tuple[str | 
     return (str(obj) if obj is not None else None), getattr(mod, "__file__", "") or ""
 
 
+def _te_torch_extension() -> tuple[str | None, str]:
+    """Load TE's PyTorch extension the way TE does (its loader checks the metapackage, core and
+    extension versions agree); needs no GPU."""
+    try:
+        from transformer_engine.common import load_framework_extension
+
+        load_framework_extension("torch")
+        mod = sys.modules["transformer_engine_torch"]
+    except Exception as exc:  # the failure is the finding
+        return None, f"{type(exc).__name__}: {exc}"
+    return "loads", getattr(mod, "__file__", "") or ""
+
+
 def components(loaded: LoadedLock, installed: dict[str, str]) -> list[Item]:
     lock = loaded.lock
     c = lock.components
@@ -125,13 +167,14 @@ def components(loaded: LoadedLock, installed: dict[str, str]) -> list[Item]:
         if te.build == "wheel":
             dist = installed.get(pylock.canonical(te.torch_package))
             items.append(Item(f"{te.torch_package} (compiled here)", te.version, dist or "-", dist == te.version))
-            got, where = _import_version("transformer_engine_torch", "__name__")
-            items.append(Item("transformer_engine_torch (import)", "imports", "imports" if got else "-",
+            got, where = _te_torch_extension()
+            items.append(Item("TE PyTorch extension (loaded by TE)", "loads", "loads" if got else "-",
                               got is not None, where))
     if not isinstance(c.cudnn, Null):
         got, where = _loaded_version("cudnn", "libcudnn.so.*", "cudnnGetVersion", _cudnn)
         want = ".".join(c.cudnn.version.split(".")[:3])
-        items.append(Item("cuDNN (cudnnGetVersion of the loaded library)", want, got or "-", got == want, where))
+        items.append(Item("cuDNN (cudnnGetVersion of the loaded library)", want, got or "-",
+                          got == want and "not the wheel set" not in where and "two copies" not in where, where))
     if not isinstance(c.nccl, Null):
         got, where = _loaded_version("nccl", "libnccl.so.*", "ncclGetVersion", _nccl)
         items.append(Item("NCCL (ncclGetVersion of the loaded library)", c.nccl.version, got or "-",
