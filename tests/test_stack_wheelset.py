@@ -152,3 +152,30 @@ def test_a_conflict_without_override_fails():
     with pytest.raises(wheelset.ResolveError) as e:
         wheelset.resolve_text(lk)
     assert "nvidia-cudnn-cu13" in e.value.message
+
+
+# --- selfcheck ---------------------------------------------------------------------------------------
+
+from muse_stack.stack import selfcheck  # noqa: E402
+
+
+def test_selfcheck_refuses_cudnn_sublibraries_from_another_folder(monkeypatch, tmp_path):
+    """Seen on an H200 machine: the wheel's libcudnn.so.9 shim with /usr/lib's apt cuDNN 9.14
+    sub-libraries (found by soname); cudnnGetVersion then reports 9.14 and fused attention fails."""
+    mapped = ["/env/nvidia/cudnn/lib/libcudnn.so.9", "/usr/lib/x86_64-linux-gnu/libcudnn_graph.so.9.14.0"]
+    monkeypatch.setattr(selfcheck, "_mapped", lambda prefix: [p for p in mapped if p.rsplit("/", 1)[1].startswith(prefix)])
+    got, where = selfcheck._loaded_version("cudnn", "libcudnn.so.*", "cudnnGetVersion", selfcheck._cudnn)
+    assert got is None
+    assert "mapped from 2 folders" in where and "libcudnn_graph.so.9.14.0" in where
+
+
+def test_selfcheck_version_decoding():
+    assert selfcheck._cudnn(92200) == "9.22.0"
+    assert selfcheck._nccl(23007) == "2.30.7"
+
+
+def test_selfcheck_on_this_environment_reports_every_set_package():
+    report = selfcheck.run(load("cpu"), image=False)
+    names = {row["what"] for row in report["wheel_set"][1:]}
+    assert names == {p.name for p in wheelset.check(load("cpu")).packages.values()}
+    assert report["components"][0]["what"] == "python"

@@ -100,6 +100,9 @@ run)
   # TE loads cuDNN from CUDNN_HOME, CUDNN_PATH, CUDA_HOME, /usr/local/cuda before the wheels: point it
   # at the set's cuDNN (this machine's /usr/local/cuda carries another one), as the image does
   export CUDNN_HOME=$ENV/nvidia/cudnn CUDNN_PATH=$ENV/nvidia/cudnn
+  # and first on the loader's path: cuDNN 9's libcudnn.so.9 opens its sub-libraries by soname, and
+  # this machine's /usr/lib holds an apt cuDNN 9.14 that would supply them (the image purges it)
+  export LD_LIBRARY_PATH=$ENV/nvidia/cudnn/lib:$ENV/nvidia/nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export CUDA_DEVICE_MAX_CONNECTIONS=1
   MS="$PY -m muse_stack.cli"
   $MS stack selfcheck "$lock" --json "$OUT/$lock/selfcheck.json" > "$OUT/$lock/selfcheck.txt" 2>&1

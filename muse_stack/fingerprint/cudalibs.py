@@ -167,6 +167,10 @@ def collect(torch: Any) -> dict[str, Any]:
             copies = _multiple_copies(paths)
             if copies:
                 entry["multiple_copies_loaded"] = copies
+            folders = sorted({os.path.dirname(os.path.realpath(p)) for p in paths})
+            if len(folders) > 1:
+                # e.g. the wheel's libcudnn.so.9 shim with an apt cuDNN's sub-libraries: two versions at once
+                entry["mixed_folders"] = folders
         else:
             entry["files"] = absent(f"no {pattern} mapped in /proc/self/maps (not loaded, or linked statically)")
         first = paths[0] if paths else None

@@ -90,7 +90,13 @@ def _loaded_version(package: str, soname: str, symbol: str, decode) -> tuple[str
     failure whatever their versions.
     """
     stem = soname.split(".so")[0]
-    mapped = [p for p in _mapped(stem + ".so") if os.path.basename(p).split(".so")[0] == stem]
+    family = _mapped(stem)  # libcudnn.so.9 and its sub-libraries libcudnn_graph.so.9, ...
+    dirs = sorted({os.path.dirname(p) for p in family})
+    if len(dirs) > 1:
+        # cuDNN 9's libcudnn.so.9 is a shim that dlopens its sub-libraries by soname: a second
+        # cuDNN on the loader's path (an apt one in /usr/lib) supplies them and its version wins
+        return None, f"{stem} libraries mapped from {len(dirs)} folders: " + ", ".join(family)
+    mapped = [p for p in family if os.path.basename(p).split(".so")[0] == stem]
     if len(mapped) > 1:
         return None, "two copies loaded in one process: " + ", ".join(mapped)
     if mapped:
@@ -174,7 +180,7 @@ def components(loaded: LoadedLock, installed: dict[str, str]) -> list[Item]:
         got, where = _loaded_version("cudnn", "libcudnn.so.*", "cudnnGetVersion", _cudnn)
         want = ".".join(c.cudnn.version.split(".")[:3])
         items.append(Item("cuDNN (cudnnGetVersion of the loaded library)", want, got or "-",
-                          got == want and "not the wheel set" not in where and "two copies" not in where, where))
+                          got == want and "not the wheel set" not in where, where))
     if not isinstance(c.nccl, Null):
         got, where = _loaded_version("nccl", "libnccl.so.*", "ncclGetVersion", _nccl)
         items.append(Item("NCCL (ncclGetVersion of the loaded library)", c.nccl.version, got or "-",
