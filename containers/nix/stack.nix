@@ -116,8 +116,7 @@ let
       };
       postPatch = ''substituteInPlace setup.py --replace-fail "-std=c++17" "-std=c++20"'';
     };
-    # the PyTorch extension of Transformer Engine, against the set's torch and TE core wheel;
-    # cuDNN's headers come from the set's nvidia-cudnn wheel (CUDNN_PATH)
+    # the PyTorch extension of Transformer Engine, against the set's torch and TE core wheel
     transformer-engine-torch = compile {
       key = "transformer-engine-torch";
       env = {
@@ -125,9 +124,14 @@ let
         NVTE_PYTORCH_FORCE_BUILD = "TRUE";
         NVTE_CUDA_ARCHS = l.buildArgs.NVTE_CUDA_ARCHS;
       };
+      # the extension includes cudnn.h and nccl.h, which its sdist does not carry: the set's
+      # cuDNN and NCCL wheels have them (nvidia/cudnn/include, nvidia/nccl/include)
       setup = ''
-        export CUDNN_PATH="$(${wheels}/bin/python -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])')"
-        test -d "$CUDNN_PATH/include" || { echo "no cuDNN headers under $CUDNN_PATH"; exit 1; }
+        for m in cudnn nccl; do
+          d="$(${wheels}/bin/python -c "import nvidia.$m as m; print(list(m.__path__)[0])")/include"
+          test -f "$d/$m.h" || { echo "no $m.h in the wheel set's nvidia.$m ($d)"; exit 1; }
+          export CPATH="$d''${CPATH:+:$CPATH}"
+        done
       '';
     };
   };
