@@ -1,14 +1,20 @@
 {
   # muse-stack images and dev shells from the same stack locks as the Dockerfile
-  # (containers/locks/<target>.toml, read by containers/nix/lock.nix).
+  # (containers/locks/<target>.toml, read by containers/nix/lock.nix) and the same hash-pinned
+  # wheel sets (containers/locks/pylock.<target>.toml, read by containers/nix/wheelset.nix).
+  #   nix flake lock                                         (first, on a networked machine)
   #   nix build .#image-b200 && ./result | docker load      (one build per system; see README "Images")
+  #   nix build .#wheelset-b200                             (the wheel set alone, in a venv)
   #   nix develop .#cpu
-  # Versions come from the lock only. Where nixpkgs carries another version than the lock pins,
-  # evaluation stops with a message naming both (pin a nixpkgs revision that carries the lock's
-  # version, or change the lock); nothing silently builds another version.
+  # Every Python package is a fixed-output fetch of the wheel set's url and sha256 (the bytes
+  # the Dockerfile installs); nixpkgs gives the interpreter, nvcc for the compiled sdists and the
+  # image tools. Where the lock and this nixpkgs disagree (CUDA, the wheel set's lock), evaluation
+  # stops with a message naming both; the interpreter's patch release is named in a warning.
   description = "muse-stack: reproducible training stack for Muse Spark Open (pinned images)";
 
-  inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-unstable";
+  # a fixed nixpkgs commit (the stable NixOS channel of 2026-05-10): the interpreter, nvcc and the image
+  # tools. Its narHash is written by `nix flake lock` into flake.lock (README "Images", Nix).
+  inputs.nixpkgs.url = "github:NixOS/nixpkgs/8fd9daa3db09ced9700431c5b7ad0e8ba199b575";
 
   outputs = { self, nixpkgs }:
     let
@@ -18,57 +24,47 @@
         (builtins.filter (f: lib.hasSuffix ".toml" f && !(lib.hasPrefix "pylock." f)) (builtins.attrNames (builtins.readDir ./containers/locks)));
       readLock = name: import ./containers/nix/lock.nix { lockFile = ./containers/locks + "/${name}.toml"; };
       locks = lib.genAttrs lockNames readLock;
+      # the hash-pinned wheel set beside each lock (pylock.<name>.toml, PEP 751)
+      readWheelset = name: import ./containers/nix/wheelset.nix { pylockFile = ./containers/locks + "/pylock.${name}.toml"; };
+      wheelsets = lib.genAttrs lockNames readWheelset;
       revision = self.rev or self.dirtyRev or null;
 
-      # the package set of one lock: CUDA version and capabilities from the lock, versions checked
+      # the package set of one lock: nixpkgs for the interpreter, CUDA's compiler and the image
+      # tools; every Python package comes from the lock's hash-pinned wheel set
       stackFor = system: l:
         let
           cudaAttr = "cudaPackages_" + lib.replaceStrings [ "." ] [ "_" ] l.cudaVersion;
-          pkgs0 = import nixpkgs {
+          pkgs = import nixpkgs {
             inherit system;
             config = { allowUnfree = true; } // lib.optionalAttrs (l.kind == "gpu") {
-              cudaSupport = true;
               cudaCapabilities = l.cudaCapabilities;
             };
           };
-          pkgs =
-            if l.kind == "cpu" then pkgs0
-            else if pkgs0 ? ${cudaAttr} then pkgs0.extend (final: prev: { cudaPackages = prev.${cudaAttr}; })
-            else throw "lock ${l.name}: CUDA ${l.cudaVersion} is not in this nixpkgs (no ${cudaAttr}); pin a nixpkgs revision that has it";
+          cudaPackages =
+            if l.kind == "cpu" then null
+            else pkgs.${cudaAttr} or (throw "lock ${l.name}: CUDA ${l.cudaVersion} is not in this nixpkgs (no ${cudaAttr}); pin a nixpkgs revision that has it");
 
           mustBe = what: wanted: got:
             if got == wanted then true
             else throw "lock ${l.name}: ${what} is ${wanted} in the lock but ${got} in this nixpkgs; pin a nixpkgs revision carrying ${wanted} or change the lock";
-          # a lock version "<v>+cpu" names the PyTorch build variant; nixpkgs' torch has no suffix
-          plain = v: builtins.head (lib.splitString "+" v);
 
-          pyAttr = "python" + lib.concatStrings (lib.take 2 (lib.splitString "." l.pythonVersion));
-          python = pkgs.${pyAttr} or (throw "lock ${l.name}: nixpkgs has no ${pyAttr}");
-          ps = python.pkgs;
-          c = l.components;
-
+          ws = wheelsets.${l.name};
+          mismatches = ws.componentMismatches l.components;
           checks = [
-            (mustBe "python" l.pythonVersion python.version)
-            (mustBe "torch" (plain c.torch.version) ps.torch.version)
             (mustBe "muse-stack (pyproject.toml)" l.museStackVersion (builtins.fromTOML (builtins.readFile ./pyproject.toml)).project.version)
+            (if ws.lockName == l.name then true
+             else throw "containers/locks/pylock.${l.name}.toml is the wheel set of lock ${ws.lockName}, not ${l.name}; regenerate it: muse-stack stack resolve ${l.name}")
+            (if mismatches == [ ] then true
+             else throw "lock ${l.name}: its wheel set does not carry ${lib.concatStringsSep ", " mismatches}; regenerate it: muse-stack stack resolve ${l.name}")
           ] ++ lib.optionals (l.kind == "gpu") [
-            (mustBe "CUDA" l.cudaVersion (lib.versions.majorMinor pkgs.cudaPackages.cudaMajorMinorVersion))
-            (mustBe "transformer-engine" c.transformer_engine.version ps.transformer-engine.version)
-            (mustBe "cuDNN" c.cudnn.version pkgs.cudaPackages.cudnn.version)
-            (mustBe "NCCL" c.nccl.version pkgs.cudaPackages.nccl.version)
-            (mustBe "flash-attn" c.flash_attn.version (ps.flash-attn.version or "absent"))
-            (mustBe "aws-ofi-nccl" c.efa.aws_ofi_nccl (pkgs.aws-ofi-nccl.version or "absent"))
-            (mustBe "libfabric" c.efa.libfabric pkgs.libfabric.version)
-            # not packaged in nixpkgs: DeepEP and megatron-core
-            (throw "lock ${l.name}: nixpkgs packages neither ${c.deepep.package} ${c.deepep.version} nor ${c.megatron_core.package} ${c.megatron_core.version}; build the GPU image with the Dockerfile (make image gpu=${l.name})")
+            # nvcc compiles the set's sdists (flash-attn, the TE torch extension)
+            (mustBe "CUDA" l.cudaVersion (lib.versions.majorMinor cudaPackages.cudaMajorMinorVersion))
           ];
 
+          stack = import ./containers/nix/stack.nix { inherit pkgs cudaPackages; lock = l; wheelset = ws; };
+
           # muse-stack runs from its source tree at /opt/muse-stack (recipes and bundled data resolve
-          # against it, as in a checkout); the Python environment carries its dependencies
-          deps = p: with p; [
-            pydantic typer rich pyyaml matplotlib nvidia-ml-py safetensors datasets pyarrow tokenizers jinja2 torch
-          ] ++ lib.optionals (l.kind == "gpu") [ p.transformer-engine ];
-          pythonEnv = python.withPackages deps;
+          # against it, as in a checkout); the venv carries the wheel set
           sourceTree = lib.cleanSourceWith {
             src = ./.;
             filter = path: type:
@@ -79,15 +75,21 @@
           };
           museStack = pkgs.writeShellScriptBin "muse-stack" ''
             export PYTHONPATH=/opt/muse-stack''${PYTHONPATH:+:$PYTHONPATH}
-            exec ${pythonEnv}/bin/python -m muse_stack.cli "$@"
+            export LD_LIBRARY_PATH=''${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}${stack.runtimeLibraryPath}
+            exec ${stack.env}/bin/python -m muse_stack.cli "$@"
           '';
         in
         assert lib.all (x: x) checks;
-        { inherit pkgs python pythonEnv deps sourceTree museStack; };
+        stack // { inherit pkgs sourceTree museStack; };
 
       imageFor = system: l:
         let
-          s = stackFor system l;
+          s0 = stackFor system l;
+          # AWS EFA (libfabric, aws-ofi-nccl) comes from Amazon's installer of .deb packages in the
+          # Dockerfile; nixpkgs carries neither of the lock's versions, so the Nix image has none
+          s = lib.warnIf (l.components.efa or null != null)
+            "image-${l.name}: the Nix image carries no AWS EFA (libfabric ${l.components.efa.libfabric}, aws-ofi-nccl ${l.components.efa.aws_ofi_nccl}); NCCL uses sockets or InfiniBand. For EFA use the Dockerfile image (make image gpu=${l.name})"
+            s0;
           pkgs = s.pkgs;
           info = builtins.toJSON {
             lock_name = l.name;
@@ -111,7 +113,9 @@
         pkgs.dockerTools.streamLayeredImage {
           name = l.imageName;
           tag = l.imageTag;
-          contents = [ s.museStack s.pythonEnv pkgs.bashInteractive pkgs.coreutils pkgs.gnugrep pkgs.gawk pkgs.cacert root ];
+          # stdenv.cc: triton and torch.compile compile their launchers at run time (the Dockerfile's
+          # CUDA devel base carries a compiler too)
+          contents = [ s.museStack s.env s.loaderLink pkgs.stdenv.cc pkgs.bashInteractive pkgs.coreutils pkgs.gnugrep pkgs.gawk pkgs.cacert root ];
           fakeRootCommands = ''
             mkdir -p ./run/opengl-driver ./home/muse
             chown 1000:1000 ./workspace ./home/muse ./run/opengl-driver
@@ -124,14 +128,16 @@
             User = "1000:1000";
             WorkingDir = "/workspace";
             Env = [
-              "PATH=/bin:/usr/local/bin"
+              "PATH=${s.env}/bin:/bin:/usr/local/bin"
+              "VIRTUAL_ENV=${s.env}"
               "HOME=/home/muse"
               "MUSE_STACK_RECIPES=/opt/muse-stack/recipes"
               "MUSE_STACK_LOCKS=/opt/muse-stack/containers/locks"
               "MUSE_STACK_IMAGE_INFO=/etc/muse-stack/image.json"
               "SSL_CERT_FILE=${pkgs.cacert}/etc/ssl/certs/ca-bundle.crt"
               # the host driver: the entrypoint links it to /run/opengl-driver/lib, else this path
-              "LD_LIBRARY_PATH=/run/opengl-driver/lib:/usr/local/nvidia/lib64:/usr/lib/x86_64-linux-gnu:/usr/lib/aarch64-linux-gnu"
+              # then libstdc++ and zlib for the wheels' extension modules (installed unpatched)
+              "LD_LIBRARY_PATH=/run/opengl-driver/lib:/usr/local/nvidia/lib64:/usr/lib/x86_64-linux-gnu:/usr/lib/aarch64-linux-gnu:${s.runtimeLibraryPath}"
             ];
             Labels = {
               "org.opencontainers.image.title" = "muse-stack";
@@ -145,6 +151,8 @@
               "dev.muse-stack.lock.sha256" = l.sha256;
               "dev.muse-stack.platform" = l.platform;
               "dev.muse-stack.kind" = l.kind;
+              "dev.muse-stack.python" = s.python.version;
+              "dev.muse-stack.wheelset.sha256" = builtins.hashFile "sha256" (./containers/locks + "/pylock.${l.name}.toml");
             };
           };
         };
@@ -153,21 +161,30 @@
     in
     {
       # the pure lock reading, for tooling: nix eval .#lib.locks.b200.buildArgs --json
-      lib = { inherit locks; };
+      # and the wheel sets: nix eval .#lib.wheelsets.b200.files --json
+      lib = { inherit locks wheelsets; };
 
       packages = lib.genAttrs systems (system:
-        lib.mapAttrs' (name: l: lib.nameValuePair "image-${name}" (imageFor system l)) (locksOf system));
+        lib.concatMapAttrs
+          (name: l: {
+            "image-${name}" = imageFor system l;
+            # the wheel set alone, installed into a venv (no compiled sdists): builds for every lock
+            "wheelset-${name}" = (stackFor system l).wheels;
+          })
+          (locksOf system));
 
+      # the lock's environment: the image's venv, with LD_LIBRARY_PATH as in the image
       devShells = lib.genAttrs systems (system:
         let
           shells = lib.mapAttrs
             (name: l:
               let s = stackFor system l; in
               s.pkgs.mkShell {
-                packages = [ (s.python.withPackages (p: s.deps p ++ [ p.pytest p.hypothesis ])) ];
+                packages = [ s.env ];
                 MUSE_STACK_LOCK = name;
                 shellHook = ''
-                  export LD_LIBRARY_PATH=/run/opengl-driver/lib''${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+                  export VIRTUAL_ENV=${s.env}
+                  export LD_LIBRARY_PATH=/run/opengl-driver/lib''${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:${s.runtimeLibraryPath}
                 '';
               })
             (locksOf system);

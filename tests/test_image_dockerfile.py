@@ -23,6 +23,7 @@ CONTAINER_FILES = [
     "Dockerfile",
     "flake.nix",
     "containers/nix/lock.nix",
+    "containers/nix/stack.nix",
     "containers/entrypoint.sh",
     "containers/lock-env.sh",
     "containers/build-image.sh",
