@@ -12,6 +12,7 @@ ARG STACK_KIND
 FROM ${BASE_REF} AS base
 ARG PYTHON_VERSION
 ARG CUDA_VERSION
+ARG LOCK_NAME
 ENV DEBIAN_FRONTEND=noninteractive \
     LANG=C.UTF-8 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -19,6 +20,9 @@ ENV DEBIAN_FRONTEND=noninteractive \
     VIRTUAL_ENV=/opt/muse-stack/venv \
     PATH=/opt/muse-stack/venv/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 COPY containers/lock-env.sh /usr/local/bin/lock-env
+# the lock's hash-pinned wheel set (PEP 751) and the two stdlib-only helpers that read it
+COPY muse_stack/stack/pylock.py containers/flash_attn_prepare.py /usr/local/lib/muse-stack/
+COPY containers/locks/pylock.${LOCK_NAME}.toml /usr/local/lib/muse-stack/wheelset.toml
 RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
     rm -f /etc/apt/apt.conf.d/docker-clean \
@@ -27,98 +31,122 @@ RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     && python3 -c 'import platform, sys; v = platform.python_version(); sys.exit(0 if v == sys.argv[1] else f"python3 is {v}, the lock pins {sys.argv[1]}")' "${PYTHON_VERSION}" \
     && python3 -m venv "${VIRTUAL_ENV}"
 
-# --- cpu: PyTorch CPU wheel ------------------------------------------------------------------
-FROM base AS stack-cpu
+# Every component the lock pins must be what the wheel set pins, before anything is installed
 ARG TORCH_PACKAGE
 ARG TORCH_VERSION
+ARG TE_VERSION
+ARG TE_BUILD
+ARG TE_CORE_PACKAGE
+ARG TE_TORCH_PACKAGE
+ARG CUDNN_PACKAGE
+ARG CUDNN_VERSION
+ARG NCCL_PACKAGE
+ARG NCCL_VERSION
+ARG FLASH_ATTN_PACKAGE
+ARG FLASH_ATTN_VERSION
+ARG DEEPEP_PACKAGE
+ARG DEEPEP_VERSION
+ARG MEGATRON_CORE_PACKAGE
+ARG MEGATRON_CORE_VERSION
+RUN te_core="" te_torch=""; if [ "${TE_BUILD}" = "wheel" ]; then te_core="${TE_CORE_PACKAGE}" te_torch="${TE_TORCH_PACKAGE}"; fi \
+    && lock-env set-pins "${TORCH_PACKAGE}" "${TORCH_VERSION}" "$te_core" "${TE_VERSION}" "$te_torch" "${TE_VERSION}" \
+         "${CUDNN_PACKAGE}" "${CUDNN_VERSION}" "${NCCL_PACKAGE}" "${NCCL_VERSION}" \
+         "${FLASH_ATTN_PACKAGE}" "${FLASH_ATTN_VERSION}" "${DEEPEP_PACKAGE}" "${DEEPEP_VERSION}" \
+         "${MEGATRON_CORE_PACKAGE}" "${MEGATRON_CORE_VERSION}"
+
+# --- cpu: the wheel set (PyTorch CPU wheel and muse-stack's dependencies) ---------------------
+FROM base AS stack-cpu
 ARG TORCH_INDEX_URL
-# a local wheel directory mounted into the build (podman build -v DIR:DIR:ro); empty: use the index
+# a local wheel directory mounted into the build (podman build -v DIR:DIR:ro); empty: use the indexes
 ARG PIP_FIND_LINKS=""
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
-    lock-env pip-torch "${TORCH_PACKAGE}==${TORCH_VERSION}" "${TORCH_INDEX_URL}" "${PIP_FIND_LINKS}"
+    lock-env install-set "${PIP_FIND_LINKS}" "${TORCH_INDEX_URL}"
 
-# --- gpu: CUDA devel base, PyTorch, TE, cuDNN, NCCL, flash-attn, DeepEP, megatron-core, EFA ----
+# --- gpu: CUDA devel base; the wheel set (PyTorch, cuDNN, NCCL, TE core, DeepEP, megatron-core,
+#     ...), then TE's PyTorch extension and flash-attn compiled from the set's sdists; EFA ------
 FROM base AS stack-gpu
 ARG CUDA_VERSION
-ARG TORCH_PACKAGE
-ARG TORCH_VERSION
 ARG TORCH_INDEX_URL
 ARG PIP_FIND_LINKS=""
+ARG CUDNN_PURGE_APT
+ARG TE_VERSION
+ARG TE_BUILD
+ARG TE_CORE_PACKAGE
+ARG TE_TORCH_PACKAGE
+ARG FLASH_ATTN_PACKAGE
+ARG FLASH_ATTN_VERSION
+ARG DEEPEP_PACKAGE
+ARG DEEPEP_VERSION
+ARG MEGATRON_CORE_PACKAGE
+ARG MEGATRON_CORE_VERSION
 RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
     apt-get update \
     && apt-get install -y --no-install-recommends python3-dev build-essential git curl \
     && nvcc --version | grep -q "release ${CUDA_VERSION}," \
     || { echo "the base image's CUDA is not the lock's ${CUDA_VERSION}:"; nvcc --version; exit 1; }
-RUN --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca \
-    lock-env pip-torch "${TORCH_PACKAGE}==${TORCH_VERSION}" "${TORCH_INDEX_URL}" "${PIP_FIND_LINKS}" \
-    && lock-env pip install ninja packaging wheel setuptools
-
-# cuDNN and NCCL from pip; the apt cuDNN of the base goes first (two cuDNNs in one process break)
-ARG CUDNN_PACKAGE
-ARG CUDNN_VERSION
-ARG CUDNN_PURGE_APT
-ARG NCCL_PACKAGE
-ARG NCCL_VERSION
+# the base's apt cuDNN goes first: cuDNN 9's libcudnn.so.9 opens its sub-libraries by soname, so a
+# second cuDNN on the loader's path mixes two versions in one process (seen on an H200 machine)
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
     if [ "${CUDNN_PURGE_APT}" = "1" ]; then \
       apt-get purge -y --allow-change-held-packages 'libcudnn*' 'cudnn*' || true; \
-      ! ldconfig -p | grep -q 'libcudnn\.' || { echo "apt cuDNN still present"; exit 1; }; \
+      ! ldconfig -p | grep -q 'libcudnn' || { echo "apt cuDNN still present"; exit 1; }; \
     fi \
-    && lock-env pip install "${CUDNN_PACKAGE}==${CUDNN_VERSION}" "${NCCL_PACKAGE}==${NCCL_VERSION}"
+    && lock-env install-set "${PIP_FIND_LINKS}" "${TORCH_INDEX_URL}" \
+    && lock-env link-libs /opt/muse-stack/cuda-libs
+# TE looks for cuDNN in CUDNN_HOME before anywhere else; the set's cuDNN and NCCL come first on
+# the loader's path for every process of the image
+ENV CUDNN_HOME=/opt/muse-stack/cuda-libs/cudnn \
+    CUDNN_PATH=/opt/muse-stack/cuda-libs/cudnn \
+    NCCL_HOME=/opt/muse-stack/cuda-libs/nccl \
+    LD_LIBRARY_PATH=/opt/muse-stack/cuda-libs/cudnn/lib:/opt/muse-stack/cuda-libs/nccl/lib
 
-# Transformer Engine: the core from the PyPI wheel, or from a pinned source commit where PyPI
-# has no wheel (aarch64 on CUDA 13); the PyTorch extension is always built against this torch.
-ARG TE_VERSION
-ARG TE_BUILD
-ARG TE_CORE_PACKAGE
-ARG TE_TORCH_PACKAGE
+# Transformer Engine: the core from the set's wheel and the PyTorch extension compiled from the
+# set's sdist against this torch (NVTE_PYTORCH_FORCE_BUILD: never a prebuilt download), or the
+# whole of TE from a pinned source commit where the registry has no wheel (the lock says which).
+# MAX_JOBS: parallel compiles; each nvcc job takes about 3 GB, so 8 wants about 24 GB
+ARG MAX_JOBS=8
 ARG TE_SOURCE_REPO
 ARG TE_SOURCE_COMMIT
 ARG NVTE_CUDA_ARCHS
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
-    export NVTE_FRAMEWORK=pytorch MAX_JOBS="${MAX_JOBS:-8}" \
-           CUDNN_PATH="$(python -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__) + "/cudnn")')" \
+    export NVTE_FRAMEWORK=pytorch NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS="${MAX_JOBS}" NVTE_CUDA_ARCHS \
+           CPATH="${CUDNN_HOME}/include:${NCCL_HOME}/include" \
     && : "${NVTE_CUDA_ARCHS:?the lock gives no Transformer Engine CUDA archs}" \
     && if [ "${TE_BUILD}" = "source" ]; then \
          : "${TE_SOURCE_COMMIT:?the lock has no components.transformer_engine.source_commit; pin it to build TE from source}"; \
          lock-env git-checkout "${TE_SOURCE_REPO}" "${TE_SOURCE_COMMIT}" /tmp/te \
-         && lock-env pip install --no-build-isolation /tmp/te \
-         && rm -rf /tmp/te; \
+         && lock-env pip install --no-build-isolation --no-deps /tmp/te \
+         && rm -rf /tmp/te \
+         && lock-env pip-check "${TE_VERSION}" transformer_engine; \
        else \
-         lock-env pip install "${TE_CORE_PACKAGE}==${TE_VERSION}" \
-         && lock-env pip install --no-build-isolation --no-binary "${TE_TORCH_PACKAGE}" "${TE_TORCH_PACKAGE}==${TE_VERSION}"; \
-       fi \
-    && if [ "${TE_BUILD}" = "source" ]; then lock-env pip-check "${TE_VERSION}" transformer_engine; \
-       else lock-env pip-check "${TE_VERSION}" "${TE_CORE_PACKAGE}" "${TE_TORCH_PACKAGE}"; fi
+         lock-env install-sdist "${TE_TORCH_PACKAGE}" \
+         && lock-env pip-check "${TE_VERSION}" "${TE_CORE_PACKAGE}" "${TE_TORCH_PACKAGE}"; \
+       fi
 
-# flash-attn takes its targets from FLASH_ATTN_CUDA_ARCHS, not TORCH_CUDA_ARCH_LIST
-ARG FLASH_ATTN_PACKAGE
-ARG FLASH_ATTN_VERSION
+# flash-attn from the set's sdist (hash-checked), its -std flags raised to the C++ standard this
+# torch's headers require, compiled for the lock's archs (FLASH_ATTN_CUDA_ARCHS, not TORCH_CUDA_ARCH_LIST)
 ARG FLASH_ATTN_CUDA_ARCHS
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
     : "${FLASH_ATTN_CUDA_ARCHS:?the lock gives no flash-attn CUDA archs}" \
-    && FLASH_ATTENTION_FORCE_BUILD=TRUE MAX_JOBS="${MAX_JOBS:-8}" \
-       lock-env pip install --no-build-isolation --no-binary "${FLASH_ATTN_PACKAGE}" "${FLASH_ATTN_PACKAGE}==${FLASH_ATTN_VERSION}"
+    && lock-env fetch-sdist "${FLASH_ATTN_PACKAGE}" /tmp/fa \
+    && python3 /usr/local/lib/muse-stack/flash_attn_prepare.py patch /tmp/fa/src \
+         --torch "$(python -c 'import os, torch; print(os.path.dirname(torch.__file__))')" \
+    && FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS}" MAX_JOBS="${MAX_JOBS}" \
+       lock-env pip install --no-build-isolation --no-deps /tmp/fa/src \
+    && rm -rf /tmp/fa \
+    && lock-env pip-check "${FLASH_ATTN_VERSION}" "${FLASH_ATTN_PACKAGE}"
 
-ARG DEEPEP_PACKAGE
-ARG DEEPEP_VERSION
+# DeepEP and megatron-core came with the set (DeepEP as its registry wheel; the lock's DeepEP
+# archs describe that wheel and are checked at run time by the fingerprint, not compiled here)
 ARG DEEPEP_TORCH_CUDA_ARCH_LIST
-RUN --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca \
-    TORCH_CUDA_ARCH_LIST="${DEEPEP_TORCH_CUDA_ARCH_LIST:?the lock gives no DeepEP CUDA archs}" MAX_JOBS="${MAX_JOBS:-8}" \
-    lock-env pip install --no-build-isolation --no-binary "${DEEPEP_PACKAGE}" "${DEEPEP_PACKAGE}==${DEEPEP_VERSION}"
-
-ARG MEGATRON_CORE_PACKAGE
-ARG MEGATRON_CORE_VERSION
-RUN --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca \
-    lock-env pip install "${MEGATRON_CORE_PACKAGE}==${MEGATRON_CORE_VERSION}"
+RUN lock-env pip-check "${DEEPEP_VERSION}" "${DEEPEP_PACKAGE}" \
+    && lock-env pip-check "${MEGATRON_CORE_VERSION}" "${MEGATRON_CORE_PACKAGE}" \
+    && echo "DeepEP wheel; the lock records its archs as ${DEEPEP_TORCH_CUDA_ARCH_LIST}"
 
 # AWS EFA: libfabric and the aws-ofi-nccl plugin; no kernel module, limits or self-test in a container
 ARG EFA_INSTALLER_VERSION
@@ -139,19 +167,14 @@ RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     && /opt/amazon/efa/bin/fi_info --version | grep -q "${LIBFABRIC_VERSION}" \
     && { grep -q "${AWS_OFI_NCCL_VERSION}" /opt/amazon/efa_installed_packages \
          || echo "note: efa_installed_packages does not name aws-ofi-nccl ${AWS_OFI_NCCL_VERSION}; check the NET/OFI log line at run time"; }
-ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib \
+ENV LD_LIBRARY_PATH=/opt/muse-stack/cuda-libs/cudnn/lib:/opt/muse-stack/cuda-libs/nccl/lib:/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib \
     FI_EFA_USE_HUGE_PAGE=0
 
 # ---------------------------------------------------------------------------------------------
 FROM stack-${STACK_KIND} AS image
-# muse-stack's own dependencies (from pyproject.toml), then the source tree at /opt/muse-stack
-# (installed editable: recipes and bundled data resolve against the source tree, as in a checkout)
+# muse-stack's own dependencies came with the wheel set; the source tree is installed editable
+# without dependency resolution, so nothing here can change the set (the self-check below proves it)
 COPY pyproject.toml /opt/muse-stack/pyproject.toml
-RUN --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca \
-    python -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
-       /opt/muse-stack/pyproject.toml > /tmp/requirements.txt \
-    && lock-env pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
 COPY muse_stack /opt/muse-stack/muse_stack
 ARG MUSE_STACK_VERSION
 RUN --mount=type=cache,target=/root/.cache/pip \
@@ -178,6 +201,15 @@ RUN mkdir -p /etc/muse-stack \
     && echo "${LOCK_SHA256}  /etc/muse-stack/lock.toml" | sha256sum -c - \
     && lock-env image-json /etc/muse-stack/image.json "${LOCK_NAME}" "${LOCK_SHA256}" "${BASE_IMAGE}:${BASE_TAG}" \
          "${BASE_DIGEST}" "${SOURCE_REVISION}" "${MUSE_STACK_VERSION}" "${PLATFORM}" "${BUILT_BY}"
+# The image is what its lock says, or the build fails: every package of the wheel set at its
+# version and nothing else installed; torch, TE (core and extension), cuDNN and NCCL as the loaded
+# libraries report them, flash-attn, DeepEP, megatron-core and Python at the locked versions.
+# (No GPU driver during a build: the CUDA toolkit's stub libcuda lets the extensions load.)
+RUN stub=""; if [ "${STACK_KIND}" = gpu ]; then \
+      stub=/tmp/cuda-stub && mkdir -p "$stub" && ln -sf /usr/local/cuda/lib64/stubs/libcuda.so "$stub/libcuda.so.1"; fi \
+    && LD_LIBRARY_PATH="${stub}${stub:+:}${LD_LIBRARY_PATH:-}" \
+       muse-stack stack selfcheck "${LOCK_NAME}" --image --json /etc/muse-stack/selfcheck.json \
+    && rm -rf /tmp/cuda-stub
 RUN chmod 0755 /usr/local/bin/muse-stack-entrypoint \
     && if getent passwd 1000 >/dev/null; then userdel --remove "$(getent passwd 1000 | cut -d: -f1)"; fi \
     && useradd --create-home --uid 1000 --user-group --shell /bin/bash muse \

@@ -12,14 +12,14 @@ IMAGE_LOCKS := $(filter-out pylock.%,$(basename $(notdir $(wildcard containers/l
 
 .PHONY: image image-test image-args image-check image-test-pytest
 
-image:
+image: setup
 	@test -f containers/locks/$(gpu).toml || { echo "gpu=$(gpu): no containers/locks/$(gpu).toml (have: $(IMAGE_LOCKS))"; exit 2; }
 	@if [ "$(gpu)" = cpu ]; then \
 	  base=$$(ENGINE=$(ENGINE) PY=$(PY) containers/make-base.sh cpu) || exit 1; \
 	  ENGINE=$(ENGINE) PY=$(PY) CA_BUNDLE=$(CA_BUNDLE) FIND_LINKS=$(FIND_LINKS) BASE_DIGEST=$$base \
 	    containers/build-image.sh cpu; \
 	else \
-	  ENGINE=$(ENGINE) PY=$(PY) CA_BUNDLE=$(CA_BUNDLE) FIND_LINKS=$(FIND_LINKS) PUSH=$(PUSH) containers/build-image.sh $(gpu); \
+	  ENGINE=$(ENGINE) PY=$(PY) CA_BUNDLE=$(CA_BUNDLE) FIND_LINKS=$(FIND_LINKS) PUSH=$(PUSH) MAX_JOBS=$(MAX_JOBS) containers/build-image.sh $(gpu); \
 	fi
 
 image-test:

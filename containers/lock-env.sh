@@ -2,11 +2,17 @@
 # Build-time helper of the Dockerfile (installed as /usr/local/bin/lock-env); holds no versions.
 # Trusts an extra CA bundle passed as build secret `ca` (TLS-intercepting proxies), then:
 #   lock-env pip ARGS...                          pip in the image's venv
-#   lock-env pip-torch REQ INDEX_URL [FIND_LINKS] torch from its index, or a local wheel dir + PyPI
 #   lock-env pip-check VERSION DIST...            fail unless each DIST is installed at VERSION
 #   lock-env fetch URL DEST [SHA256]              download, verify the checksum when pinned
 #   lock-env git-checkout REPO COMMIT DIR         clone and check out exactly COMMIT (and submodules)
+#   lock-env set-pins NAME VERSION ...            fail unless the wheel set pins each NAME at VERSION
+#   lock-env install-set [FIND_LINKS] [EXTRA_INDEX]  every wheel of the set, hashes required, no resolver
+#   lock-env install-sdist NAME                   build and install NAME from the set's sdist (hash-checked)
+#   lock-env fetch-sdist NAME DIR                 download NAME's sdist (hash-checked), unpack to DIR/src
+#   lock-env link-libs DIR                        DIR/cudnn, DIR/nccl -> the set's cuDNN and NCCL wheels
 set -eu
+SET=${MUSE_STACK_WHEELSET:-/usr/local/lib/muse-stack/wheelset.toml}
+PYLOCK=${MUSE_STACK_PYLOCK:-/usr/local/lib/muse-stack/pylock.py}
 if [ -s /run/secrets/ca ]; then
   export PIP_CERT=/run/secrets/ca CURL_CA_BUNDLE=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca
   export SSL_CERT_FILE=/run/secrets/ca REQUESTS_CA_BUNDLE=/run/secrets/ca
@@ -15,14 +21,6 @@ cmd="$1"; shift
 case "$cmd" in
   pip)
     exec python -m pip install --progress-bar off "$@" ;;
-  pip-torch)
-    req="$1"; index="$2"; links="${3:-}"
-    if [ -n "$links" ]; then
-      python -m pip install --progress-bar off --find-links "$links" "$req"
-    else
-      python -m pip install --progress-bar off --index-url "$index" --extra-index-url https://pypi.org/simple "$req"
-    fi
-    exec "$0" pip-check "${req#*==}" "${req%%==*}" ;;
   pip-check)
     want="$1"; shift
     exec python - "$want" "$@" <<'PY'
@@ -39,6 +37,36 @@ for d in dists:
     print(f"{d} {got} (lock {want})")
 PY
     ;;
+  set-pins)
+    exec python3 "$PYLOCK" pins "$SET" "$@" ;;
+  install-set)
+    links="${1:-}"; extra="${2:-}"
+    python3 "$PYLOCK" requirements "$SET" --no-sdists > /tmp/wheelset-requirements.txt
+    set -- --require-hashes --no-deps --only-binary :all: -r /tmp/wheelset-requirements.txt
+    if [ -n "$links" ]; then set -- "$@" --find-links "$links"; fi
+    if [ -n "$extra" ]; then set -- "$@" --extra-index-url "$extra"; fi
+    python -m pip install --progress-bar off "$@"
+    rm -f /tmp/wheelset-requirements.txt ;;
+  install-sdist)
+    name="$1"
+    python3 "$PYLOCK" requirements "$SET" --only "$name" --sdist "$name" > /tmp/sdist-requirements.txt
+    python -m pip install --progress-bar off --require-hashes --no-deps --no-build-isolation \
+      --no-binary "$name" -r /tmp/sdist-requirements.txt
+    rm -f /tmp/sdist-requirements.txt ;;
+  fetch-sdist)
+    name="$1"; dir="$2"
+    set -- $(python3 "$PYLOCK" sdist "$SET" "$name")
+    mkdir -p "$dir/src"
+    "$0" fetch "$1" "$dir/sdist.tar.gz" "$2"
+    tar -xzf "$dir/sdist.tar.gz" -C "$dir/src" --strip-components=1 ;;
+  link-libs)
+    dir="$1"
+    site=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    mkdir -p "$dir"
+    for lib in cudnn nccl; do
+      ln -sfn "$site/nvidia/$lib" "$dir/$lib"
+      ls "$dir/$lib"/lib/lib"$lib".so.* >/dev/null || { echo "the set's $lib wheel has no lib$lib.so under $site/nvidia/$lib" >&2; exit 1; }
+    done ;;
   fetch)
     url="$1"; dest="$2"; sum="${3:-}"
     curl -fsSL --retry 3 -o "$dest" "$url"

@@ -65,8 +65,8 @@ def test_every_build_arg_of_every_lock_is_declared_and_used():
 def test_the_dockerfile_declares_only_lock_args_and_build_context_args():
     declared = {m.group(1) for i in _instructions(DOCKERFILE) if (m := re.match(r"ARG (\w+)", i))}
     not_from_lock = declared - set(KEYS)
-    # what is not a pin: where the build runs and what it is built from
-    assert not_from_lock == {"PIP_FIND_LINKS", "SOURCE_REVISION", "SOURCE_URL", "BUILT_BY", "CREATED"}
+    # what is not a pin: where the build runs, what it is built from, and how many compiles at once
+    assert not_from_lock == {"PIP_FIND_LINKS", "SOURCE_REVISION", "SOURCE_URL", "BUILT_BY", "CREATED", "MAX_JOBS"}
 
 
 @pytest.mark.parametrize("rel", CONTAINER_FILES)

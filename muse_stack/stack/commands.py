@@ -197,6 +197,19 @@ def register(app: typer.Typer) -> None:
             highlight=False,
         )
 
+    @stack.command("preflight")
+    def preflight(
+        target: str = _TARGET,
+        engine: str = typer.Option("docker", "--engine", envvar="ENGINE", help="docker (buildx) or podman."),
+    ) -> None:
+        """Refuse an image build, before any download, when a pin is unresolved, the wheel set is stale,
+        the build tool is missing or the builder cannot produce the lock's platform."""
+        from muse_stack.stack import preflight as pf
+
+        loaded = load(target)
+        pf.check(loaded, engine)
+        console.print(f"[green]ok[/] {loaded.name}: {engine} can build {loaded.lock.platform} from this lock", highlight=False)
+
     @stack.command("selfcheck")
     def selfcheck(
         target: str = _TARGET,

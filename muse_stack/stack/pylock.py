@@ -2,8 +2,14 @@
 hashes. Standard library only: the image build runs this file with the base's python3 before
 muse-stack is installed (`python3 pylock.py requirements ...`), and muse-stack imports it.
 
-    python3 pylock.py requirements PYLOCK [--only N ...] [--exclude N ...] [--sdist N ...]
+    python3 pylock.py requirements PYLOCK [--only N ...] [--exclude N ...] [--sdist N ...] [--no-sdists]
     python3 pylock.py names PYLOCK
+    python3 pylock.py pins PYLOCK NAME VERSION [NAME VERSION ...]
+    python3 pylock.py sdist PYLOCK NAME          (prints the sdist's url and sha256)
+
+`--no-sdists` leaves out the packages the set's `[tool.muse-stack] sdists` names (the image
+compiles those itself). `pins` fails unless the set pins each NAME at VERSION (an empty NAME,
+a component the lock leaves out, is skipped).
 
 `requirements` prints one `name==version --hash=sha256:...` line per package, with the hashes
 of its wheels, or of its sdist for the packages named with --sdist (those are built in the
@@ -126,11 +132,51 @@ def requirement_lines(
     return lines
 
 
+def check_pins(packages: dict[str, Package], pairs: list[str]) -> list[str]:
+    problems = []
+    for name, version in zip(pairs[::2], pairs[1::2]):
+        if not name:
+            continue
+        got = packages.get(canonical(name))
+        if got is None:
+            problems.append(f"{name} is not in the wheel set (the lock pins {version})")
+        elif got.version != version and got.version.split("+")[0] != version:
+            problems.append(f"{name} is {got.version} in the wheel set, the lock pins {version}")
+    return problems
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[0] not in ("requirements", "names"):
+    if len(argv) < 2 or argv[0] not in ("requirements", "names", "pins", "sdist"):
         sys.stderr.write(__doc__ or "")
         return 2
     cmd, path, rest = argv[0], argv[1], argv[2:]
+    if cmd == "sdist":
+        try:
+            _, packages = load(path)
+            pkg = packages.get(canonical(rest[0])) if rest else None
+        except PylockError as exc:
+            sys.stderr.write(f"pylock: {exc}\n")
+            return 3
+        if pkg is None or pkg.sdist is None:
+            sys.stderr.write(f"pylock: the wheel set has no sdist of {rest[0] if rest else '(no name given)'}\n")
+            return 1
+        print(pkg.sdist.url, pkg.sdist.sha256)
+        return 0
+    if cmd == "pins":
+        if len(rest) % 2:
+            sys.stderr.write("pylock: pins takes NAME VERSION pairs\n")
+            return 2
+        try:
+            _, packages = load(path)
+        except PylockError as exc:
+            sys.stderr.write(f"pylock: {exc}\n")
+            return 3
+        problems = check_pins(packages, rest)
+        for p in problems:
+            sys.stderr.write(f"pylock: {p}\n")
+        return 1 if problems else 0
+    no_sdists = "--no-sdists" in rest
+    rest = [r for r in rest if r != "--no-sdists"]
     opts: dict[str, set[str]] = {"--only": set(), "--exclude": set(), "--sdist": set()}
     i = 0
     while i < len(rest):
@@ -140,7 +186,9 @@ def main(argv: list[str]) -> int:
         opts[rest[i]].add(rest[i + 1])
         i += 2
     try:
-        _, packages = load(path)
+        doc, packages = load(path)
+        if no_sdists:
+            opts["--exclude"] |= set(doc.get("tool", {}).get("muse-stack", {}).get("sdists", []))
         if cmd == "names":
             print("\n".join(f"{p.name}=={p.version}" for p in packages.values()))
             return 0
