@@ -57,6 +57,8 @@ ctr=$(buildah from --pull-never "localhost/$tag")
 trap 'buildah rm "$ctr" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 buildah run --isolation chroot "$ctr" -- /usr/local/bin/muse-stack-entrypoint --version
 buildah run --isolation chroot "$ctr" -- /usr/local/bin/muse-stack-entrypoint "${IN_IMAGE_STEP[@]:1}" >&2
+# the image against its lock and wheel set, as the build's last step did: nothing outside the set
+buildah run --isolation chroot "$ctr" -- /usr/local/bin/muse-stack-entrypoint stack selfcheck "$(basename "${target%.toml}")" --image >&2
 buildah run --isolation chroot "$ctr" -- cat /etc/muse-stack/image.json >"$work/image.json"
 if [[ "${IN_IMAGE_STEP[*]}" == "muse-stack --version" ]]; then
   echo "note: the in-image step writes no fingerprint; the identity is checked in labels and image.json only" >&2

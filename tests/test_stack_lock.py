@@ -39,8 +39,8 @@ def test_gb200_is_arm64_sm100_and_builds_te_from_source():
     for comp in (c.transformer_engine, c.flash_attn, c.deepep):
         assert comp.cuda_archs == ["10.0"]
     assert c.transformer_engine.build == "source"
-    # the commit is not in the sources: an explicit null with its reason, never invented
-    assert isinstance(c.transformer_engine.source_commit, Null)
+    # the v2.17 release tag's commit, checked against the 2.17.0 wheel's and sdist's files
+    assert c.transformer_engine.source_commit == "2e559f062497bef768dfbe9d7e45548fadeca80a"
     args = build_args(load("gb200"))
     assert args["NVTE_CUDA_ARCHS"] == "100"
     assert args["FLASH_ATTN_CUDA_ARCHS"] == "100"
@@ -133,11 +133,11 @@ def test_unknown_digests_are_explicit_nulls_never_invented():
         data = tomllib.loads(_lock_text(t))
         d = data["base"]["digest"]
         assert isinstance(d, dict) and set(d) == {"null"}, t
-    assert [f for f, _ in unresolved(load("gb200").lock)] == [
-        "base.digest",
-        "components.efa.installer_sha256",
-        "components.transformer_engine.source_commit",
-    ]
+    assert [f for f, _ in unresolved(load("gb200").lock)] == ["base.digest", "components.efa.installer_sha256"]
+    # a source build without its commit is unresolved
+    data = tomllib.loads(_lock_text("gb200"))
+    data["components"]["transformer_engine"]["source_commit"] = {"null": "not yet looked up"}
+    assert "components.transformer_engine.source_commit" in [f for f, _ in unresolved(parse(data))]
 
 
 # --- broken locks: the error names the field and the fix ------------------------------------
