@@ -54,9 +54,14 @@ def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration 
               strict: bool = True) -> tuple[Plan, RuleReport]:
     """Validate and plan. With ``strict`` a broken layout raises the first :class:`LayoutError`
     (all of them are in its message)."""
+    from muse_stack.recipes.schema import MAX_GPUS
+
+    if gpus is not None and not (isinstance(gpus, int) and 1 <= gpus <= MAX_GPUS):
+        raise LayoutError("the GPU count is out of range", field="--gpus", value=gpus, rule=f"1 <= GPUs <= {MAX_GPUS:,}",
+                          fix="give --gpus 1 or more (or leave it out to plan for the recipe's hardware.count)")
     model = recipe.model_config_resolved()
     cal = calibration or Calibration()
-    world = gpus or recipe.hardware.count
+    world = gpus if gpus is not None else recipe.hardware.count
     report = check(recipe, model, world)
     if strict and report.errors:
         first = report.errors[0]
