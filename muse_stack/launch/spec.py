@@ -96,6 +96,10 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
         raise InputError("the node count must be positive", field="--nodes", value=nodes, fix="give --nodes 1 or more")
     if gpus is not None and gpus < 1:
         raise InputError("the GPU count must be positive", field="--gpus", value=gpus, fix="give --gpus 1 or more")
+    from muse_stack.launch import quoting
+
+    quoting.check(image, quoting.IMAGE, "--image", "an image reference: letters, digits and . _ / : @ # + = -",
+                  "give e.g. registry.example.com/muse-stack:gb200-0.1.0@sha256:<digest> or /fsx/images/x.sqsh")
     first = load_recipe(name, overrides)
     target = target_for(first.hardware.gpu)
     count, per_node = _layout(first, target, nodes, gpus)

@@ -79,6 +79,9 @@ def print_plan(plan: Plan) -> None:
         console.print(f"[yellow]assumed:[/] {a}")
     for u in plan.unchecked:
         console.print(f"[yellow]not checked:[/] {u}")
+    if plan.unstated_training:
+        console.print(f"[yellow]not stated:[/] {', '.join(plan.unstated_training)}: `run` and `launch` refuse the "
+                      "recipe until it states them (neither engine fills in a value that changes training)")
 
 
 def register(app: typer.Typer) -> None:
