@@ -53,7 +53,9 @@ class MuseStackError(Exception):
             parts.append(f"  rule: {self.rule}")
         if self.fix:
             parts.append(f"  fix:  {self.fix}")
-        return "\n".join(parts)
+        from muse_stack.safeio import redact_urls
+
+        return redact_urls("\n".join(parts))
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -7,7 +7,6 @@ are the keys of the checkpoint's ``config.json`` (under ``text_config`` when pre
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -180,12 +179,15 @@ class ModelConfig(BaseModel):
                     value=str(path),
                     fix="point it at a checkpoint directory that holds config.json, or at the file itself",
                 )
-            try:
-                config = json.loads(path.read_text())
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path} is not valid JSON ({exc})", field="model.config_path", value=str(path),
-                                 fix="restore the checkpoint's config.json") from exc
-        text = dict(config.get("text_config") or config)
+            from muse_stack.safeio import read_json
+
+            config = read_json(path, field="model.config_path", what="config.json",
+                               fix="restore the checkpoint's config.json (a JSON object)")
+        text = config.get("text_config") or config
+        if not isinstance(text, dict):
+            raise InputError("config.json's text_config is not an object", field="model.config_path",
+                             value=type(text).__name__, fix="restore the checkpoint's config.json")
+        text = dict(text)
         known = set(cls.model_fields)
         values: dict[str, Any] = {}
         for key, value in text.items():
@@ -207,7 +209,7 @@ class ModelConfig(BaseModel):
                     field=f"config.json {key}", value=kinds, fix="use a Muse Spark checkpoint")
         try:
             return cls(**values)
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             raise RecipeError(f"config.json does not describe a valid Muse Spark model: {exc}",
                               field="model", value=None, fix="check the checkpoint's config.json") from exc
 

@@ -10,6 +10,7 @@ memoisation, so counting is linear in the graph) before any Python object is bui
 from __future__ import annotations
 
 import json
+import re
 import reprlib
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,16 @@ MAX_YAML_NODES = 200_000
 #: a file larger than this is not a recipe, record or metadata file
 MAX_TEXT_BYTES = 64 * 1024 * 1024
 
+#: user:password@ (or token@) after a URL's scheme
+URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s:]+(:[^/@\s]*)?@")
+REDACTED = "<redacted>"
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced: scheme://<redacted>@host/..."""
+    return URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text) if "://" in text else text
+
+
 _repr = reprlib.Repr()
 _repr.maxstring = 120
 _repr.maxother = 120
@@ -32,8 +43,9 @@ _repr.maxlevel = 3
 
 
 def short_repr(value: Any) -> str:
-    """repr() bounded in length and depth: error messages never repr an unbounded value."""
-    return _repr.repr(value)
+    """repr() bounded in length and depth (error messages never repr an unbounded value), with
+    URL credentials redacted."""
+    return redact_urls(_repr.repr(value))
 
 
 def read_text(path: str | Path, *, field: str, what: str = "file", missing: type[Exception] = InputError,

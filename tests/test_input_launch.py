@@ -57,8 +57,11 @@ def stubs(tmp_path_factory) -> Path:
 
 def _expected(value: str, env: dict[str, str]) -> str:
     """What bash gives a value: its references expanded from the job's environment, the rest literal."""
+    shell = {"IFS": " \t\n"}  # set by bash itself
+
     def sub(m):
-        return env.get(m.group("env") or m.group("braced") or m.group("plain"), "")
+        name = m.group("env") or m.group("braced") or m.group("plain")
+        return env.get(name, shell.get(name, ""))
 
     return quoting.REFERENCE.sub(sub, value)
 
@@ -67,7 +70,7 @@ def _run_script(text: str, work: Path, stubs: Path) -> tuple[dict[str, str], lis
     """Check the syntax, then run the script with stub srun and scontrol: the environment srun saw,
     its arguments, and the job's starting environment."""
     script = work / "job.sbatch"
-    script.write_text(text)
+    script.write_bytes(text.encode())
     syntax = subprocess.run([BASH, "-n", str(script)], capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
     out = work / "out"
@@ -78,8 +81,9 @@ def _run_script(text: str, work: Path, stubs: Path) -> tuple[dict[str, str], lis
     proc = subprocess.run([BASH, str(script)], cwd=work, env=job_env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert not any(p.name == CANARY for p in work.rglob("*")), "injected text ran"
-    env = dict(item.split("=", 1) for item in (out / "env").read_text().split("\0") if "=" in item)
-    return env, (out / "srun.args").read_text().split("\0")[:-1], job_env
+    # read as bytes: text mode would turn a value's \r\n into \n
+    env = dict(item.split("=", 1) for item in (out / "env").read_bytes().decode().split("\0") if "=" in item)
+    return env, (out / "srun.args").read_bytes().decode().split("\0")[:-1], job_env
 
 
 def _render_or_refuse(spec, **kw):

@@ -303,11 +303,18 @@ class MegatronEngine:
         # is_loading: the optimizer lays out (empty) Adam state to load into before its first step.
         # No autograd: the fp32 parameters' optimizer shards are views of the parameters themselves,
         # and the load copies into them in place.
+        from muse_stack.engines.base import corrupt_checkpoint
+
         with torch.no_grad():
-            state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(directory))
-            self.model.module.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        step = json.loads((Path(directory) / "trainer_state.json").read_text())["step"]
+            try:
+                state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(directory))
+                self.model.module.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
+            except Exception as exc:  # megatron-core's checkpoint errors have no common base class
+                raise corrupt_checkpoint(Path(directory), "dist-checkpoint", exc) from exc
+        from muse_stack.engines.base import checkpoint_step
+
+        step = checkpoint_step(Path(directory), self.ctx.total_steps)
         for _ in range(step * self.micro_batches):
             next(self._batches)
         return step

@@ -185,11 +185,18 @@ class ReferenceEngine:
     def load(self, directory: Path) -> int:
         from muse_stack.model import load_weights_into
 
+        from muse_stack.engines.base import checkpoint_step, corrupt_checkpoint
+
+        step = checkpoint_step(directory, self.ctx.total_steps)
         load_weights_into(self.model, directory)
-        state = torch.load(directory / "optimizer.pt", map_location=self.device, weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        step = json.loads((directory / "trainer_state.json").read_text())["step"]
+        try:  # weights_only: a checkpoint is data, never code to unpickle
+            state = torch.load(directory / "optimizer.pt", map_location=self.device, weights_only=True)
+            self.optimizer.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["rng"])
+        except (OSError, EOFError, RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
+            raise corrupt_checkpoint(directory, "optimizer state (optimizer.pt)", exc) from exc
+        except Exception as exc:  # pickle.UnpicklingError and the zip reader's own errors
+            raise corrupt_checkpoint(directory, "optimizer state (optimizer.pt)", exc) from exc
         # the data order is deterministic: skip the micro-batches the finished steps consumed
         for _ in range(step * self.micro_batches):
             next(self._batches)

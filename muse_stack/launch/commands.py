@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
         else:
             text = k8s_mod.render(spec, namespace=namespace, claim=claim, secret=env_secret)
         if output is not None:
-            atomic.write_text(output, text)
+            atomic.write_text(output, text, field="--output")
             if output.suffix in ("", ".sh", ".sbatch"):
                 output.chmod(0o755)
             console.print(f"wrote {output}: {spec.nodes} node{'s' if spec.nodes > 1 else ''} x {spec.per_node} "

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from muse_stack.model_config import ModelConfig
+from muse_stack.safeio import URL_CREDENTIALS
 
 #: recipe and run names: they become folder names (runs/, the data cache), Slurm job names and
 #: Kubernetes label values, so only letters, digits, '.', '_' and '-' (starting and ending with a
@@ -25,8 +26,6 @@ NAME_RULE = "1-63 letters, digits, '.', '_' or '-', starting and ending with a l
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: a reference to the launching environment, resolved when the job runs and never written: ${env:NAME}
 ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
-#: user:password@ (or a token@) in a URL
-URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s:]+(:[^/@\s]*)?@")
 
 # size bounds: generous beyond any real run, so a mistyped size fails here instead of in a loop
 MAX_GPUS = 1 << 20
