@@ -371,8 +371,11 @@ class Recipe(_Strict):
                 fix="reference the environment instead, resolved when the job runs and never written: e.g. "
                     "env: {WANDB_API_KEY: ${env:WANDB_API_KEY}}; give a URL's credentials through the environment "
                     "(HF_TOKEN, ~/.netrc), not in the URL")
-        if self.data.build_name is not None:
-            check_name(self.data.build_name, "data.build_name")
+        if self.data.build_name is not None and not NAME_PATTERN.fullmatch(self.data.build_name):
+            from muse_stack.errors import RecipeError
+
+            raise RecipeError("the data cache folder's label must be a safe name", field="data.build_name",
+                              value=self.data.build_name, rule=NAME_RULE, fix="use e.g. tulu3-4k")
         if self.optimizer.lr is not None and self.optimizer.min_lr is not None and \
                 self.optimizer.min_lr > self.optimizer.lr:
             raise ValueError(f"optimizer.min_lr ({self.optimizer.min_lr}) exceeds optimizer.lr ({self.optimizer.lr})")
