@@ -162,7 +162,14 @@ def test_output_under_a_file_parent_exits_3(cli, tmp_path):
     parent.write_text("x")
     refused(cli("run", "tiny-cpu", "--steps", "1", "--out", parent / "run"), 3, "--out", FIX)
     refused(cli("launch", "tiny-cpu", "--slurm", "-o", parent / "job.sbatch"), 3, "--output", FIX)
-    refused(cli("record", "import", ROOT / "recipes" / "attune-b200.yaml", "--name", "x", "-o", parent / "x.yaml"), 3)
+    from muse_stack.recipes.catalogue import load_recipe
+    from muse_stack.recipes.openrecipes import recipe_to_record, record_yaml
+
+    record = tmp_path / "record.yaml"
+    record.write_text(record_yaml(recipe_to_record(load_recipe("attune-b200"))))
+    refused(cli("record", "import", record, "--name", "x", "-o", parent / "x.yaml"), 3, "--out", FIX)
+    refused(cli("data", "build", "tiny-cpu", "--cache", parent / "cache", "--json"), 3, "--cache", FIX)
+    refused(cli("fingerprint", "-o", parent / "fp.json"), 3, "--output", FIX)
     assert parent.read_text() == "x"
 
 

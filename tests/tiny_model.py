@@ -43,3 +43,17 @@ def logits_tolerance(config: ModelConfig, tokens: int) -> float:
     summation order (batching, blocking, masking): the rounding chain's bound at the largest
     logit, which the softcap bounds."""
     return fp32_sum_bound(logits_rounding_chain(config, tokens), config.final_logit_softcapping)
+
+
+def attention_output_bound(attn, config: ModelConfig, tokens: int, extra_roundings: int = 0) -> float:
+    """Absolute float32 bound for an attention layer's output computed two ways that differ only
+    in rounding: n u / (1 - n u) x S. n is the layer's rounding chain (q/k/v/gate projections over
+    H, the per-head norms over head_dim, scores, softmax sum and values over the keys, the output
+    projection over heads x head_dim) plus ``extra_roundings``; the normalisations pass relative
+    error through to first order, so the roundings add. S bounds the sum of |terms| of the output
+    projection: each normalised, gated head entry is at most sqrt(head_dim) in size (its rms is 1)
+    times the largest row sum of |W_o|."""
+    d = config.head_dim
+    n = 2 * config.hidden_size + 2 * d + 2 * tokens + config.num_attention_heads * d + extra_roundings
+    w_o = attn.o_proj.weight.detach().abs().sum(dim=1).max().item()
+    return fp32_sum_bound(n, d**0.5 * w_o)

@@ -323,11 +323,15 @@ def build_for_recipe(recipe: Recipe, cache_dir: str | Path | None = None, progre
 
         Console(stderr=True).print(f"[yellow]warning:[/] the cached data build {final} does not match its record "
                                    f"({why}); rebuilding it", highlight=False, soft_wrap=True)
-    root.mkdir(parents=True, exist_ok=True)
-    _clean_stale(final)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _clean_stale(final)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as exc:
+        raise InputError(f"cannot create the data cache folder: {exc.strerror or exc}", field="--cache",
+                         value=str(root), fix="give a writable --cache (or set MUSE_STACK_CACHE)") from exc
     start = time.perf_counter()
     try:
         with _progress(progress) as bar:
