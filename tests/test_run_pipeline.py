@@ -127,7 +127,9 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert done.status == "completed" and done.results["resumed_at_step"] == 5
     a, b = metrics(full.path), metrics(done.path)
     assert [m["step"] for m in b] == list(range(1, 13))
-    assert [m["loss"] for m in b] == pytest.approx([m["loss"] for m in a], rel=1e-6, abs=1e-6)
+    # the resumed steps repeat the same float32 operations, in the same order and with the same
+    # threads, from state saved bit for bit (fp32 safetensors, Adam's state, the RNG): equal exactly
+    assert [m["loss"] for m in b] == [m["loss"] for m in a]
 
 
 def test_stop_after_from_the_command_line_then_resume(tmp_path, cli):
