@@ -38,7 +38,8 @@ def test_unreadable_recipe_files_exit_3(cli, tmp_path):
     latin.write_bytes(TINY.read_text().replace("description:", "description: caf\xe9").encode("latin-1"))
     directory = tmp_path / "dir.yaml"
     directory.mkdir()
-    for path, needle in ((binary, "not UTF-8"), (latin, "not UTF-8"), (directory, "is a directory")):
+    for path, needle in ((binary, "not UTF-8"), (latin, "not UTF-8"), (directory, "is a directory"),
+                         (tmp_path, "is a directory")):
         for cmd in ("show", "plan"):
             refused(cli(cmd, path), 3, needle, FIX)
         refused(cli("record", "import", path, "--name", "x"), 3, needle, FIX)

@@ -92,7 +92,7 @@ def recipe_names() -> list[str]:
 
 def raw_recipe(name: str) -> tuple[Path, dict[str, Any]]:
     path = Path(name)
-    if name.endswith((".yaml", ".yml")) or path.is_file():
+    if name.endswith((".yaml", ".yml")) or path.is_file() or path.is_dir():
         return path, read_yaml(path)
     entries = catalogue()
     if name not in entries:
