@@ -92,10 +92,14 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
     from muse_stack.run.pipeline import prepare
 
     overrides = list(overrides or [])
-    if nodes is not None and nodes < 1:
-        raise InputError("the node count must be positive", field="--nodes", value=nodes, fix="give --nodes 1 or more")
-    if gpus is not None and gpus < 1:
-        raise InputError("the GPU count must be positive", field="--gpus", value=gpus, fix="give --gpus 1 or more")
+    from muse_stack.recipes.schema import MAX_GPUS
+
+    if nodes is not None and not 1 <= nodes <= MAX_GPUS:
+        raise InputError("the node count is out of range", field="--nodes", value=nodes, rule=f"1 to {MAX_GPUS:,}",
+                         fix="give --nodes 1 or more")
+    if gpus is not None and not 1 <= gpus <= MAX_GPUS:
+        raise InputError("the GPU count is out of range", field="--gpus", value=gpus, rule=f"1 to {MAX_GPUS:,}",
+                         fix="give --gpus 1 or more")
     from muse_stack.launch import quoting
 
     quoting.check(image, quoting.IMAGE, "--image", "an image reference: letters, digits and . _ / : @ # + = -",

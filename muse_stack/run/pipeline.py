@@ -77,6 +77,11 @@ def prepare(name: str, overrides: list[str], steps: int | None, gpus: int | None
     """Resolve and validate a recipe for a run; raises before anything is written."""
     from muse_stack.plan.planner import make_plan
 
+    from muse_stack.recipes.schema import MAX_GPUS
+
+    if gpus is not None and not 1 <= gpus <= MAX_GPUS:
+        raise InputError("the GPU count is out of range", field="--gpus", value=gpus, rule=f"1 to {MAX_GPUS:,}",
+                         fix="give --gpus 1 or more (or leave it out for the recipe's hardware.count)")
     extra = list(overrides)
     if steps is not None:
         extra.append(f"training.steps={steps}")
