@@ -79,13 +79,15 @@ class ReferenceEngine:
         if ctx.world_size > 1:
             self.ddp = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[ctx.local_rank] if cuda else None)
+        from muse_stack.engines.support import require_stated
+
+        require_stated(recipe)  # the values below are the recipe's; none is filled in here
         opt = recipe.optimizer
         if opt.name == "sgd":
-            self.optimizer = torch.optim.SGD(_param_groups(self.model, opt.weight_decay or 0.0), lr=opt.lr or 0.0)
+            self.optimizer = torch.optim.SGD(_param_groups(self.model, opt.weight_decay), lr=opt.lr)
         else:
-            self.optimizer = torch.optim.AdamW(
-                _param_groups(self.model, opt.weight_decay or 0.0), lr=opt.lr or 0.0,
-                betas=(opt.beta1 or 0.9, opt.beta2 or 0.999), eps=opt.eps or 1e-8)
+            self.optimizer = torch.optim.AdamW(_param_groups(self.model, opt.weight_decay), lr=opt.lr,
+                                               betas=(opt.beta1, opt.beta2), eps=opt.eps)
         batch = recipe.batch
         if not batch.mbs or not batch.gbs:
             raise RecipeError("the reference engine needs the micro- and global batch sizes",
