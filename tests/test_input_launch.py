@@ -163,7 +163,8 @@ def test_cli_refuses_unsafe_values_and_writes_nothing(cli, tmp_path):
     out = tmp_path / "job.sbatch"
     for args, field in [(["--partition", "gpu\ntouch x"], "--partition"), (["--account", "a;b"], "--account"),
                         (["--time", "$(id)"], "--time"), (["--image", "img\nx"], "--image"),
-                        (["--runs-dir", "a\nb"], "--runs-dir")]:
+                        (["--runs-dir", "a\nb"], "--runs-dir"),
+                        (["--image", "docker://user:pw1234567@registry.example.com#img:1"], "--image")]:
         rc, _, err = cli("launch", "tiny-cpu", "--slurm", *args, "-o", out)
         assert rc == 3 and field in err and "fix:" in err and not out.exists(), err
     rc, _, err = cli("launch", "proxy-8gpu", "--k8s", "--namespace", "a\nkind: Pod", "-o", out)

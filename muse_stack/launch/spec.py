@@ -104,6 +104,12 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
 
     quoting.check(image, quoting.IMAGE, "--image", "an image reference: letters, digits and . _ / : @ # + = -",
                   "give e.g. registry.example.com/muse-stack:gb200-0.1.0@sha256:<digest> or /fsx/images/x.sqsh")
+    from muse_stack.safeio import URL_CREDENTIALS
+
+    if image is not None and URL_CREDENTIALS.search(image):
+        raise InputError("the image reference holds credentials; launch files are shared", field="--image",
+                         value="<redacted>", fix="log in to the registry instead (enroot credentials, docker login, "
+                                               "an image pull secret)")
     first = load_recipe(name, overrides)
     target = target_for(first.hardware.gpu)
     count, per_node = _layout(first, target, nodes, gpus)
