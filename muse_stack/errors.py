@@ -11,7 +11,8 @@ from typing import Any
 # Exit codes of the command line:
 #   0  success
 #   1  a check ran and said no: the plan does not fit, a run stopped early, runs differ
-#   2  the request is wrong: a recipe, override, option or layout breaks a rule (MuseStackError)
+#   2  the request is wrong: a recipe, override, option or layout breaks a rule (MuseStackError,
+#      UsageError for an option's value)
 #   3  an input file is missing, unreadable or corrupt (InputError)
 #  70  a defect in muse-stack itself (no traceback unless MUSE_STACK_DEBUG=1)
 INTERNAL_ERROR = 70
@@ -87,6 +88,10 @@ class InputError(MuseStackError):
     """A file given on the command line is missing, unreadable or corrupt."""
 
     exit_code = 3
+
+
+class UsageError(MuseStackError):
+    """A command-line option's value is out of range or unsafe to carry into a launch file."""
 
 
 class EngineUnavailable(MuseStackError):

@@ -16,7 +16,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from muse_stack.errors import InputError, MuseStackError
+from muse_stack.errors import MuseStackError, UsageError
 from muse_stack.launch import k8s, quoting, slurm
 from muse_stack.launch.spec import resolve
 
@@ -89,7 +89,7 @@ def _run_script(text: str, work: Path, stubs: Path) -> tuple[dict[str, str], lis
 def _render_or_refuse(spec, **kw):
     try:
         return slurm.render(spec, **kw)
-    except InputError as exc:  # a clear refusal naming the field
+    except UsageError as exc:  # a clear refusal naming the field
         assert exc.field and exc.fix
         return None
 
@@ -166,9 +166,9 @@ def test_cli_refuses_unsafe_values_and_writes_nothing(cli, tmp_path):
                         (["--runs-dir", "a\nb"], "--runs-dir"),
                         (["--image", "docker://user:pw1234567@registry.example.com#img:1"], "--image")]:
         rc, _, err = cli("launch", "tiny-cpu", "--slurm", *args, "-o", out)
-        assert rc == 3 and field in err and "fix:" in err and not out.exists(), err
+        assert rc == 2 and field in err and "fix:" in err and not out.exists(), err
     rc, _, err = cli("launch", "proxy-8gpu", "--k8s", "--namespace", "a\nkind: Pod", "-o", out)
-    assert rc == 3 and "--namespace" in err and not out.exists()
+    assert rc == 2 and "--namespace" in err and not out.exists()
     bad = tmp_path / "evil.yaml"
     src = (Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml").read_text()
     bad.write_text(src.replace("name: tiny-cpu", 'name: "x\\nkind: Pod"'))

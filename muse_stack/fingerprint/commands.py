@@ -36,11 +36,11 @@ def register(app: typer.Typer) -> None:
 
         import re
 
-        from muse_stack.errors import InputError
+        from muse_stack.errors import UsageError
 
         for flag, digest in (("--recipe-sha256", recipe_sha256), ("--rows-sha256", rows_sha256)):
             if digest is not None and not re.fullmatch(r"[0-9a-f]{64}", digest):
-                raise InputError("not a sha256 digest", field=flag, value=digest,
+                raise UsageError("not a sha256 digest", field=flag, value=digest,
                                  fix="give 64 lower-case hex digits, as `sha256sum` prints them")
         doc = capture(recipe_sha256=recipe_sha256, rows_sha256=rows_sha256)
         if output is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from muse_stack.errors import InputError
+from muse_stack.errors import UsageError
 
 #: $NAME, ${NAME} and ${env:NAME}
 REFERENCE = re.compile(r"\$\{env:(?P<env>[A-Za-z_][A-Za-z0-9_]*)\}|\$\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}"
@@ -30,7 +30,7 @@ DNS_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?")
 
 def _no_nul(value: str) -> str:
     if "\0" in value:  # no program argument or variable can hold it
-        raise InputError("a value bound for the launch file holds a NUL character", field="launch value",
+        raise UsageError("a value bound for the launch file holds a NUL character", field="launch value",
                          value=value, fix="remove the NUL character")
     return value
 
@@ -63,7 +63,7 @@ def comment(text: str) -> str:
 
 def env_name(name: str, field: str) -> str:
     if not ENV_NAME.fullmatch(name):
-        raise InputError("not an environment variable name", field=field, value=name,
+        raise UsageError("not an environment variable name", field=field, value=name,
                          rule="letters, digits and '_', not starting with a digit", fix="rename the variable")
     return name
 
@@ -72,7 +72,7 @@ def check(value: str | None, pattern: re.Pattern[str], field: str, rule: str, fi
     if value is None:
         return None
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise InputError("the value holds characters a launch file cannot carry safely", field=field, value=value,
+        raise UsageError("the value holds characters a launch file cannot carry safely", field=field, value=value,
                          rule=rule, fix=fix)
     return value
 
@@ -80,6 +80,6 @@ def check(value: str | None, pattern: re.Pattern[str], field: str, rule: str, fi
 def check_path(value: str | None, field: str) -> str | None:
     """A host path: any characters (it is quoted), but no control characters."""
     if value is not None and not all(c.isprintable() for c in value):
-        raise InputError("the path holds a control character (newline, tab, NUL, ...)", field=field, value=value,
+        raise UsageError("the path holds a control character (newline, tab, NUL, ...)", field=field, value=value,
                          fix="give a path of printable characters")
     return value

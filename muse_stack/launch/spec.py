@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from muse_stack.errors import InputError, LayoutError
+from muse_stack.errors import InputError, LayoutError, UsageError
 from muse_stack.launch.targets import EFA_LIBRARY_PATH, Target, target_for
 from muse_stack.recipes.schema import Recipe
 
@@ -95,10 +95,10 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
     from muse_stack.recipes.schema import MAX_GPUS
 
     if nodes is not None and not 1 <= nodes <= MAX_GPUS:
-        raise InputError("the node count is out of range", field="--nodes", value=nodes, rule=f"1 to {MAX_GPUS:,}",
+        raise UsageError("the node count is out of range", field="--nodes", value=nodes, rule=f"1 to {MAX_GPUS:,}",
                          fix="give --nodes 1 or more")
     if gpus is not None and not 1 <= gpus <= MAX_GPUS:
-        raise InputError("the GPU count is out of range", field="--gpus", value=gpus, rule=f"1 to {MAX_GPUS:,}",
+        raise UsageError("the GPU count is out of range", field="--gpus", value=gpus, rule=f"1 to {MAX_GPUS:,}",
                          fix="give --gpus 1 or more")
     from muse_stack.launch import quoting
 
@@ -107,7 +107,7 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
     from muse_stack.safeio import URL_CREDENTIALS
 
     if image is not None and URL_CREDENTIALS.search(image):
-        raise InputError("the image reference holds credentials; launch files are shared", field="--image",
+        raise UsageError("the image reference holds credentials; launch files are shared", field="--image",
                          value="<redacted>", fix="log in to the registry instead (enroot credentials, docker login, "
                                                "an image pull secret)")
     first = load_recipe(name, overrides)
