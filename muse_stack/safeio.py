@@ -49,17 +49,19 @@ def short_repr(value: Any) -> str:
 
 
 def read_text(path: str | Path, *, field: str, what: str = "file", missing: type[Exception] = InputError,
-              fix: str | None = None) -> str:
-    """A UTF-8 text file's contents; every failure is an :class:`InputError` naming ``field``."""
+              fix: str | None = None, limit: int | None = MAX_TEXT_BYTES) -> str:
+    """A UTF-8 text file's contents; every failure is an :class:`InputError` naming ``field``.
+    ``limit`` bounds the size of documents (recipes, records, metadata); None for logs that grow
+    with a run (metrics)."""
     path = Path(path)
     fix = fix or f"give the path of a UTF-8 {what}"
     try:
         if path.is_dir():
             raise InputError(f"{path} is a directory, not a {what}", field=field, value=str(path), fix=fix)
         size = path.stat().st_size
-        if size > MAX_TEXT_BYTES:
+        if limit is not None and size > limit:
             raise InputError(f"{path} is {size:,} bytes, too large for a {what}", field=field, value=str(path),
-                             rule=f"at most {MAX_TEXT_BYTES:,} bytes", fix=fix)
+                             rule=f"at most {limit:,} bytes", fix=fix)
         data = path.read_bytes()
     except FileNotFoundError as exc:
         raise missing(f"{what} not found", field=field, value=str(path), fix=fix) from exc

@@ -125,6 +125,13 @@ def test_bad_jsonl_lines_exit_3(cli, tmp_path, jsonl, needle):
             3, "data.files", needle, FIX)
 
 
+def test_binary_jsonl_exits_3(cli, tmp_path):
+    args = _tiny_data(tmp_path, jsonl="")
+    (tmp_path / "chat.jsonl").write_bytes(b'{"messages": []}\n\xff\xfe\x00\n')
+    refused(cli("data", "build", "tiny-cpu", *args, "--cache", tmp_path / "c", "--json"), 3, "chat.jsonl:2",
+            "not UTF-8", FIX)
+
+
 @pytest.mark.parametrize("config", ["{not json", "[1, 2]", '{"eos_token": 7}'])
 def test_malformed_tokenizer_config_exits_3(cli, tmp_path, config):
     refused(cli("data", "build", "tiny-cpu", *_tiny_data(tmp_path, config=config), "--cache", tmp_path / "c", "--json"),

@@ -65,15 +65,23 @@ def _slice(n: int, split: str | None) -> tuple[int, int]:
 def _read_file(path: Path) -> list[dict[str, Any]]:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        from muse_stack.safeio import load_json, read_text
+        from muse_stack.safeio import load_json
 
         out = []
-        text = read_text(path, field="data.files", what="JSON Lines file", fix="write one JSON object per line, UTF-8")
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            out.append(load_json(line, source=f"{path}:{lineno}", field="data.files",
-                                 fix="write one JSON object per line (a conversation with its messages)"))
+        fix = "write one JSON object per line (a conversation with its messages), UTF-8"
+        try:  # streamed line by line: a dataset file may be far larger than memory wants to hold twice
+            with path.open("rb") as fh:
+                for lineno, raw in enumerate(fh, 1):
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise InputError(f"{path}:{lineno} is not UTF-8 text", field="data.files", value=str(path),
+                                         fix=fix) from exc
+                    if line.strip():
+                        out.append(load_json(line, source=f"{path}:{lineno}", field="data.files", fix=fix))
+        except OSError as exc:
+            raise InputError(f"cannot read {path}: {exc.strerror or exc}", field="data.files", value=str(path),
+                             fix=fix) from exc
         return out
     if suffix == ".parquet":
         import pyarrow as pa

@@ -85,7 +85,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     from muse_stack.safeio import load_json, read_text
 
     fix = "the file is corrupt; re-run or remove the broken line"
-    for n, line in enumerate(read_text(file, field=METRICS, what="metrics file", fix=fix).splitlines(), 1):
+    for n, line in enumerate(read_text(file, field=METRICS, what="metrics file", fix=fix, limit=None).splitlines(), 1):
         if not line.strip():
             continue
         rows.append(load_json(line, source=f"{file}:{n}", field=METRICS, fix=fix))
