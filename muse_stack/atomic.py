@@ -9,33 +9,69 @@ from pathlib import Path
 from typing import Any
 
 
-def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+def _umask() -> int:
+    """The process umask, read without changing it where Linux reports it (os.umask can only set)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes, *, field: str = "output") -> Path:
+    """Write ``path`` whole or not at all. The file gets the mode a plain ``open`` would give it
+    (0666 less the umask: 0644 by default), not mkstemp's private 0600, so a team on a shared
+    filesystem can read each other's runs. A parent that is a file or not writable is an
+    InputError naming ``field``."""
+    from muse_stack.errors import InputError
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except (NotADirectoryError, FileExistsError) as exc:
+        raise InputError("a parent of the path is a file, not a directory", field=field, value=str(path),
+                         fix="choose a path under a directory") from exc
+    except OSError as exc:
+        raise InputError(f"cannot write here: {exc.strerror or exc}", field=field, value=str(path),
+                         fix="choose a path under a directory you can write to") from exc
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o666 & ~_umask())
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except IsADirectoryError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise InputError("the path is a directory", field=field, value=str(path), fix="give a file path") from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
 
 
-def write_text(path: str | os.PathLike[str], text: str) -> Path:
-    return write_bytes(path, text.encode("utf-8"))
+def write_text(path: str | os.PathLike[str], text: str, *, field: str = "output") -> Path:
+    """Write text whole; the credentials of any URL in it are redacted on the way (a URL is never
+    written with its user:password)."""
+    from muse_stack.safeio import redact_urls
+
+    return write_bytes(path, redact_urls(text).encode("utf-8"), field=field)
 
 
-def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
-    return write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+def write_json(path: str | os.PathLike[str], obj: Any, *, field: str = "output") -> Path:
+    return write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", field=field)
 
 
 def append_line(path: str | os.PathLike[str], line: str) -> None:
     """Append one complete line and fsync it (used for metrics.jsonl)."""
+    from muse_stack.safeio import redact_urls
+
     with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line.rstrip("\n") + "\n")
+        fh.write(redact_urls(line.rstrip("\n")) + "\n")
         fh.flush()
         os.fsync(fh.fileno())

@@ -8,6 +8,7 @@ into a clear message and a non-zero exit.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import typer
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from muse_stack import __version__
-from muse_stack.errors import MuseStackError
+from muse_stack.errors import INTERNAL_ERROR, MuseStackError
 
 app = typer.Typer(
     name="muse-stack",
@@ -70,12 +71,19 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # usage errors from the command-line parser
+    except Exception as exc:  # usage errors from the command-line parser; anything else is a defect
         show = getattr(exc, "show", None)
         if callable(show) and hasattr(exc, "exit_code"):
             show()
             return int(exc.exit_code)
-        raise
+        if os.environ.get("MUSE_STACK_DEBUG"):
+            raise
+        from muse_stack.safeio import short_repr
+
+        err_console.print(f"[bold red]internal error:[/] {escape(type(exc).__name__)}: {escape(short_repr(str(exc)))}\n"
+                          "  this is a defect in muse-stack, not in your input: rerun with MUSE_STACK_DEBUG=1 for "
+                          "the traceback and report it", highlight=False, soft_wrap=True)
+        return INTERNAL_ERROR
     return 0
 
 

@@ -8,6 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+# Exit codes of the command line:
+#   0  success
+#   1  a check ran and said no: the plan does not fit, a run stopped early, runs differ
+#   2  the request is wrong: a recipe, override, option or layout breaks a rule (MuseStackError,
+#      UsageError for an option's value)
+#   3  an input file is missing, unreadable or corrupt (InputError)
+#  70  a defect in muse-stack itself (no traceback unless MUSE_STACK_DEBUG=1)
+INTERNAL_ERROR = 70
+
 
 class MuseStackError(Exception):
     """A failure the user can act on."""
@@ -36,24 +45,35 @@ class MuseStackError(Exception):
     def render(self) -> str:
         parts = []
         if self.field is not None:
-            parts.append(f"{self.field} = {self.value!r}: {self.message}")
+            from muse_stack.safeio import short_repr
+
+            parts.append(f"{self.field} = {short_repr(self.value)}: {self.message}")
         else:
             parts.append(self.message)
         if self.rule:
             parts.append(f"  rule: {self.rule}")
         if self.fix:
             parts.append(f"  fix:  {self.fix}")
-        return "\n".join(parts)
+        from muse_stack.safeio import redact_urls
+
+        return redact_urls("\n".join(parts))
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "error": type(self).__name__,
             "message": self.message,
             "field": self.field,
-            "value": self.value if isinstance(self.value, (int, float, str, bool, type(None))) else repr(self.value),
+            "value": self.value if isinstance(self.value, (int, float, bool, type(None)))
+            else self.value[:2000] if isinstance(self.value, str) else _short(self.value),
             "rule": self.rule,
             "fix": self.fix,
         }
+
+
+def _short(value: Any) -> str:
+    from muse_stack.safeio import short_repr
+
+    return short_repr(value)
 
 
 class RecipeError(MuseStackError):
@@ -68,6 +88,10 @@ class InputError(MuseStackError):
     """A file given on the command line is missing, unreadable or corrupt."""
 
     exit_code = 3
+
+
+class UsageError(MuseStackError):
+    """A command-line option's value is out of range or unsafe to carry into a launch file."""
 
 
 class EngineUnavailable(MuseStackError):

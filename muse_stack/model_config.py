@@ -7,7 +7,6 @@ are the keys of the checkpoint's ``config.json`` (under ``text_config`` when pre
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,26 +32,27 @@ def default_layer_types(num_layers: int) -> list[LayerType]:
 class ModelConfig(BaseModel):
     """Shapes and numerics of the Muse Spark text decoder."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # finite floats; sizes bounded far above the real model so that no loop or allocation runs away
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    vocab_size: int = Field(202048, gt=0)
+    vocab_size: int = Field(202048, gt=0, le=1 << 24)
     #: ids at or above this are untrained padding rows of the vocabulary
     first_padding_token_id: int | None = 201818
-    hidden_size: int = Field(8192, gt=0)
-    num_hidden_layers: int = Field(62, gt=0)
-    num_attention_heads: int = Field(128, gt=0)
-    num_key_value_heads: int = Field(16, gt=0)
-    head_dim: int = Field(64, gt=0)
+    hidden_size: int = Field(8192, gt=0, le=1 << 17)
+    num_hidden_layers: int = Field(62, gt=0, le=4096)
+    num_attention_heads: int = Field(128, gt=0, le=1 << 14)
+    num_key_value_heads: int = Field(16, gt=0, le=1 << 14)
+    head_dim: int = Field(64, gt=0, le=1 << 14)
     layer_types: list[LayerType] | None = Field(
         None, description="per-layer attention type; None = the model's pattern (full when l % 4 == 1)"
     )
-    sliding_window: int = Field(2048, gt=0, description="keys per query on sliding layers, counting the query")
+    sliding_window: int = Field(2048, gt=0, le=1 << 26, description="keys per query on sliding layers, counting the query")
     rope_theta: float = Field(5.0e5, gt=0)
     qk_scale_factor: float = 5.4730064863875
-    moe_hidden_size: int = Field(4096, gt=0, description="latent width Hm the experts work in")
-    num_local_experts: int = Field(256, gt=0)
-    num_experts_per_tok: int = Field(8, gt=0)
-    moe_intermediate_size: int = Field(4096, gt=0, description="expert FFN width I")
+    moe_hidden_size: int = Field(4096, gt=0, le=1 << 17, description="latent width Hm the experts work in")
+    num_local_experts: int = Field(256, gt=0, le=1 << 16)
+    num_experts_per_tok: int = Field(8, gt=0, le=1 << 16)
+    moe_intermediate_size: int = Field(4096, gt=0, le=1 << 18, description="expert FFN width I")
     num_shared_experts: int = Field(0, ge=0)
     routed_scaling_factor: float = 1.0
     output_multiplier: float = Field(2.0**-2.5, description="applied to router logits and to output logits")
@@ -179,12 +179,15 @@ class ModelConfig(BaseModel):
                     value=str(path),
                     fix="point it at a checkpoint directory that holds config.json, or at the file itself",
                 )
-            try:
-                config = json.loads(path.read_text())
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path} is not valid JSON ({exc})", field="model.config_path", value=str(path),
-                                 fix="restore the checkpoint's config.json") from exc
-        text = dict(config.get("text_config") or config)
+            from muse_stack.safeio import read_json
+
+            config = read_json(path, field="model.config_path", what="config.json",
+                               fix="restore the checkpoint's config.json (a JSON object)")
+        text = config.get("text_config") or config
+        if not isinstance(text, dict):
+            raise InputError("config.json's text_config is not an object", field="model.config_path",
+                             value=type(text).__name__, fix="restore the checkpoint's config.json")
+        text = dict(text)
         known = set(cls.model_fields)
         values: dict[str, Any] = {}
         for key, value in text.items():
@@ -206,7 +209,7 @@ class ModelConfig(BaseModel):
                     field=f"config.json {key}", value=kinds, fix="use a Muse Spark checkpoint")
         try:
             return cls(**values)
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             raise RecipeError(f"config.json does not describe a valid Muse Spark model: {exc}",
                               field="model", value=None, fix="check the checkpoint's config.json") from exc
 

@@ -146,10 +146,26 @@ def test_redact_scrubs_values_and_url_credentials():
                     max_leaves=20),
        st.text(alphabet="abcdefghijklmnop0123456789", min_size=6, max_size=12))
 def test_redact_never_leaves_a_secret(obj, secret):
-    planted = {"payload": obj, "leak": f"pre{secret}post", "nested": [{"k": secret}]}
+    """Wherever a secret stands whole (the whole value, a token between spaces, after '=' or ':'),
+    it is redacted, whatever surrounds it in the document."""
     import json
 
-    assert secret not in json.dumps(redact(planted, [secret]))
+    planted = {"payload": obj, "leak": f"pre {secret}\tpost", "flag": f"--token={secret}", "url": f"x:{secret}@h",
+               "nested": [{"k": secret}]}
+    out = redact(planted, [secret])
+    del out["payload"]
+    assert secret not in json.dumps(out)
+
+
+def test_redact_matches_whole_values_not_parts_of_words():
+    """MY_AUTH_MODE=torch is not a credential: the fingerprint keeps every "torch"; and a secret
+    inside a longer word is not rewritten (that would change unrelated fields)."""
+    assert secret_values({"MY_AUTH_MODE": "torch", "WANDB_API_KEY": "0123abcd4567"}) == ["0123abcd4567"]
+    doc = {"frameworks": {"torch": {"name": "torch", "path": "/usr/lib/python3/torch/lib"}},
+           "argv": ["--key", "0123abcd4567"], "word": "x0123abcd4567y"}
+    assert redact(doc, secret_values({"MY_AUTH_MODE": "torch", "WANDB_API_KEY": "0123abcd4567"})) == {
+        "frameworks": {"torch": {"name": "torch", "path": "/usr/lib/python3/torch/lib"}},
+        "argv": ["--key", "<redacted>"], "word": "x0123abcd4567y"}
 
 
 def test_prefetch_hashes_once_in_the_background(tmp_path, monkeypatch):

@@ -17,11 +17,16 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 IMAGES = {"sft-192": "registry.example.com/muse-stack:gb200-0.1.0",
           "attune-b200": "registry.example.com/muse-stack@sha256:" + "ab" * 32}
 CASES = [("sft-192", "GB200", 48, 4, 4), ("attune-b200", "B200", 16, 8, 8)]
+# the optimizer values these recipes' sources leave unstated; launch refuses a recipe without them
+STATED = {"sft-192": ["optimizer.lr=1e-5", "optimizer.min_lr=1e-6", "optimizer.decay_style=cosine",
+                      "optimizer.warmup_steps=5", "optimizer.weight_decay=0.1", "optimizer.clip_grad=1.0",
+                      "optimizer.beta1=0.9", "optimizer.beta2=0.95", "optimizer.eps=1e-8"],
+          "attune-b200": ["optimizer.clip_grad=1.0", "optimizer.eps=1e-8"]}
 
 
 def _render(cli, tmp_path, recipe: str, kind: str) -> str:
     out = tmp_path / f"{recipe}.{kind}"
-    rc, _, err = cli("launch", recipe, f"--{kind}", "--image", IMAGES[recipe], "-o", out)
+    rc, _, err = cli("launch", recipe, *STATED[recipe], f"--{kind}", "--image", IMAGES[recipe], "-o", out)
     assert rc == 0, err
     return out.read_text()
 
@@ -43,12 +48,12 @@ def test_sbatch_structure(cli, tmp_path, recipe, gpu, nodes, per_node, efa):
     directives = [line.split(None, 1)[1] for line in text.splitlines() if line.startswith("#SBATCH ")]
     assert f"--nodes={nodes}" in directives and "--ntasks-per-node=1" in directives
     assert f"--gpus-per-node={per_node}" in directives and "--signal=B:TERM@120" in directives
-    assert f"--nproc-per-node={per_node}" in text and f'--container-image="{IMAGES[recipe]}"' in text
+    assert f"--nproc-per-node={per_node}" in text and f"--container-image={IMAGES[recipe]}" in text
     assert '--rdzv-backend=c10d --rdzv-endpoint="$HEAD_NODE:$RDZV_PORT"' in text
     assert 'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
     assert "$DATA_DIR:/data,$CHECKPOINT_DIR:/checkpoints,$RUNS_DIR:/runs" in text
-    assert 'export NCCL_NET_PLUGIN="ofi"' in text and 'export FI_PROVIDER="efa"' in text
-    assert ('export NCCL_MNNVL_ENABLE="1"' in text) == (gpu == "GB200")
+    assert "export NCCL_NET_PLUGIN=ofi" in text and "export FI_PROVIDER=efa" in text
+    assert ("export NCCL_MNNVL_ENABLE=1" in text) == (gpu == "GB200")
     assert "trap 'echo" in text and 'kill -TERM "$SRUN_PID"' in text
 
 
@@ -75,7 +80,7 @@ def test_k8s_structure(cli, tmp_path, recipe, gpu, nodes, per_node, efa):
 
 
 def test_validation_rejects_unknown_fields_and_wrong_types():
-    docs = k8s.manifests(resolve("attune-b200", image="img:1"))
+    docs = k8s.manifests(resolve("attune-b200", STATED["attune-b200"], image="img:1"))
     k8s.validate(docs)
     from muse_stack.errors import InputError
 
@@ -96,7 +101,7 @@ def test_validation_rejects_unknown_fields_and_wrong_types():
 def test_default_image_is_the_lock_tag():
     from muse_stack.stack import image_tag, load
 
-    assert resolve("attune-b200").image == image_tag(load("b200"))
+    assert resolve("attune-b200", STATED["attune-b200"]).image == image_tag(load("b200"))
 
 
 def test_broken_layout_writes_nothing(cli, tmp_path):
@@ -109,7 +114,7 @@ def test_broken_layout_writes_nothing(cli, tmp_path):
 
 
 def test_node_override_rescales_the_recipe(cli, tmp_path):
-    spec = resolve("attune-b200", ["layout.dp=8"], nodes=32)
+    spec = resolve("attune-b200", ["layout.dp=8", *STATED["attune-b200"]], nodes=32)
     assert spec.nodes == 32 and spec.world_size == 256 and "hardware.count=256" in spec.run_overrides
 
 

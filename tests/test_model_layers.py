@@ -13,7 +13,7 @@ from muse_stack.model import MuseSparkForCausalLM, init_weights
 from muse_stack.model.norms import rms_norm
 from muse_stack.model.residual import GatedResidual, initial_gate_value, residual_gate_coefficients
 from muse_stack.model.router import select_top_k
-from tiny_model import tiny_config
+from tiny_model import attention_output_bound, fp32_sum_bound, tiny_config
 
 
 
@@ -73,9 +73,13 @@ def test_nope_on_full_layers_rope_on_sliding_layers(model):
     torch.testing.assert_close(attend(model, 1, x, positions), attend(model, 1, x, scrambled), rtol=0, atol=0)
     # sliding layer 0: non-uniform positions change the output ...
     assert not torch.allclose(attend(model, 0, x, positions), attend(model, 0, x, scrambled), atol=1e-4)
-    # ... while a uniform shift does not (RoPE depends only on relative position)
+    # ... while a uniform shift does not (RoPE depends only on relative position). The angles p x f
+    # are float32: at p <= 1007, f <= 1 each carries up to 1007 u of error, on q and on k, which
+    # adds 2 x 1007 roundings to the layer's chain (tiny_model.attention_output_bound); seen 2.5e-7
+    tol = attention_output_bound(lm(model).layers[0].self_attn, model.config, 8, extra_roundings=2 * 1007)
     torch.testing.assert_close(attend(model, 0, x, positions), attend(model, 0, x, positions + 1000),
-                               rtol=1e-4, atol=1e-4)
+                               rtol=0, atol=tol)
+    assert tol < 0.01  # far below the ~0.17 the scrambled positions move the output
 
 
 def test_qk_norm_is_weightless_per_head(model):
@@ -93,7 +97,10 @@ def test_qk_norm_is_weightless_per_head(model):
         with torch.no_grad():
             attn.q_proj.weight[8:16] *= 7.0  # one query head scaled: its rms removes the factor
             attn.k_proj.weight[:8] *= 0.2  # one kv head scaled
-        torch.testing.assert_close(attend(model, 0, x), base, rtol=1e-5, atol=1e-5)
+        # the per-head norms remove the factors up to rounding (eps is 1e-5 against mean(q^2) ~ 1e2,
+        # a 1e-7 relative effect, below one rounding): the layer's float32 bound
+        torch.testing.assert_close(attend(model, 0, x), base, rtol=0,
+                                   atol=attention_output_bound(attn, model.config, 6, extra_roundings=2))
         with torch.no_grad():
             attn.q_proj.weight[8] *= 5.0  # one lane only: not a per-head scale, output changes
         assert not torch.allclose(attend(model, 0, x), base, atol=1e-4)
@@ -118,7 +125,10 @@ def test_softmax_scale_and_output_gate(model):
             scores = torch.stack([q[0, t, h] @ k[0, u, h // 2] for u in range(t + 1)]) * cfg.qk_scale_factor / math.sqrt(8)
             out[0, t, h] = torch.softmax(scores, 0) @ v[0, : t + 1, h // 2]
     expected = (rms_norm(out, 1e-5) * torch.sigmoid(g)).reshape(1, 5, 32) @ attn.o_proj.weight.T
-    torch.testing.assert_close(attend(model, 1, x), expected, rtol=1e-5, atol=1e-5)
+    # both sides are float32 with the same operations in other orders: each within the layer's
+    # bound of the exact value, so within twice it of each other
+    torch.testing.assert_close(attend(model, 1, x), expected, rtol=0,
+                               atol=2 * attention_output_bound(attn, cfg, 5))
 
 
 # ---- norms, residual, embedding, output ------------------------------------------------------
@@ -158,7 +168,11 @@ def test_embedding_norm_is_parameter_free(model):
         before = text.embed(ids)
         with torch.no_grad():
             text.embed_tokens.weight[5] *= 4.0
-        torch.testing.assert_close(text.embed(ids), before, rtol=1e-4, atol=1e-5)
+        # rms_norm(4e) / rms_norm(e) = sqrt((m + eps) / (m + eps / 16)), m = mean(e^2): a relative
+        # change of at most eps / (2 m); plus the norm's own rounding, H + 2 roundings on each side
+        m = (text.embed_tokens.weight[5] ** 2).mean().item() / 16
+        rel = 1e-5 / (2 * m) + 2 * fp32_sum_bound(32 + 2, 1.0)
+        torch.testing.assert_close(text.embed(ids), before, rtol=rel, atol=0)
     finally:
         with torch.no_grad():
             text.embed_tokens.weight[5] = saved
@@ -276,7 +290,17 @@ def test_moe_mixture_equals_per_token_sum(model):
     for t in range(flat.shape[0]):
         m = sum(routing.weights[t, j] * mlp.experts.expert(int(routing.indices[t, j]), h[t:t + 1])[0] for j in range(2))
         rows.append(m @ mlp.post_expert_proj.weight.T)
-    torch.testing.assert_close(out.reshape(-1, 32), torch.stack(rows), rtol=1e-5, atol=1e-6)
+    # the same float32 operations batched against one token at a time: each side within n u S of
+    # the exact value, n = the MoE's rounding chain (router and latent projection over H, the expert
+    # norms and projections over Hm and I, the top-k sum, the output projection over Hm), S the
+    # output projection's sum of |terms|
+    cfg = model.config
+    n = 2 * cfg.hidden_size + 4 * cfg.moe_hidden_size + cfg.moe_intermediate_size + cfg.num_experts_per_tok
+    w = mlp.post_expert_proj.weight.detach().abs()
+    s = max((m.detach().abs() @ w.T).max().item() for m in
+            [sum(routing.weights[t, j].abs() * mlp.experts.expert(int(routing.indices[t, j]), h[t:t + 1])[0].abs()
+                 for j in range(2)) for t in range(flat.shape[0])])
+    torch.testing.assert_close(out.reshape(-1, 32), torch.stack(rows), rtol=0, atol=2 * fp32_sum_bound(n, s))
 
 
 # ---- initialisation --------------------------------------------------------------------------

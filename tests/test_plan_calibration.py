@@ -25,6 +25,8 @@ def fit():
 
 def test_defaults_are_the_least_squares_fit(fit):
     cal = Calibration()
+    # the defaults are the fit rounded: factors to 2 decimals (|error| <= 0.005), the buffers to
+    # 0.1 GiB (<= 0.05); the tolerances are those roundings with margin on the factors
     assert cal.activation_factor == pytest.approx(fit["activation_factor"], abs=0.01)
     assert cal.runtime_overhead_gib == pytest.approx(fit["runtime_overhead_gib"], abs=0.05)
     assert cal.compiled_activation_factor == pytest.approx(fit["compiled_activation_factor"], abs=0.01)

@@ -112,12 +112,13 @@ def _run_recipe(path: str | Path) -> dict[str, Any] | None:
     return read_recipe(run) if run.is_dir() and (run / "recipe.yaml").is_file() else None
 
 
-def diff_inputs(a: str | Path, b: str | Path) -> DiffReport:
+def diff_inputs(a: str | Path, b: str | Path, *, complete: bool = True) -> DiffReport:
     """Diff two fingerprint files or run directories; when both are run directories with a
-    recipe.yaml, their resolved recipes are compared as well."""
+    recipe.yaml, their resolved recipes are compared as well. With ``complete`` a document missing
+    a section a capture writes is refused as corrupt (exit 3) rather than reported as differences."""
     from muse_stack.fingerprint.document import load_fingerprint
 
-    doc_a, doc_b = load_fingerprint(a), load_fingerprint(b)
+    doc_a, doc_b = load_fingerprint(a, complete=complete), load_fingerprint(b, complete=complete)
     recipe_a, recipe_b = _run_recipe(a), _run_recipe(b)
     if recipe_a is not None and recipe_b is not None:
         doc_a, doc_b = {**doc_a, "recipe": recipe_a}, {**doc_b, "recipe": recipe_b}

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from muse_stack.errors import InputError
 
@@ -74,9 +73,9 @@ def read_metrics(run: Path) -> Metrics:
                 raise ValueError(f"step must be a positive integer, got {step!r}")
             loss = _number(obj.get("loss"))
             grad = _number(obj.get("grad_norm"))
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise InputError(
-                f"{file} line {lineno} is not a metrics record: {exc}",
+                f"{file} line {lineno} is not a metrics record: {str(exc)[:200]}",
                 field="metrics",
                 value=line[:120],
                 fix="each line must be a JSON object with an integer step, a loss and a grad_norm; "
@@ -96,8 +95,8 @@ def _json_file(file: Path, what: str) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{file} is not valid JSON: {exc}", field=what, value=str(file),
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"{file} is not valid JSON: {str(exc)[:200]}", field=what, value=str(file),
                          fix="the file is corrupt or truncated; " + RUN_FIX) from exc
     if not isinstance(data, dict):
         raise InputError(f"{file} is not a JSON object", field=what, value=str(file), fix=RUN_FIX)
@@ -114,10 +113,10 @@ def read_recipe(run: Path) -> dict[str, Any]:
     if not file.exists():
         raise InputError(f"{file} does not exist", field="recipe", value=str(file),
                          fix=RUN_FIX + "; or pass --recipe NAME to audit against a catalogue recipe")
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"{file} is not valid YAML: {exc}", field="recipe", value=str(file), fix=RUN_FIX) from exc
+    from muse_stack.safeio import load_yaml, read_text
+
+    data = load_yaml(read_text(file, field="recipe", what="recipe.yaml", fix=RUN_FIX), source=str(file),
+                     field="recipe", error=InputError)
     if not isinstance(data, dict):
         raise InputError(f"{file} is not a YAML mapping", field="recipe", value=str(file), fix=RUN_FIX)
     return data

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -31,6 +32,8 @@ from muse_stack.data.rows import Rows, read_parquet, rows_sha256, write_parquet
 from muse_stack.data.sources import load_source, messages_of, resolve_path
 from muse_stack.errors import InputError, RecipeError
 from muse_stack.recipes.schema import Recipe
+
+log = logging.getLogger("muse_stack.data")
 
 FORMAT_VERSION = 1
 CACHE_ENV = "MUSE_STACK_CACHE"
@@ -193,7 +196,12 @@ class BuiltData:
 
     def rows(self) -> Rows:
         if self._rows is None:
-            self._rows = read_parquet(self.parquet)
+            try:
+                self._rows = read_parquet(self.parquet)
+            except Exception as exc:  # pyarrow's errors for a truncated or foreign file have no common base
+                raise InputError(f"{self.parquet} cannot be read ({type(exc).__name__}: {str(exc)[:200]})",
+                                 field="rows.parquet", value=str(self.parquet),
+                                 fix=f"the build is corrupt; remove {self.path} and build it again") from exc
         return self._rows
 
     def batches(self, micro_batch_size: int, seed: int | None = 0, rank: int = 0, world_size: int = 1,
@@ -211,9 +219,25 @@ class BuiltData:
         if not meta_path.is_file() or not (path / "rows.parquet").is_file():
             raise InputError("not a finished data build", field="path", value=str(path),
                              fix="run `muse-stack data build RECIPE`")
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        return cls(path=path, rows_sha256=meta["rows_sha256"], num_rows=meta["stats"]["rows"], stats=meta["stats"],
-                   meta=meta)
+        from muse_stack.safeio import read_json
+
+        fix = f"the build is corrupt; remove {path} and build it again (`muse-stack data build RECIPE --force`)"
+        meta = read_json(meta_path, field="build.json", what="data build record", fix=fix)
+        stats = meta.get("stats")
+        if not (isinstance(meta.get("rows_sha256"), str) and isinstance(stats, dict)
+                and isinstance(stats.get("rows"), int) and isinstance(meta.get("parquet_sha256"), str)):
+            raise InputError(f"{meta_path} lacks rows_sha256, parquet_sha256 or stats.rows", field="build.json",
+                             value=str(meta_path), fix=fix)
+        return cls(path=path, rows_sha256=meta["rows_sha256"], num_rows=stats["rows"], stats=stats, meta=meta)
+
+    def mismatch(self) -> str | None:
+        """Why the stored rows.parquet is not the file this build recorded (its sha256), or None."""
+        digest = hashlib.sha256()
+        with open(self.parquet, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+        got, want = digest.hexdigest(), self.meta["parquet_sha256"]
+        return None if got == want else f"rows.parquet has sha256 {got[:16]}..., build.json recorded {want[:16]}..."
 
 
 def _pid_alive(pid: int) -> bool:
@@ -284,12 +308,30 @@ def build_for_recipe(recipe: Recipe, cache_dir: str | Path | None = None, progre
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     final = root / f"{plan.label}-{key[:16]}"
     if final.is_dir() and not force:
-        return BuiltData.open(final)
-    root.mkdir(parents=True, exist_ok=True)
-    _clean_stale(final)
+        # a cached build is used only when its rows.parquet is the file it recorded; a swapped,
+        # truncated or corrupt one is rebuilt, so the fingerprint carries the rows actually trained on
+        try:
+            cached = BuiltData.open(final)
+            why = cached.mismatch()
+        except (InputError, OSError) as exc:
+            why = exc.render() if isinstance(exc, InputError) else str(exc)
+        else:
+            if why is None:
+                return cached
+        log.warning("the cached data build %s does not match its record (%s); rebuilding it", final, why)
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[yellow]warning:[/] the cached data build {final} does not match its record "
+                                   f"({why}); rebuilding it", highlight=False, soft_wrap=True)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _clean_stale(final)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as exc:
+        raise InputError(f"cannot create the data cache folder: {exc.strerror or exc}", field="--cache",
+                         value=str(root), fix="give a writable --cache (or set MUSE_STACK_CACHE)") from exc
     start = time.perf_counter()
     try:
         with _progress(progress) as bar:

@@ -75,13 +75,23 @@ class ChatTokenizer:
         except Exception as exc:  # the tokenizers library raises plain Exception on a bad file
             raise InputError(f"cannot read {tok_path}: {exc}", field=field, value=str(tok_path),
                              fix="give a tokenizer.json written by the tokenizers library") from exc
-        self.template_source = tpl_path.read_text(encoding="utf-8")
+        from muse_stack.safeio import read_json, read_text
+
+        self.template_source = read_text(tpl_path, field=field, what="chat template",
+                                         fix="give a UTF-8 chat_template.jinja")
         self.tokenizer_sha256 = _sha256_file(tok_path)
         self.template_sha256 = hashlib.sha256(self.template_source.encode("utf-8")).hexdigest()
         config: dict[str, Any] = {}
         cfg_path = self.directory / "tokenizer_config.json"
         if cfg_path.is_file():
-            config = json.loads(cfg_path.read_text(encoding="utf-8"))
+            config = read_json(cfg_path, field=field, what="tokenizer_config.json",
+                               fix="restore tokenizer_config.json (a JSON object), or remove it")
+        for key in ("bos_token", "eos_token", "pad_token"):
+            tok = _token_str(config.get(key))
+            if tok is not None and not isinstance(tok, str):
+                raise InputError(f"tokenizer_config.json: {key} is a {type(tok).__name__}, not a token string",
+                                 field=f"tokenizer_config.json {key}", value=tok,
+                                 fix='write the token as a string, e.g. "<|eos|>"')
         self.bos_token = _token_str(config.get("bos_token")) or self._find_special(("<|bos|>", "<s>", "<|begin_of_text|>"))
         self.eos_token = _token_str(config.get("eos_token")) or self._find_special(("<|eos|>", "</s>", "<|end_of_text|>"))
         self.pad_token = _token_str(config.get("pad_token")) or self._find_special(("<|pad|>", "<pad>"))
@@ -136,14 +146,33 @@ class ChatTokenizer:
             raise InputError(f"chat_template.jinja does not compile: {exc}", field="data.tokenizer",
                              value=str(self.directory), fix="fix the template syntax") from exc
 
+    @cached_property
+    def _resolved_kwargs(self) -> dict[str, Any]:
+        """The template kwargs with each ${env:NAME} reference read from the environment now; the
+        references, never the values, are what the cache key and build.json record."""
+        import os
+
+        from muse_stack.recipes.schema import ENV_REFERENCE
+
+        out = {}
+        for key, value in self.template_kwargs.items():
+            ref = ENV_REFERENCE.fullmatch(value) if isinstance(value, str) else None
+            if ref:
+                if ref.group(1) not in os.environ:
+                    raise InputError(f"the environment has no {ref.group(1)}", field=f"data.template_kwargs.{key}",
+                                     value=value, fix=f"export {ref.group(1)} before the run")
+                value = os.environ[ref.group(1)]
+            out[key] = value
+        return out
+
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
         from jinja2 import TemplateError
 
         try:
             return self._template.render(
                 messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos_token or "",
-                eos_token=self.eos_token, pad_token=self.pad_token or "", **self.template_kwargs)
-        except TemplateError as exc:
+                eos_token=self.eos_token, pad_token=self.pad_token or "", **self._resolved_kwargs)
+        except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"the chat template failed on a conversation: {exc}", field="data.tokenizer",
                              value=str(self.directory),
                              fix="check the conversation's roles and the template's rules") from exc

@@ -41,7 +41,7 @@ def build_cmd(
     built = build_for_recipe(recipe, cache_dir=cache, progress=not as_json, force=force)
     if out is not None:
         for fname in ("rows.parquet", "build.json"):
-            write_bytes(out / fname, (built.path / fname).read_bytes())
+            write_bytes(out / fname, (built.path / fname).read_bytes(), field="--out")
     summary = {"recipe": recipe.name, "path": str(built.path), "rows_sha256": built.rows_sha256,
                "rows": built.num_rows, "stats": built.stats}
     if out is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,21 +64,38 @@ def _slice(n: int, split: str | None) -> tuple[int, int]:
 def _read_file(path: Path) -> list[dict[str, Any]]:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
+        from muse_stack.safeio import load_json
+
         out = []
-        with path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{path}:{lineno} is not valid JSON: {exc}", field="data.files", value=str(path),
-                                     fix="write one JSON object per line") from exc
+        fix = "write one JSON object per line (a conversation with its messages), UTF-8"
+        try:  # streamed line by line: a dataset file may be far larger than memory wants to hold twice
+            with path.open("rb") as fh:
+                for lineno, raw in enumerate(fh, 1):
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise InputError(f"{path}:{lineno} is not UTF-8 text", field="data.files", value=str(path),
+                                         fix=fix) from exc
+                    if line.strip():
+                        out.append(load_json(line, source=f"{path}:{lineno}", field="data.files", fix=fix))
+        except OSError as exc:
+            raise InputError(f"cannot read {path}: {exc.strerror or exc}", field="data.files", value=str(path),
+                             fix=fix) from exc
         return out
     if suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            raise InputError(f"{path} is not a readable parquet file ({str(exc)[:200]})", field="data.files",
+                             value=str(path), fix="give an intact parquet file (re-export it)") from exc
+        bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+        if bad is not None:
+            raise InputError(f"{path}: row {bad} is not a record", field="data.files", value=str(path),
+                             fix="give a table with the dataset's columns")
+        return rows
     raise InputError("unsupported file type", field="data.files", value=str(path), fix="give .parquet or .jsonl files")
 
 

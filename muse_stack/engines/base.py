@@ -50,3 +50,28 @@ class Engine(Protocol):
     def load(self, directory: Path) -> int: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+
+def checkpoint_step(directory: Path, total_steps: int) -> int:
+    """The step a run checkpoint was saved after, from its trainer_state.json; a missing, truncated
+    or out-of-range state is an InputError, never a traceback or a loop over a bogus count."""
+    from muse_stack.errors import InputError
+    from muse_stack.safeio import read_json
+
+    fix = "the checkpoint is truncated or corrupt; start a new run (the run directory keeps its metrics)"
+    state = read_json(Path(directory) / "trainer_state.json", field="--resume", what="trainer state", fix=fix)
+    step = state.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= total_steps:
+        raise InputError(f"trainer_state.json holds step {step!r}, not a step of this run (0-{total_steps})",
+                         field="--resume", value=str(directory), fix=fix)
+    return step
+
+
+def corrupt_checkpoint(directory: Path, what: str, exc: BaseException):
+    """The InputError for a checkpoint file that cannot be loaded."""
+    from muse_stack.errors import InputError
+    from muse_stack.safeio import short_repr
+
+    return InputError(f"the checkpoint's {what} cannot be loaded ({type(exc).__name__}: {short_repr(str(exc))})",
+                      field="--resume", value=str(directory),
+                      fix="the checkpoint is truncated or corrupt; start a new run (the run directory keeps its metrics)")

@@ -97,10 +97,14 @@ class MegatronEngine:
         if opt.name == "sgd":
             raise RecipeError("the megatron engine trains with Adam(W)", field="optimizer.name", value=opt.name,
                               fix="use adam, or the reference engine for SGD")
+        from muse_stack.engines.support import require_stated
+
+        require_stated(recipe)  # the values below are the recipe's; none is filled in here
+        # min_lr is stated whenever the schedule decays; a constant schedule never reaches it
         self.opt_config = OptimizerConfig(
-            optimizer="adam", lr=opt.lr or 0.0, min_lr=opt.min_lr or 0.0, weight_decay=opt.weight_decay or 0.0,
-            adam_beta1=opt.beta1 or 0.9, adam_beta2=opt.beta2 or 0.999, adam_eps=opt.eps or 1e-8,
-            clip_grad=opt.clip_grad or 0.0, bf16=recipe.precision == "bf16", params_dtype=self.config.params_dtype,
+            optimizer="adam", lr=opt.lr, min_lr=opt.min_lr if opt.min_lr is not None else opt.lr,
+            weight_decay=opt.weight_decay, adam_beta1=opt.beta1, adam_beta2=opt.beta2, adam_eps=opt.eps,
+            clip_grad=opt.clip_grad, bf16=recipe.precision == "bf16", params_dtype=self.config.params_dtype,
             use_distributed_optimizer=dist_opt)
         self.optimizer = get_megatron_optimizer(self.opt_config, [self.model])
         if dist_opt:  # fp32 gains next to bf16 weights: see optimizer_order
@@ -303,11 +307,18 @@ class MegatronEngine:
         # is_loading: the optimizer lays out (empty) Adam state to load into before its first step.
         # No autograd: the fp32 parameters' optimizer shards are views of the parameters themselves,
         # and the load copies into them in place.
+        from muse_stack.engines.base import corrupt_checkpoint
+
         with torch.no_grad():
-            state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(directory))
-            self.model.module.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        step = json.loads((Path(directory) / "trainer_state.json").read_text())["step"]
+            try:
+                state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(directory))
+                self.model.module.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
+            except Exception as exc:  # megatron-core's checkpoint errors have no common base class
+                raise corrupt_checkpoint(Path(directory), "dist-checkpoint", exc) from exc
+        from muse_stack.engines.base import checkpoint_step
+
+        step = checkpoint_step(Path(directory), self.ctx.total_steps)
         for _ in range(step * self.micro_batches):
             next(self._batches)
         return step

@@ -79,13 +79,15 @@ class ReferenceEngine:
         if ctx.world_size > 1:
             self.ddp = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[ctx.local_rank] if cuda else None)
+        from muse_stack.engines.support import require_stated
+
+        require_stated(recipe)  # the values below are the recipe's; none is filled in here
         opt = recipe.optimizer
         if opt.name == "sgd":
-            self.optimizer = torch.optim.SGD(_param_groups(self.model, opt.weight_decay or 0.0), lr=opt.lr or 0.0)
+            self.optimizer = torch.optim.SGD(_param_groups(self.model, opt.weight_decay), lr=opt.lr)
         else:
-            self.optimizer = torch.optim.AdamW(
-                _param_groups(self.model, opt.weight_decay or 0.0), lr=opt.lr or 0.0,
-                betas=(opt.beta1 or 0.9, opt.beta2 or 0.999), eps=opt.eps or 1e-8)
+            self.optimizer = torch.optim.AdamW(_param_groups(self.model, opt.weight_decay), lr=opt.lr,
+                                               betas=(opt.beta1, opt.beta2), eps=opt.eps)
         batch = recipe.batch
         if not batch.mbs or not batch.gbs:
             raise RecipeError("the reference engine needs the micro- and global batch sizes",
@@ -185,11 +187,18 @@ class ReferenceEngine:
     def load(self, directory: Path) -> int:
         from muse_stack.model import load_weights_into
 
+        from muse_stack.engines.base import checkpoint_step, corrupt_checkpoint
+
+        step = checkpoint_step(directory, self.ctx.total_steps)
         load_weights_into(self.model, directory)
-        state = torch.load(directory / "optimizer.pt", map_location=self.device, weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        step = json.loads((directory / "trainer_state.json").read_text())["step"]
+        try:  # weights_only: a checkpoint is data, never code to unpickle
+            state = torch.load(directory / "optimizer.pt", map_location=self.device, weights_only=True)
+            self.optimizer.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["rng"])
+        except (OSError, EOFError, RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
+            raise corrupt_checkpoint(directory, "optimizer state (optimizer.pt)", exc) from exc
+        except Exception as exc:  # pickle.UnpicklingError and the zip reader's own errors
+            raise corrupt_checkpoint(directory, "optimizer state (optimizer.pt)", exc) from exc
         # the data order is deterministic: skip the micro-batches the finished steps consumed
         for _ in range(step * self.micro_batches):
             next(self._batches)

@@ -34,11 +34,19 @@ def register(app: typer.Typer) -> None:
         from muse_stack import atomic
         from muse_stack.fingerprint.capture import capture
 
+        import re
+
+        from muse_stack.errors import UsageError
+
+        for flag, digest in (("--recipe-sha256", recipe_sha256), ("--rows-sha256", rows_sha256)):
+            if digest is not None and not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise UsageError("not a sha256 digest", field=flag, value=digest,
+                                 fix="give 64 lower-case hex digits, as `sha256sum` prints them")
         doc = capture(recipe_sha256=recipe_sha256, rows_sha256=rows_sha256)
         if output is None:
             typer.echo(_dump(doc))
             return
-        atomic.write_json(output, doc)
+        atomic.write_json(output, doc, field="--output")
         from muse_stack.compare.report import render_fingerprint_summary
 
         render_fingerprint_summary(doc, Console(), written=str(output))

@@ -24,29 +24,37 @@ def resolve(path: str | Path) -> Path:
     return p
 
 
-def load_fingerprint(path: str | Path) -> dict[str, Any]:
+#: the sections every captured fingerprint holds, each a JSON object
+SECTIONS = ("capture", "process", "identity", "host", "gpu", "cuda_libraries", "frameworks", "network", "python",
+            "environment", "run_inputs")
+#: further sections some fingerprints hold (run extras, the rank agreement of multi-process runs)
+OPTIONAL_SECTIONS = ("extra", "ranks")
+
+
+def load_fingerprint(path: str | Path, *, complete: bool = False) -> dict[str, Any]:
+    """Read and check a fingerprint. ``complete`` (what ``diff`` needs) also requires every
+    section a capture writes: a document missing one is corrupt, not a stack that differs."""
+    from muse_stack.safeio import read_text
+
     file = resolve(path)
     if not file.exists():
         where = f"run directory {path} has no fingerprint.json" if Path(path).is_dir() else f"{file} does not exist"
         raise InputError(where, field="fingerprint", value=str(file), fix=FIX)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{file} is unreadable: {exc}", field="fingerprint", value=str(file), fix=FIX) from exc
+    text = read_text(file, field="fingerprint", what="fingerprint JSON file", fix=FIX)
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise InputError(
-            f"{file} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
+            f"{file} is not valid JSON ({exc})",
             field="fingerprint",
             value=str(file),
             fix=f"the file is corrupt or truncated; capture it again: {FIX}",
         ) from exc
-    validate(doc, file)
+    validate(doc, file, complete=complete)
     return doc
 
 
-def validate(doc: Any, file: str | Path) -> None:
+def validate(doc: Any, file: str | Path, *, complete: bool = False) -> None:
     if not isinstance(doc, dict):
         raise InputError(
             f"{file} holds a JSON {type(doc).__name__}, not a fingerprint object", field="fingerprint", value=str(file), fix=FIX
@@ -67,3 +75,15 @@ def validate(doc: Any, file: str | Path) -> None:
     if version < 1:
         raise InputError(f"{file}: schema_version {version} is not a valid version", field="schema_version",
                          value=version, fix=FIX)
+    if complete and doc.get("kind") != KIND:
+        raise InputError(f"{file}: kind is not {KIND!r}: not a muse-stack fingerprint", field="kind",
+                         value=doc.get("kind"), fix=FIX)
+    for name in SECTIONS + OPTIONAL_SECTIONS:
+        if name not in doc:
+            if complete and name in SECTIONS:
+                raise InputError(f"{file} has no {name} section: the document is truncated or not a capture",
+                                 field=name, value=None, fix=f"the file is corrupt; capture it again: {FIX}")
+            continue
+        if not isinstance(doc[name], dict):
+            raise InputError(f"{file}: the {name} section must be a JSON object, not a {type(doc[name]).__name__}",
+                             field=name, value=doc[name], fix=f"the file is corrupt; capture it again: {FIX}")

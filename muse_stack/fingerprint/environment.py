@@ -60,7 +60,7 @@ SECRET_NAME = re.compile(
 NOT_SECRET = frozenset({"TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_IMPLICIT_TOKEN"})
 URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s:]+(:[^/@\s]*)?@")
 REDACTED = "<redacted>"
-MIN_SECRET_LEN = 4
+MIN_SECRET_LEN = 8
 
 
 def is_secret_name(name: str) -> bool:
@@ -84,15 +84,27 @@ def collect(env: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 def secret_values(env: Mapping[str, str] | None = None) -> list[str]:
+    """Values of secret-named variables to keep out of the document. A value that is a plain word
+    (letters only, e.g. MY_AUTH_MODE=torch) or shorter than MIN_SECRET_LEN is not a credential
+    and is not searched for: replacing it would rewrite unrelated text (the word "torch" in every
+    framework field) and make identical stacks differ."""
     env = os.environ if env is None else env
-    values = {v for k, v in env.items() if is_secret_name(k) and len(v) >= MIN_SECRET_LEN}
+    values = {v for k, v in env.items()
+              if is_secret_name(k) and len(v) >= MIN_SECRET_LEN and not v.isalpha()}
     return sorted(values, key=len, reverse=True)
 
 
+# characters that may continue a token: a secret is matched only where it stands whole
+_TOKEN_CHAR = r"[A-Za-z0-9_]"
+
+
 def scrub_text(text: str, secrets: list[str]) -> str:
+    """``text`` with every secret value replaced where it stands as a whole value or token (the
+    whole string, or bounded by characters that cannot continue a token: spaces, quotes, '=', ':',
+    '@', ...), never inside a longer word; then URL credentials."""
     for value in secrets:
         if value in text:
-            text = text.replace(value, REDACTED)
+            text = re.sub(rf"(?<!{_TOKEN_CHAR}){re.escape(value)}(?!{_TOKEN_CHAR})", REDACTED, text)
     return URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
 
 

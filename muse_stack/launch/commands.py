@@ -35,6 +35,8 @@ def register(app: typer.Typer) -> None:
         namespace: Optional[str] = typer.Option(None, "--namespace", help="Kubernetes namespace"),
         claim: str = typer.Option("muse-stack-shared", "--volume-claim",
                                   help="Kubernetes ReadWriteMany claim holding data/, checkpoints/, runs/"),
+        env_secret: str = typer.Option("muse-stack-env", "--env-secret",
+                                       help="Kubernetes secret holding the values of the recipe's ${env:NAME} references"),
         submit: bool = typer.Option(False, "--submit", help="submit the script with sbatch and print the job id"),
         output: Optional[Path] = typer.Option(None, "-o", "--output", help="write to this file (default: stdout)"),
     ) -> None:
@@ -60,9 +62,9 @@ def register(app: typer.Typer) -> None:
                                     python=sys.executable, time_limit=time_limit, partition=partition,
                                     account=account)
         else:
-            text = k8s_mod.render(spec, namespace=namespace, claim=claim)
+            text = k8s_mod.render(spec, namespace=namespace, claim=claim, secret=env_secret)
         if output is not None:
-            atomic.write_text(output, text)
+            atomic.write_text(output, text, field="--output")
             if output.suffix in ("", ".sh", ".sbatch"):
                 output.chmod(0o755)
             console.print(f"wrote {output}: {spec.nodes} node{'s' if spec.nodes > 1 else ''} x {spec.per_node} "

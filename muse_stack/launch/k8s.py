@@ -18,24 +18,34 @@ from typing import Any
 import yaml
 
 from muse_stack.errors import InputError
+from muse_stack.launch import quoting
 from muse_stack.launch.spec import (CHECKPOINT_MOUNT, CONTAINER_ENV, DATA_MOUNT, RDZV_PORT, RUNS_MOUNT,
                                     STOP_SIGNAL_SECONDS, LaunchSpec)
+from muse_stack.recipes.schema import ENV_REFERENCE
 
 HEAD_LABEL = "muse-stack.dev/rendezvous-head"
+#: the Kubernetes secret whose keys a recipe's ${env:NAME} references name (--env-secret)
+ENV_SECRET = "muse-stack-env"
 
 
 def _k8s_value(value: str) -> str:
     """Shell-style $VAR / ${VAR} references as Kubernetes' $(VAR) dependent variables."""
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: f"$({m.group(1) or m.group(2)})", value)
+    return re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)", lambda m: f"$({m.group(1) or m.group(2)})", value)
 
 
-def _env(spec: LaunchSpec, run_name: str) -> list[dict[str, str]]:
-    env = [{"name": k, "value": v} for k, v in CONTAINER_ENV.items()]
+def _env(spec: LaunchSpec, run_name: str, secret: str) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in CONTAINER_ENV.items()]
     env.append({"name": "MUSE_STACK_RUN_DIR", "value": f"{RUNS_MOUNT}/{run_name}"})
-    if spec.image and "@sha256:" in spec.image:
-        env.append({"name": "MUSE_STACK_IMAGE_DIGEST", "value": spec.image.split("@", 1)[1]})
+    digest = spec.image.split("@", 1)[1] if spec.image and "@" in spec.image else None
+    if digest and quoting.DIGEST.fullmatch(digest):
+        env.append({"name": "MUSE_STACK_IMAGE_DIGEST", "value": digest})
     for k, v in spec.env.items():
-        env.append({"name": k, "value": _k8s_value(v)})
+        quoting.env_name(k, f"env.{k}")
+        ref = ENV_REFERENCE.fullmatch(v)
+        if ref:  # ${env:NAME}: a key of the Kubernetes secret, never a value in the manifest
+            env.append({"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": ref.group(1)}}})
+        else:
+            env.append({"name": k, "value": _k8s_value(v)})
     return env
 
 
@@ -55,7 +65,8 @@ def _command(spec: LaunchSpec, service: str, job: str) -> list[str]:
     return ["/bin/sh", "-c", script]
 
 
-def _pod(spec: LaunchSpec, service: str, job: str, run_name: str, claim: str, head: bool) -> dict[str, Any]:
+def _pod(spec: LaunchSpec, service: str, job: str, run_name: str, claim: str, head: bool,
+         secret: str) -> dict[str, Any]:
     resources = {"nvidia.com/gpu": str(spec.per_node)}
     if spec.env and spec.target.efa_devices:
         resources["vpc.amazonaws.com/efa"] = str(spec.target.efa_devices)
@@ -71,7 +82,7 @@ def _pod(spec: LaunchSpec, service: str, job: str, run_name: str, claim: str, he
                 "image": spec.image,
                 "imagePullPolicy": "IfNotPresent",
                 "command": _command(spec, service, job),
-                "env": _env(spec, run_name),
+                "env": _env(spec, run_name, secret),
                 "ports": [{"name": "c10d", "containerPort": RDZV_PORT, "protocol": "TCP"}],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
                 "volumeMounts": [
@@ -89,8 +100,16 @@ def _pod(spec: LaunchSpec, service: str, job: str, run_name: str, claim: str, he
     }
 
 
-def manifests(spec: LaunchSpec, *, namespace: str | None = None, claim: str = "muse-stack-shared") -> list[dict]:
-    """The headless rendezvous service and the PyTorchJob, as plain dicts."""
+def manifests(spec: LaunchSpec, *, namespace: str | None = None, claim: str = "muse-stack-shared",
+              secret: str = ENV_SECRET) -> list[dict]:
+    """The headless rendezvous service and the PyTorchJob, as plain dicts (serialised by YAML's own
+    dumper, never pasted as text)."""
+    quoting.check(namespace, quoting.DNS_LABEL, "--namespace", "a DNS-1123 label: a-z, 0-9 and '-', at most 63",
+                  "give an existing namespace's name")
+    quoting.check(claim, quoting.DNS_SUBDOMAIN, "--volume-claim", "a DNS-1123 subdomain: a-z, 0-9, '-' and '.'",
+                  "give the ReadWriteMany claim's name")
+    quoting.check(secret, quoting.DNS_SUBDOMAIN, "--env-secret", "a DNS-1123 subdomain: a-z, 0-9, '-' and '.'",
+                  "give the name of the Kubernetes secret holding the ${env:NAME} values")
     if not spec.target.container:
         raise InputError("Kubernetes launches run the GPU images; CPU recipes run on Slurm or locally",
                          field="hardware.gpu", value=spec.recipe.hardware.gpu,
@@ -113,11 +132,11 @@ def manifests(spec: LaunchSpec, *, namespace: str | None = None, claim: str = "m
     }
     replicas: dict[str, Any] = {
         "Master": {"replicas": 1, "restartPolicy": "OnFailure",
-                   "template": _pod(spec, service, job, run_name, claim, head=True)},
+                   "template": _pod(spec, service, job, run_name, claim, head=True, secret=secret)},
     }
     if spec.nodes > 1:
         replicas["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": "OnFailure",
-                              "template": _pod(spec, service, job, run_name, claim, head=False)}
+                              "template": _pod(spec, service, job, run_name, claim, head=False, secret=secret)}
     pytorchjob = {
         "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
         "metadata": {"name": job, **meta},
@@ -201,11 +220,13 @@ def validate(docs: list[dict]) -> None:
                              fix="correct the field's name or type")
 
 
-def render(spec: LaunchSpec, *, namespace: str | None = None, claim: str = "muse-stack-shared") -> str:
-    docs = manifests(spec, namespace=namespace, claim=claim)
+def render(spec: LaunchSpec, *, namespace: str | None = None, claim: str = "muse-stack-shared",
+           secret: str = ENV_SECRET) -> str:
+    docs = manifests(spec, namespace=namespace, claim=claim, secret=secret)
     validate(docs)
-    header = (f"# muse-stack launch {spec.recipe.name} --k8s: {spec.nodes} node{'s' if spec.nodes > 1 else ''} x "
-              f"{spec.per_node} GPUs = {spec.world_size} GPUs\n# Network: {spec.network}\n"
+    c = quoting.comment
+    header = (f"# muse-stack launch {c(spec.recipe.name)} --k8s: {spec.nodes} node{'s' if spec.nodes > 1 else ''} x "
+              f"{spec.per_node} GPUs = {spec.world_size} GPUs\n# Network: {c(spec.network)}\n"
               f"# Needs the Kubeflow training operator (PyTorchJob), the NVIDIA and EFA device plugins, and a\n"
               f"# ReadWriteMany volume claim {claim!r} (subfolders data/, checkpoints/, runs/). Apply with kubectl apply -f.\n")
     return header + yaml.safe_dump_all(docs, sort_keys=False, width=120, default_flow_style=False)

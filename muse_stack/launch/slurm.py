@@ -3,20 +3,20 @@ recipes one srun task per process without containers, so it runs on a plain Slur
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 from pathlib import Path
 
 import jinja2
 
 from muse_stack.errors import InputError
+from muse_stack.launch import quoting
 from muse_stack.launch.spec import (CHECKPOINT_MOUNT, CONTAINER_ENV, DATA_MOUNT, RDZV_PORT, RUNS_MOUNT,
                                     STOP_SIGNAL_SECONDS, LaunchSpec)
 
 _TEMPLATE = r"""#!/bin/bash
-# muse-stack launch {{ s.recipe.name }} --slurm: {{ s.nodes }} node{{ 's' if s.nodes > 1 }} x {{ s.per_node }} {{ unit }} = {{ s.world_size }} {{ unit_total }}
-# {{ s.recipe.description | replace('\n', ' ') }}
-# Network: {{ s.network }}
+# muse-stack launch {{ s.recipe.name | comment }} --slurm: {{ s.nodes }} node{{ 's' if s.nodes > 1 }} x {{ s.per_node }} {{ unit }} = {{ s.world_size }} {{ unit_total }}
+# {{ s.recipe.description | comment }}
+# Network: {{ s.network | comment }}
 # Submit with `sbatch THIS_FILE`. Host folders (shared by every node): MUSE_STACK_RUNS, MUSE_STACK_DATA{% if s.target.container %}, MUSE_STACK_CHECKPOINTS{% endif %}.
 #SBATCH --job-name={{ s.job_name }}
 #SBATCH --nodes={{ s.nodes }}
@@ -34,11 +34,12 @@ _TEMPLATE = r"""#!/bin/bash
 {% endfor %}
 set -eo pipefail
 
-RUNS_DIR="${MUSE_STACK_RUNS:-{{ runs_dir }}}"
-RUN_NAME="${MUSE_STACK_RUN_NAME:-{{ run_name }}}"
+# every value below is one shell word, quoted when rendered; the MUSE_STACK_* variables override them
+RUNS_DIR={{ runs_dir }}; RUNS_DIR="${MUSE_STACK_RUNS:-$RUNS_DIR}"
+RUN_NAME={{ run_name }}; RUN_NAME="${MUSE_STACK_RUN_NAME:-$RUN_NAME}"
 {% if s.target.container %}
-DATA_DIR="${MUSE_STACK_DATA:-{{ data_dir }}}"
-CHECKPOINT_DIR="${MUSE_STACK_CHECKPOINTS:-{{ checkpoint_dir }}}"
+DATA_DIR={{ data_dir }}; DATA_DIR="${MUSE_STACK_DATA:-$DATA_DIR}"
+CHECKPOINT_DIR={{ checkpoint_dir }}; CHECKPOINT_DIR="${MUSE_STACK_CHECKPOINTS:-$CHECKPOINT_DIR}"
 mkdir -p "$RUNS_DIR" "$DATA_DIR" "$CHECKPOINT_DIR"
 {% else %}
 mkdir -p "$RUNS_DIR"
@@ -56,16 +57,16 @@ export MASTER_PORT="${MUSE_STACK_RDZV_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"
 {% if s.target.container %}
 # paths inside the image
 {% for k, v in container_env.items() %}
-export {{ k }}="{{ v }}"
+export {{ k }}={{ v | q }}
 {% endfor %}
 {% if digest %}
-export MUSE_STACK_IMAGE_DIGEST="{{ digest }}"
+export MUSE_STACK_IMAGE_DIGEST={{ digest | q }}
 {% endif %}
 {% endif %}
 {% if s.env %}
 # network settings of the target, then the recipe's environment
 {% for k, v in s.env.items() %}
-export {{ k }}="{{ v | dq }}"
+export {{ k }}={{ v | envq }}
 {% endfor %}
 {% endif %}
 
@@ -79,7 +80,7 @@ echo "run directory: $RUNS_DIR/$RUN_NAME"
 
 {% if s.target.container %}
 srun --kill-on-bad-exit=1 --ntasks-per-node=1 \
-  --container-image="{{ s.image }}" \
+  --container-image={{ s.image | q }} \
   --container-mounts="$DATA_DIR:{{ data_mount }},$CHECKPOINT_DIR:{{ checkpoint_mount }},$RUNS_DIR:{{ runs_mount }}" \
   --no-container-mount-home \
 {% if s.library_path %}
@@ -91,7 +92,7 @@ srun --kill-on-bad-exit=1 --ntasks-per-node=1 \
     --rdzv-backend=c10d --rdzv-endpoint="$HEAD_NODE:$RDZV_PORT" --rdzv-id="$SLURM_JOB_ID" \
     --module muse_stack.cli run "${RUN_ARGS[@]}" --no-progress &
 {% else %}
-PYTHON="${MUSE_STACK_PYTHON:-{{ python }}}"
+PYTHON={{ python | q }}; PYTHON="${MUSE_STACK_PYTHON:-$PYTHON}"
 srun --kill-on-bad-exit=1 --ntasks-per-node={{ s.per_node }} \
   "$PYTHON" -m muse_stack.cli run "${RUN_ARGS[@]}" --no-progress &
 {% endif %}
@@ -111,15 +112,12 @@ exit $rc
 """
 
 
-def _dq(value: str) -> str:
-    """Escape for a double-quoted bash string; $VAR references still expand, as the recipe means them."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
-
-
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined, autoescape=False)
-    env.filters["dq"] = _dq
+    env.filters["q"] = quoting.word  # one literal shell word
+    env.filters["envq"] = quoting.env_word  # one shell word; $NAME, ${NAME}, ${env:NAME} expand
+    env.filters["comment"] = quoting.comment
     return env
 
 
@@ -128,9 +126,19 @@ def render(spec: LaunchSpec, *, runs_dir: str | None = None, data_dir: str | Non
            partition: str | None = None, account: str | None = None) -> str:
     """The sbatch script. Folder defaults resolve at job time under the submit directory."""
     container = spec.target.container
+    rule = "letters, digits and . _ : , + - (Slurm reads #SBATCH lines itself; they cannot be quoted)"
+    quoting.check(time_limit, quoting.SLURM_VALUE, "--time", rule, "give e.g. --time 04:00:00 or 1-00:00:00")
+    quoting.check(partition, quoting.SLURM_VALUE, "--partition", rule, "give the partition's name, e.g. gpu")
+    quoting.check(account, quoting.SLURM_VALUE, "--account", rule, "give the account's name")
+    for field, value in (("--runs-dir", runs_dir), ("--data-dir", data_dir), ("--checkpoint-dir", checkpoint_dir),
+                         ("python", python)):
+        quoting.check_path(value, field)
+    for key in spec.env:
+        quoting.env_name(key, f"env.{key}")
     extra = [f"--time={time_limit}" if time_limit else None, f"--partition={partition}" if partition else None,
              f"--account={account}" if account else None]
     image = spec.image or ""
+    digest = image.split("@", 1)[1] if "@" in image else None
     return _env().from_string(_TEMPLATE).render(
         s=spec,
         unit="GPUs" if container else "processes",
@@ -138,15 +146,15 @@ def render(spec: LaunchSpec, *, runs_dir: str | None = None, data_dir: str | Non
         tasks_per_node=1 if container else spec.per_node,
         signal_s=STOP_SIGNAL_SECONDS,
         extra_sbatch=[e for e in extra if e],
-        runs_dir=runs_dir or "$SLURM_SUBMIT_DIR/runs",
-        data_dir=data_dir or "$SLURM_SUBMIT_DIR/data",
-        checkpoint_dir=checkpoint_dir or "$SLURM_SUBMIT_DIR/checkpoints",
-        run_name=spec.run_name or f"{spec.recipe.name}-$SLURM_JOB_ID",
+        runs_dir=quoting.word(runs_dir) if runs_dir else '"$SLURM_SUBMIT_DIR"/runs',
+        data_dir=quoting.word(data_dir) if data_dir else '"$SLURM_SUBMIT_DIR"/data',
+        checkpoint_dir=quoting.word(checkpoint_dir) if checkpoint_dir else '"$SLURM_SUBMIT_DIR"/checkpoints',
+        run_name=quoting.word(spec.run_name) if spec.run_name else quoting.word(spec.recipe.name) + '-"$SLURM_JOB_ID"',
         rdzv_port=RDZV_PORT,
         container_env=CONTAINER_ENV,
-        digest=image.split("@", 1)[1] if "@sha256:" in image else None,
+        digest=digest if digest and quoting.DIGEST.fullmatch(digest) else None,
         run_root=RUNS_MOUNT if container else "$RUNS_DIR",
-        run_args=" ".join(shlex.quote(a) for a in spec.run_command_args()),
+        run_args=" ".join(quoting.word(a) for a in spec.run_command_args()),
         data_mount=DATA_MOUNT, checkpoint_mount=CHECKPOINT_MOUNT, runs_mount=RUNS_MOUNT,
         python=python,
     )

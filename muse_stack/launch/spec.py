@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from muse_stack.errors import InputError, LayoutError
+from muse_stack.errors import InputError, LayoutError, UsageError
 from muse_stack.launch.targets import EFA_LIBRARY_PATH, Target, target_for
 from muse_stack.recipes.schema import Recipe
 
@@ -92,10 +92,24 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
     from muse_stack.run.pipeline import prepare
 
     overrides = list(overrides or [])
-    if nodes is not None and nodes < 1:
-        raise InputError("the node count must be positive", field="--nodes", value=nodes, fix="give --nodes 1 or more")
-    if gpus is not None and gpus < 1:
-        raise InputError("the GPU count must be positive", field="--gpus", value=gpus, fix="give --gpus 1 or more")
+    from muse_stack.recipes.schema import MAX_GPUS
+
+    if nodes is not None and not 1 <= nodes <= MAX_GPUS:
+        raise UsageError("the node count is out of range", field="--nodes", value=nodes, rule=f"1 to {MAX_GPUS:,}",
+                         fix="give --nodes 1 or more")
+    if gpus is not None and not 1 <= gpus <= MAX_GPUS:
+        raise UsageError("the GPU count is out of range", field="--gpus", value=gpus, rule=f"1 to {MAX_GPUS:,}",
+                         fix="give --gpus 1 or more")
+    from muse_stack.launch import quoting
+
+    quoting.check(image, quoting.IMAGE, "--image", "an image reference: letters, digits and . _ / : @ # + = -",
+                  "give e.g. registry.example.com/muse-stack:gb200-0.1.0@sha256:<digest> or /fsx/images/x.sqsh")
+    from muse_stack.safeio import URL_CREDENTIALS
+
+    if image is not None and URL_CREDENTIALS.search(image):
+        raise UsageError("the image reference holds credentials; launch files are shared", field="--image",
+                         value="<redacted>", fix="log in to the registry instead (enroot credentials, docker login, "
+                                               "an image pull secret)")
     first = load_recipe(name, overrides)
     target = target_for(first.hardware.gpu)
     count, per_node = _layout(first, target, nodes, gpus)

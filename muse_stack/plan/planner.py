@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from muse_stack.engines.support import unstated_training_values
 from muse_stack.errors import LayoutError
 from muse_stack.hardware import gpu_spec
 from muse_stack.plan.layout import data_parallel, expert_data_parallel, pack_alignment, stage_layers
@@ -43,6 +44,7 @@ class Plan(BaseModel):
     calibration: Calibration
     unchecked: list[str]
     assumptions: list[str]
+    unstated_training: list[str] = []  # optimizer values run and launch refuse until the recipe states them
     active_params: int
     total_params: int
 
@@ -54,9 +56,14 @@ def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration 
               strict: bool = True) -> tuple[Plan, RuleReport]:
     """Validate and plan. With ``strict`` a broken layout raises the first :class:`LayoutError`
     (all of them are in its message)."""
+    from muse_stack.recipes.schema import MAX_GPUS
+
+    if gpus is not None and not (isinstance(gpus, int) and 1 <= gpus <= MAX_GPUS):
+        raise LayoutError("the GPU count is out of range", field="--gpus", value=gpus, rule=f"1 <= GPUs <= {MAX_GPUS:,}",
+                          fix="give --gpus 1 or more (or leave it out to plan for the recipe's hardware.count)")
     model = recipe.model_config_resolved()
     cal = calibration or Calibration()
-    world = gpus or recipe.hardware.count
+    world = gpus if gpus is not None else recipe.hardware.count
     report = check(recipe, model, world)
     if strict and report.errors:
         first = report.errors[0]
@@ -101,6 +108,7 @@ def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration 
         pack_alignment=pack_alignment(lay), memory=memory, peak_stage=peak_stage, peak_memory_gib=peak,
         gpu_memory_gib=gpu_mem, fits=(peak <= gpu_mem * (1 - cal.headroom_fraction)) if peak is not None and gpu_mem else None,
         calibration=cal, unchecked=report.unchecked, assumptions=assumptions,
+        unstated_training=unstated_training_values(recipe),
         active_params=model.active_params, total_params=model.total_params,
     )
     return plan, report

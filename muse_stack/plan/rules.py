@@ -27,7 +27,14 @@ class RuleReport:
 
 
 def _divisors_hint(n: int, limit: int = 8) -> str:
-    divs = [d for d in range(1, n + 1) if n % d == 0]
+    """The smallest ``limit`` divisors of ``n``; pairs up to sqrt(n), so it stays fast for any bounded size."""
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+    divs = small + large[::-1]
     return ", ".join(str(d) for d in divs[:limit]) + (" ..." if len(divs) > limit else "")
 
 
@@ -138,14 +145,21 @@ def check(recipe: Recipe, model: ModelConfig, world: int) -> RuleReport:
                                      f"divisible by CP (Transformer Engine, cp_comm_type a2a)",
                                 fix=f"use a CP that divides {kv_local}, or a smaller TP"))
         align = pack_alignment(lay)
-        if batch.seq_length is not None and batch.seq_length % align:
-            err(LayoutError("the sequence length does not divide into the context-parallel chunks",
-                            field="batch.seq_length", value=batch.seq_length,
-                            rule=f"sequence divisible by lcm(2 x CP, TP x CP with sequence parallel) = {align}",
-                            fix=f"use a multiple of {align}"))
         if batch.pack_alignment is not None and batch.pack_alignment % align:
             err(LayoutError("packed sequences are aligned to a multiple CP cannot split", field="batch.pack_alignment",
                             value=batch.pack_alignment,
                             rule=f"alignment a multiple of lcm(2 x CP, TP x CP with sequence parallel) = {align}",
                             fix=f"set batch.pack_alignment={align}"))
+    # -- sequence length: checked whatever CP is (CP 1 with TP > 1 and SP still splits the sequence) --
+    if cp is None:
+        rep.unchecked.append("sequence divisible by the CP and TP split: layout.cp is not stated (pass layout.cp=N)")
+    elif batch.seq_length is not None:
+        sp = lay.sequence_parallel if lay.sequence_parallel is not None else tp > 1  # as the plan assumes
+        divisor = math.lcm(2 * cp if cp > 1 else 1, tp * cp if sp else 1)
+        if batch.seq_length % divisor:
+            err(LayoutError("the sequence length does not divide into the tensor/context-parallel chunks",
+                            field="batch.seq_length", value=batch.seq_length,
+                            rule=f"sequence divisible by lcm(2 x CP, TP x CP with sequence parallel) = {divisor} "
+                                 f"(2 x CP counts when CP > 1; here TP {tp}, CP {cp}, sequence parallel {sp})",
+                            fix=f"use a multiple of {divisor}, e.g. {max(1, batch.seq_length // divisor) * divisor}"))
     return rep

@@ -39,7 +39,7 @@ def format_validation_error(exc: ValidationError, source: str) -> RecipeError:
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     fix = "remove the key (see the recipe format in README.md)" if first["type"] == "extra_forbidden" \
         else "correct the value (see the recipe format in README.md)"
-    return RecipeError(f"{source}: {first['msg']}{more}", field=loc,
+    return RecipeError(f"{source}: {first['msg'].removeprefix('Value error, ')}{more}", field=loc,
                        value=value if not isinstance(value, dict) else "{...}", fix=fix)
 
 
@@ -54,16 +54,13 @@ def parse_recipe(data: Any, source: str) -> Recipe:
 
 
 def read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise RecipeError("recipe file not found", field="recipe", value=str(path),
-                          fix="give an existing file or a catalogue name (muse-stack list)") from exc
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"{path} is not valid YAML: {exc}", field="recipe", value=str(path),
-                          fix="fix the YAML syntax at the position shown") from exc
+    """A recipe file: a missing file is a RecipeError (exit 2); a directory, unreadable, binary or
+    non-UTF-8 file an InputError (exit 3); bad YAML, duplicate keys or runaway aliases a RecipeError."""
+    from muse_stack.safeio import load_yaml, read_text
+
+    text = read_text(path, field="recipe", what="recipe YAML file", missing=RecipeError,
+                     fix="give an existing UTF-8 recipe file or a catalogue name (muse-stack list)")
+    return load_yaml(text, source=str(path), field="recipe")
 
 
 @lru_cache(maxsize=8)
@@ -95,7 +92,7 @@ def recipe_names() -> list[str]:
 
 def raw_recipe(name: str) -> tuple[Path, dict[str, Any]]:
     path = Path(name)
-    if name.endswith((".yaml", ".yml")) or path.is_file():
+    if name.endswith((".yaml", ".yml")) or path.is_file() or path.is_dir():
         return path, read_yaml(path)
     entries = catalogue()
     if name not in entries:

@@ -79,6 +79,9 @@ def print_plan(plan: Plan) -> None:
         console.print(f"[yellow]assumed:[/] {a}")
     for u in plan.unchecked:
         console.print(f"[yellow]not checked:[/] {u}")
+    if plan.unstated_training:
+        console.print(f"[yellow]not stated:[/] {', '.join(plan.unstated_training)}: `run` and `launch` refuse the "
+                      "recipe until it states them (neither engine fills in a value that changes training)")
 
 
 def register(app: typer.Typer) -> None:
@@ -143,7 +146,7 @@ def register(app: typer.Typer) -> None:
                              fix="choose a new path or remove the file first")
         header = (f"# Generated from the OpenRecipes record with:\n#   muse-stack record import {path} "
                   f"--name {name} -o {out}\n")
-        atomic.write_text(out, header + text)
+        atomic.write_text(out, header + text, field="--out")
         console.print(f"wrote {out}")
 
     @record.command("export")
@@ -153,7 +156,15 @@ def register(app: typer.Typer) -> None:
         from muse_stack.recipes.openrecipes import record_yaml, recipe_to_record
         from muse_stack.run.rundir import read_run
 
+        from muse_stack.errors import MuseStackError
+
         run = read_run(run_dir)
+        status = (run.results or {}).get("status")
+        if status != "completed":
+            raise MuseStackError(f"only a finished run can be exported (this one is {status or 'without results'})",
+                                 field="run_dir", value=str(run_dir),
+                                 rule="a record states what a run measured; an unfinished run measured nothing whole",
+                                 fix="finish it first (`muse-stack run --resume DIR` for an interrupted run)")
         stack = run.stack_summary()
         rows = (run.fingerprint or {}).get("run_inputs", {}).get("rows_sha256")
         text = record_yaml(recipe_to_record(run.recipe, results=run.results, stack=stack,
@@ -164,7 +175,7 @@ def register(app: typer.Typer) -> None:
             if out.exists():
                 raise InputError("the output file exists", field="--out", value=str(out),
                                  fix="choose a new path or remove the file first")
-            atomic.write_text(out, text)
+            atomic.write_text(out, text, field="--out")
             console.print(f"wrote {out}")
 
     app.add_typer(record, name="record")

@@ -29,9 +29,11 @@ _PEAK_MEMORY = re.compile(r"peaked at ([0-9.]+) GiB used per GPU of ([0-9.]+) Gi
 
 def extract_record(text: str, source: str = "record") -> dict[str, Any]:
     """The record in a YAML file, or the YAML part of a document that holds one (from ``schema_version:``)."""
+    from muse_stack.safeio import load_yaml
+
     try:
-        whole = yaml.safe_load(text)
-    except yaml.YAMLError:
+        whole = load_yaml(text, source=source, field="record", error=InputError)
+    except InputError:
         whole = None
     if isinstance(whole, dict) and "schema_version" in whole:
         check_record(whole, source)
@@ -40,11 +42,7 @@ def extract_record(text: str, source: str = "record") -> dict[str, Any]:
     if not match:
         raise InputError(f"{source} holds no OpenRecipes record", field="schema_version", value=None,
                          fix="give a file whose YAML part starts with 'schema_version: 1'")
-    try:
-        record = yaml.safe_load(text[match.start():])
-    except yaml.YAMLError as exc:
-        raise InputError(f"{source}: the record is not valid YAML: {exc}", field="record", value=source,
-                         fix="fix the YAML at the position shown") from exc
+    record = load_yaml(text[match.start():], source=f"{source} (the record part)", field="record", error=InputError)
     check_record(record, source)
     return record
 
@@ -206,11 +204,11 @@ def record_to_recipe(record: dict[str, Any], name: str, source: str, aliases: li
 
 
 def read_record_file(path: str | Path) -> dict[str, Any]:
+    from muse_stack.safeio import read_text
+
     path = Path(path)
-    if not path.is_file():
-        raise InputError("record file not found", field="record", value=str(path),
-                         fix="give the path of an OpenRecipes record (YAML)")
-    return extract_record(path.read_text(encoding="utf-8"), str(path))
+    text = read_text(path, field="record", what="OpenRecipes record", fix="give the path of an OpenRecipes record (YAML)")
+    return extract_record(text, str(path))
 
 
 def recipe_to_record(recipe: Recipe, results: dict[str, Any] | None = None,
@@ -288,9 +286,11 @@ def record_yaml(record: dict[str, Any]) -> str:
 
 
 def import_record(path: str | Path, name: str) -> Recipe:
+    from muse_stack.safeio import read_text
+
     record = read_record_file(path)
     rel = None
-    head = Path(path).read_text(encoding="utf-8")
+    head = read_text(path, field="record", what="OpenRecipes record")
     match = re.search(r"^#\s*(recipes/\S+\.yaml)", head, flags=re.MULTILINE)
     if match:
         rel = match.group(1)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
-import yaml
-
 from muse_stack.errors import RecipeError
+
+_KEY_PART = re.compile(r"[A-Za-z0-9_-]{1,100}")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -17,14 +18,21 @@ def parse_override(text: str) -> tuple[list[str], Any]:
             field="override", value=text, fix="write e.g. layout.ep=4 or batch.gbs=64",
         )
     key, raw = text.split("=", 1)
-    path = [part for part in key.strip().split(".") if part]
-    if not path:
+    key = key.strip()
+    if not key:
         raise RecipeError("the override has no key", field="override", value=text, fix="write e.g. layout.ep=4")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"cannot parse the value: {exc}", field=key, value=raw,
-                          fix="quote strings and write lists as [a, b]") from exc
+    path = key.split(".")
+    bad = next((part for part in path if not _KEY_PART.fullmatch(part)), None)
+    if bad is not None:
+        raise RecipeError("each part of an override's key is a name: letters, digits, '_' or '-', none empty",
+                          field="override", value=key, rule="key.path=value with non-empty names between the dots",
+                          fix=f"write e.g. layout.tp=2 (check {'an empty part' if not bad else repr(bad[:40])})")
+    if raw.strip():
+        from muse_stack.safeio import load_yaml
+
+        value = load_yaml(raw, source=f"the value of override {key}", field=key)
+    else:
+        value = None
     return path, value
 
 

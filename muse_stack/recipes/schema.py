@@ -9,18 +9,92 @@ recipe can be read and shown even when its layout is wrong.
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from muse_stack.model_config import ModelConfig
+from muse_stack.safeio import URL_CREDENTIALS
+
+#: recipe and run names: they become folder names (runs/, the data cache), Slurm job names and
+#: Kubernetes label values, so only letters, digits, '.', '_' and '-' (starting and ending with a
+#: letter or digit, at most 63 characters: a Kubernetes label value)
+NAME_PATTERN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+NAME_RULE = "1-63 letters, digits, '.', '_' or '-', starting and ending with a letter or digit"
+#: an environment variable name as a shell and Kubernetes accept it
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: a reference to the launching environment, resolved when the job runs and never written: ${env:NAME}
+ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+
+# size bounds: generous beyond any real run, so a mistyped size fails here instead of in a loop
+MAX_GPUS = 1 << 20
+MAX_PARALLEL = 1 << 20
+MAX_TOKENS = 1 << 24  # sequence, pack and alignment lengths
+MAX_BATCH = 1 << 30
+MAX_STEPS = 1 << 31
+
+
+def check_name(value: str, field: str = "name") -> str:
+    """``value`` if it is a safe recipe or run name; else ValueError naming the rule."""
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        raise ValueError(f"{field} must be {NAME_RULE}")
+    return value
+
+
+_SECRET_WORD = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|AUTH|COOKIE|PRIVATE|"
+                          r"SIGNATURE|SESSION)$", re.I)
+
+
+def is_secret_key(name: str, *, env: bool = False) -> bool:
+    """An environment variable name under the fingerprint redactor's rule (``env``); any other key
+    when one of its words (split at '_', '-', '.' and case changes) is or ends in a secret word:
+    ``api_key``, ``hfToken`` and ``password`` are, ``tokenizer`` and ``row_tokens`` are not."""
+    from muse_stack.fingerprint.environment import is_secret_name
+
+    if env:
+        return is_secret_name(name)
+    words = re.split(r"[_\-.\s]+|(?<=[a-z0-9])(?=[A-Z])", name)
+    return any(_SECRET_WORD.search(w) for w in words if w)
+
+
+def secret_findings(data: Any, path: str, *, env: bool = False) -> list[str]:
+    """Dotted paths under ``data`` where a secret-named key holds a literal string (not ${env:NAME})."""
+    out: list[str] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            where = f"{path}.{key}"
+            if is_secret_key(str(key), env=env) and isinstance(value, str) and value and \
+                    not ENV_REFERENCE.fullmatch(value):
+                out.append(where)
+            else:
+                out.extend(secret_findings(value, where))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            out.extend(secret_findings(value, f"{path}[{i}]"))
+    elif isinstance(data, str) and URL_CREDENTIALS.search(data):
+        out.append(path)
+    return out
+
+
+def _url_credential_paths(data: Any, path: str) -> list[str]:
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in _url_credential_paths(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(data, list):
+        return [p for i, v in enumerate(data) for p in _url_credential_paths(v, f"{path}[{i}]")]
+    return [path] if isinstance(data, str) and URL_CREDENTIALS.search(data) else []
+
+
+def _no_control(value: str) -> bool:
+    return all(c.isprintable() or c == " " for c in value)
 
 GpuType = Literal["GB200", "B200", "H200", "H100", "cpu"]
 Engine = Literal["reference", "megatron"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # floats are finite: an .inf or .nan learning rate, price or size is refused here
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
@@ -30,15 +104,48 @@ class ModelSpec(_Strict):
     pretrained_checkpoint: str | None = Field(None, description="HF-style directory to load weights from")
     overrides: dict[str, Any] = Field(default_factory=dict, description="ModelConfig fields that differ (proxies)")
 
+    @field_validator("overrides")
+    @classmethod
+    def _check_overrides(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from pydantic import ValidationError
+
+        from muse_stack.errors import RecipeError
+
+        unknown = sorted(str(k) for k in value if k not in ModelConfig.model_fields)
+        if unknown:
+            raise RecipeError("not a ModelConfig field", field=f"model.overrides.{unknown[0]}", value=value[unknown[0]],
+                              fix="use the field names of muse_stack/model_config.py (the checkpoint's config.json keys)")
+        try:
+            ModelConfig().with_overrides(**value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            msg = first["msg"].removeprefix("Value error, ")
+            raise RecipeError(f"the overrides do not give a valid model: {msg}",
+                              field=f"model.overrides.{where}" if where else "model.overrides",
+                              value=first.get("input") if where else None, fix="correct the override") from None
+        return value
+
     def resolve(self) -> ModelConfig:
+        from pydantic import ValidationError
+
+        from muse_stack.errors import RecipeError
+
         base = ModelConfig.from_hf_config(self.config_path) if self.config_path else ModelConfig()
-        return base.with_overrides(**self.overrides) if self.overrides else base
+        try:
+            return base.with_overrides(**self.overrides) if self.overrides else base
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise RecipeError(f"the model overrides do not give a valid model: {first['msg']}",
+                              field=f"model.overrides.{where}" if where else "model.overrides",
+                              value=first.get("input"), fix="correct the override") from None
 
 
 class Hardware(_Strict):
     gpu: GpuType
-    count: int = Field(gt=0, description="GPUs (or CPU processes for gpu: cpu)")
-    per_node: int = Field(gt=0)
+    count: int = Field(gt=0, le=MAX_GPUS, description="GPUs (or CPU processes for gpu: cpu)")
+    per_node: int = Field(gt=0, le=1024)
     instance: str | None = None
     memory_gib: float | None = Field(None, gt=0, description="memory per GPU; default from the GPU table")
     price_per_gpu_hour: float | None = Field(None, ge=0, description="USD per GPU-hour")
@@ -67,16 +174,16 @@ class Offload(_Strict):
 
 
 class Layout(_Strict):
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    vpp: int | None = Field(None, ge=1)
-    cp: int | None = Field(1, ge=1, description="None when the source does not state it")
+    tp: int = Field(1, ge=1, le=MAX_PARALLEL)
+    pp: int = Field(1, ge=1, le=MAX_PARALLEL)
+    vpp: int | None = Field(None, ge=1, le=MAX_PARALLEL)
+    cp: int | None = Field(1, ge=1, le=MAX_PARALLEL, description="None when the source does not state it")
     cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] | None = None
-    ep: int | None = Field(1, ge=1, description="None when the source does not state it")
-    etp: int = Field(1, ge=1)
-    dp: int | None = Field(None, ge=1, description="as the source states it; checked against the world size")
+    ep: int | None = Field(1, ge=1, le=MAX_PARALLEL, description="None when the source does not state it")
+    etp: int = Field(1, ge=1, le=MAX_PARALLEL)
+    dp: int | None = Field(None, ge=1, le=MAX_GPUS, description="as the source states it; checked against the world size")
     sequence_parallel: bool | None = None
-    pp_layers: list[int] | None = Field(None, description="decoder layers per pipeline stage, first to last")
+    pp_layers: list[int] | None = Field(None, max_length=MAX_PARALLEL, description="decoder layers per pipeline stage, first to last")
     first_stage_layers: int | None = Field(None, ge=0)
     last_stage_layers: int | None = Field(None, ge=0)
     dispatcher: Literal["alltoall", "allgather", "flex"] | None = None
@@ -88,36 +195,36 @@ class Layout(_Strict):
 
 
 class Batch(_Strict):
-    mbs: int | None = Field(None, ge=1, description="micro-batch size (sequences)")
-    gbs: int | None = Field(None, ge=1, description="global batch size (sequences)")
-    seq_length: int | None = Field(None, ge=1)
+    mbs: int | None = Field(None, ge=1, le=MAX_BATCH, description="micro-batch size (sequences)")
+    gbs: int | None = Field(None, ge=1, le=MAX_BATCH, description="global batch size (sequences)")
+    seq_length: int | None = Field(None, ge=1, le=MAX_TOKENS)
     packed: bool | None = None
-    pack_alignment: int | None = Field(None, ge=1, description="pad each packed sequence to a multiple of this")
+    pack_alignment: int | None = Field(None, ge=1, le=MAX_TOKENS, description="pad each packed sequence to a multiple of this")
     max_tokens_per_gpu: int | None = Field(None, ge=1)
     qkv_format: Literal["sbhd", "bshd", "thd"] | None = None
 
 
 class Optimizer(_Strict):
     name: Literal["adam", "adamw", "sgd"] | None = "adam"
-    lr: float | None = Field(None, gt=0)
-    min_lr: float | None = Field(None, ge=0)
-    warmup_steps: int | None = Field(None, ge=0)
+    lr: float | None = Field(None, gt=0, le=1e3, description="peak learning rate (finite, positive)")
+    min_lr: float | None = Field(None, ge=0, le=1e3)
+    warmup_steps: int | None = Field(None, ge=0, le=MAX_STEPS)
     warmup_fraction: float | None = Field(None, ge=0, le=1)
     decay_style: Literal["cosine", "linear", "constant", "wsd"] | None = None
     weight_decay: float | None = Field(None, ge=0)
-    beta1: float | None = None
-    beta2: float | None = None
-    eps: float | None = None
+    beta1: float | None = Field(None, ge=0, lt=1)
+    beta2: float | None = Field(None, ge=0, lt=1)
+    eps: float | None = Field(None, gt=0)
     clip_grad: float | None = Field(None, ge=0)
 
 
 class Training(_Strict):
-    steps: int | None = Field(None, ge=1)
-    epochs: float | None = Field(None, gt=0)
+    steps: int | None = Field(None, ge=1, le=MAX_STEPS)
+    epochs: float | None = Field(None, gt=0, le=1e6)
     seed: int | None = None
     data_seed: int | None = None
     log_interval: int = Field(1, ge=1)
-    measure_warmup_steps: int | None = Field(None, ge=0, description="steps skipped before the measurement window")
+    measure_warmup_steps: int | None = Field(None, ge=0, le=MAX_STEPS, description="steps skipped before the measurement window")
     checkpoint_interval: int | None = Field(None, ge=1)
 
 
@@ -129,11 +236,11 @@ class Data(_Strict):
     subset: str | None = Field(None, description="files or subset of the dataset used")
     files: list[str] | None = Field(None, description="local parquet/jsonl files with the dataset's schema")
     builder: Literal["synthetic", "fixed", "packed"] | None = None
-    packed_size: int | None = Field(None, ge=1)
+    packed_size: int | None = Field(None, ge=1, le=MAX_TOKENS)
     packs: int | None = Field(None, ge=1, description="packed sequences or rows the recipe trains on, as recorded")
     rows: int | None = Field(None, ge=1)
     rows_sha256: str | None = None
-    build_name: str | None = None
+    build_name: str | None = Field(None, description="the data cache folder's label (a safe name)")
     seed: int | None = None
     loss_mask: str | None = None
     tokenizer: str | None = Field(None, description="directory with tokenizer.json and chat_template.jinja")
@@ -144,7 +251,7 @@ class Data(_Strict):
 
 class Peft(_Strict):
     scheme: Literal["lora", "dora"]
-    rank: int = Field(ge=1)
+    rank: int = Field(ge=1, le=1 << 16)
     alpha: float = Field(gt=0)
     targets: list[str]
     per_expert: bool = False
@@ -220,8 +327,58 @@ class Recipe(_Strict):
     provenance: Provenance
     notes: dict[str, str] = Field(default_factory=dict, description="dotted path -> why a value is null or how it was derived")
 
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        return check_name(value)
+
+    @field_validator("aliases")
+    @classmethod
+    def _check_aliases(cls, value: list[str]) -> list[str]:
+        for alias in value:
+            if not alias or not all(c.isprintable() for c in alias) or len(alias) > 200:
+                raise ValueError("an alias must be 1-200 printable characters")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not ENV_NAME.fullmatch(key):
+                raise ValueError(f"env name {key[:60]!r} is not a variable name: letters, digits and '_', "
+                                 "not starting with a digit")
+            if not _no_control(val):
+                raise ValueError(f"env {key}: the value holds a control character (newline, tab, NUL, ...)")
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> "Recipe":
+        found: list[str] = []
+        for path, part in (("env", self.env), ("data.template_kwargs", self.data.template_kwargs),
+                           ("data.details", self.data.details), ("model.overrides", self.model.overrides),
+                           ("correctness", self.correctness), ("author", self.author)):
+            found.extend(secret_findings(part, path, env=path == "env"))
+        found.extend(p for p in _url_credential_paths(self.model_dump(mode="json", exclude={"env"}), "")
+                     if p not in found)
+        if found:
+            from muse_stack.errors import RecipeError
+
+            raise RecipeError(
+                "a secret is written in the recipe; recipes, run directories and launch files are shared, so "
+                "secrets never go in them", field=found[0], value="<redacted>",
+                rule="values of secret-named keys (token, key, secret, password, auth, ...) and credentials in URLs "
+                     "are refused" + (f"; also at {', '.join(found[1:4])}" if len(found) > 1 else ""),
+                fix="reference the environment instead, resolved when the job runs and never written: e.g. "
+                    "env: {WANDB_API_KEY: ${env:WANDB_API_KEY}}; give a URL's credentials through the environment "
+                    "(HF_TOKEN, ~/.netrc), not in the URL")
+        if self.data.build_name is not None and not NAME_PATTERN.fullmatch(self.data.build_name):
+            from muse_stack.errors import RecipeError
+
+            raise RecipeError("the data cache folder's label must be a safe name", field="data.build_name",
+                              value=self.data.build_name, rule=NAME_RULE, fix="use e.g. tulu3-4k")
+        if self.optimizer.lr is not None and self.optimizer.min_lr is not None and \
+                self.optimizer.min_lr > self.optimizer.lr:
+            raise ValueError(f"optimizer.min_lr ({self.optimizer.min_lr}) exceeds optimizer.lr ({self.optimizer.lr})")
         if self.training.steps is None and self.training.epochs is None:
             raise ValueError("training needs steps or epochs (or both)")
         if self.fusions.compile_elementwise and self.engine != "megatron":

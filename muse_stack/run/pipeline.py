@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from muse_stack import atomic
 from muse_stack.engines import TrainContext, get_engine
 from muse_stack.engines.support import check_recipe
-from muse_stack.errors import InputError, LayoutError, MuseStackError
+from muse_stack.errors import InputError, LayoutError, MuseStackError, UsageError
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe, recipe_sha256
 from muse_stack.recipes.schema import Recipe
 from muse_stack.run import dist, rundir
@@ -77,6 +77,11 @@ def prepare(name: str, overrides: list[str], steps: int | None, gpus: int | None
     """Resolve and validate a recipe for a run; raises before anything is written."""
     from muse_stack.plan.planner import make_plan
 
+    from muse_stack.recipes.schema import MAX_GPUS
+
+    if gpus is not None and not 1 <= gpus <= MAX_GPUS:
+        raise UsageError("the GPU count is out of range", field="--gpus", value=gpus, rule=f"1 to {MAX_GPUS:,}",
+                         fix="give --gpus 1 or more (or leave it out for the recipe's hardware.count)")
     extra = list(overrides)
     if steps is not None:
         extra.append(f"training.steps={steps}")

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from muse_stack import atomic
 from muse_stack.errors import InputError
@@ -41,10 +38,25 @@ def create(path: Path, recipe: Recipe) -> Path:
         raise InputError("the run directory already exists; a run never overwrites another",
                          field="--out", value=str(path),
                          fix="choose a new --out path (or omit it for a fresh one), or continue it with --resume")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.mkdir()
+    make_dir(path, "--out")
     atomic.write_text(path / RECIPE, recipe_yaml(recipe))
     return path
+
+
+def make_dir(path: Path, field: str) -> None:
+    """Create a new directory (and its parents); a parent that is a file, read-only or otherwise
+    unusable is an InputError naming ``field``."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir()
+    except FileExistsError as exc:
+        raise InputError("the path already exists", field=field, value=str(path), fix="choose a new path") from exc
+    except NotADirectoryError as exc:
+        raise InputError("a parent of the path is a file, not a directory", field=field, value=str(path),
+                         fix="choose a path under a directory") from exc
+    except OSError as exc:
+        raise InputError(f"cannot create the directory: {exc.strerror or exc}", field=field, value=str(path),
+                         fix="choose a path under a directory you can write to") from exc
 
 
 @dataclass
@@ -70,14 +82,13 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     file = path / METRICS
     if not file.exists():
         return rows
-    for n, line in enumerate(file.read_text().splitlines(), 1):
+    from muse_stack.safeio import load_json, read_text
+
+    fix = "the file is corrupt; re-run or remove the broken line"
+    for n, line in enumerate(read_text(file, field=METRICS, what="metrics file", fix=fix, limit=None).splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{file}:{n} is not valid JSON ({exc})", field=METRICS, value=str(file),
-                             fix="the file is corrupt; re-run or remove the broken line") from exc
+        rows.append(load_json(line, source=f"{file}:{n}", field=METRICS, fix=fix))
     return rows
 
 
@@ -86,7 +97,11 @@ def read_run(path: str | os.PathLike[str]) -> RunRecord:
     if not (path / RECIPE).is_file():
         raise InputError("not a run directory (no recipe.yaml)", field="run", value=str(path),
                          fix="give a directory written by `muse-stack run`")
-    recipe = parse_recipe(yaml.safe_load((path / RECIPE).read_text()), str(path / RECIPE))
+    from muse_stack.safeio import load_yaml, read_text
+
+    fix = "give a directory written by `muse-stack run` (its recipe.yaml is corrupt)"
+    text = read_text(path / RECIPE, field="run", what="recipe.yaml", fix=fix)
+    recipe = parse_recipe(load_yaml(text, source=str(path / RECIPE), field="run", error=InputError), str(path / RECIPE))
     from muse_stack.compare.runs import read_results
     from muse_stack.fingerprint.document import load_fingerprint
 

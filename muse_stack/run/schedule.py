@@ -18,8 +18,10 @@ def warmup_steps(opt: Optimizer, total_steps: int) -> int:
 def lr_at(step: int, opt: Optimizer, total_steps: int) -> float:
     """LR for 1-based ``step``: warmup reaches the peak at the last warmup step, then decays to
     ``min_lr`` at ``total_steps``."""
-    peak = opt.lr or 0.0
-    floor = opt.min_lr if opt.min_lr is not None else 0.0
+    if opt.lr is None:
+        raise ValueError("optimizer.lr is not stated")  # run and launch refuse such a recipe first
+    peak = opt.lr
+    floor = opt.min_lr if opt.min_lr is not None else peak  # only a decaying schedule reads it, and states it
     warm = warmup_steps(opt, total_steps)
     if warm and step <= warm:
         return peak * step / warm

@@ -1,0 +1,176 @@
+"""Reading what a user hands over: text files, YAML and JSON, with a clear error for every way
+they can be wrong (missing, a directory, unreadable, not UTF-8, truncated, hostile).
+
+YAML is read with a loader that refuses duplicate keys and bounds alias expansion: the document
+is composed as a node graph first and its size *after* expanding every alias is counted (with
+memoisation, so counting is linear in the graph) before any Python object is built, so a
+"billion laughs" document fails in microseconds instead of growing without end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import reprlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from muse_stack.errors import InputError, RecipeError
+
+#: nodes a document may hold once its aliases are expanded (the largest recipe holds ~600)
+MAX_YAML_NODES = 200_000
+#: a file larger than this is not a recipe, record or metadata file
+MAX_TEXT_BYTES = 64 * 1024 * 1024
+
+#: user:password@ (or token@) after a URL's scheme
+URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s:]+(:[^/@\s]*)?@")
+REDACTED = "<redacted>"
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced: scheme://<redacted>@host/..."""
+    return URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text) if "://" in text else text
+
+
+_repr = reprlib.Repr()
+_repr.maxstring = 120
+_repr.maxother = 120
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 8
+_repr.maxlevel = 3
+
+
+def short_repr(value: Any) -> str:
+    """repr() bounded in length and depth (error messages never repr an unbounded value), with
+    URL credentials redacted."""
+    return redact_urls(_repr.repr(value))
+
+
+def read_text(path: str | Path, *, field: str, what: str = "file", missing: type[Exception] = InputError,
+              fix: str | None = None, limit: int | None = MAX_TEXT_BYTES) -> str:
+    """A UTF-8 text file's contents; every failure is an :class:`InputError` naming ``field``.
+    ``limit`` bounds the size of documents (recipes, records, metadata); None for logs that grow
+    with a run (metrics)."""
+    path = Path(path)
+    fix = fix or f"give the path of a UTF-8 {what}"
+    try:
+        if path.is_dir():
+            raise InputError(f"{path} is a directory, not a {what}", field=field, value=str(path), fix=fix)
+        size = path.stat().st_size
+        if limit is not None and size > limit:
+            raise InputError(f"{path} is {size:,} bytes, too large for a {what}", field=field, value=str(path),
+                             rule=f"at most {limit:,} bytes", fix=fix)
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise missing(f"{what} not found", field=field, value=str(path), fix=fix) from exc
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}", field=field, value=str(path),
+                         fix="check the path and its permissions") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path} is not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); "
+                         f"it is binary or in another encoding", field=field, value=str(path),
+                         fix=f"give a UTF-8 {what} (convert it with iconv -t UTF-8)") from exc
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys and bounds the expanded document size."""
+
+    def construct_document(self, node: Node) -> Any:
+        _check_expanded_size(node)
+        return super().construct_document(node)
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # keys merged in with << may be overridden; only literal keys must be unique
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hash(key)
+                except TypeError:
+                    continue  # the base class reports unhashable keys
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"found duplicate key {short_repr(key)} (first at line {seen[key].line + 1})",
+                        key_node.start_mark)
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_expanded_size(root: Node) -> None:
+    sizes: dict[int, int] = {}
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    active: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            active.discard(key)
+            if isinstance(node, SequenceNode):
+                total = 1 + sum(sizes[id(c)] for c in node.value)
+            else:
+                total = 1 + sum(sizes[id(k)] + sizes[id(v)] for k, v in node.value)
+            if total > MAX_YAML_NODES:
+                raise yaml.YAMLError(
+                    f"the document expands to more than {MAX_YAML_NODES:,} nodes through its aliases "
+                    f"(near line {node.start_mark.line + 1})")
+            sizes[key] = total
+            continue
+        if key in sizes:
+            continue
+        if isinstance(node, ScalarNode):
+            sizes[key] = 1
+            continue
+        if key in active:
+            raise yaml.YAMLError(f"the document refers to itself through an alias (line {node.start_mark.line + 1})")
+        active.add(key)
+        stack.append((node, True))
+        children = node.value if isinstance(node, SequenceNode) else [x for kv in node.value for x in kv]
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+
+
+def load_yaml(text: str, *, source: str, field: str, error: type[Exception] = RecipeError) -> Any:
+    """Parse one YAML document: duplicate keys refused, alias expansion bounded."""
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        msg = str(exc)
+        raise error(f"{source} is not valid YAML: {msg[:600]}", field=field, value=source,
+                    fix="fix the YAML at the position shown (each key once, no recursive or huge aliases)") from exc
+    except RecursionError as exc:
+        raise error(f"{source} nests too deeply", field=field, value=source,
+                    fix="flatten the document") from exc
+
+
+def load_yaml_all(text: str, *, source: str, field: str, error: type[Exception] = RecipeError) -> list[Any]:
+    try:
+        return list(yaml.load_all(text, Loader=_BoundedLoader))  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise error(f"{source} is not valid YAML: {str(exc)[:600]}", field=field, value=source,
+                    fix="fix the YAML at the position shown") from exc
+    except RecursionError as exc:
+        raise error(f"{source} nests too deeply", field=field, value=source, fix="flatten the document") from exc
+
+
+def load_json(text: str, *, source: str, field: str, fix: str, want: type | None = dict) -> Any:
+    """Parse JSON; malformed or of the wrong top-level type is an :class:`InputError` (corrupt input)."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"{source} is not valid JSON ({str(exc)[:200]})", field=field, value=source,
+                         fix=fix) from exc
+    if want is not None and not isinstance(data, want):
+        raise InputError(f"{source} holds a JSON {type(data).__name__}, not a {want.__name__}", field=field,
+                         value=source, fix=fix)
+    return data
+
+
+def read_json(path: str | Path, *, field: str, fix: str, want: type | None = dict, what: str = "JSON file") -> Any:
+    return load_json(read_text(path, field=field, what=what, fix=fix), source=str(path), field=field, fix=fix,
+                     want=want)
