@@ -118,7 +118,11 @@ class Training(_Strict):
     data_seed: int | None = None
     log_interval: int = Field(1, ge=1)
     measure_warmup_steps: int | None = Field(None, ge=0, description="steps skipped before the measurement window")
-    checkpoint_interval: int | None = Field(None, ge=1)
+    checkpoint_interval: int | None = Field(None, ge=1, description="steps between checkpoints (unset: only the "
+                                                                    "final one and one on interrupt)")
+    keep_checkpoints: int | None = Field(None, ge=1, description="newest complete checkpoints kept (unset: all)")
+    async_checkpoint: bool = Field(False, description="megatron engine: write dist-checkpoints in the background "
+                                                      "(megatron-core async save), completed at step boundaries")
 
 
 class Data(_Strict):
