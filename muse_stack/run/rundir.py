@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,6 @@ FINGERPRINT = "fingerprint.json"
 METRICS = "metrics.jsonl"
 RESULTS = "results.json"
 LOG = "run.log"
-CHECKPOINT = "checkpoint"
 RANKS = "fingerprints"
 
 
@@ -66,16 +66,22 @@ class RunRecord:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Every row of metrics.jsonl. A last line cut short (a process killed, or a full disk,
+    mid-write) is left out with a warning; a broken line before it is an error."""
     rows = []
     file = path / METRICS
     if not file.exists():
         return rows
-    for n, line in enumerate(file.read_text().splitlines(), 1):
+    lines = file.read_text().splitlines()
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as exc:
+            if n == len(lines):
+                logging.getLogger("muse_stack.run").warning("%s:%d: torn last line left out (%s)", file, n, exc)
+                break
             raise InputError(f"{file}:{n} is not valid JSON ({exc})", field=METRICS, value=str(file),
                              fix="the file is corrupt; re-run or remove the broken line") from exc
     return rows
