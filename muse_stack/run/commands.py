@@ -63,3 +63,16 @@ def register(app: typer.Typer) -> None:
                 console.print(f"  {outcome.path / f}")
         if outcome.status != "completed":
             raise typer.Exit(1)
+
+    @app.command("export")
+    def export_cmd(
+        run_dir: Path = typer.Argument(..., help="a run directory with a checkpoint"),
+        hf: Path = typer.Option(..., "--hf", help="new directory for the Hugging Face checkpoint"),
+        max_shard_mb: float = typer.Option(5000.0, "--max-shard-mb", min=0.01,
+                                           help="largest safetensors shard in MB (Hugging Face's default, 5 GB)"),
+    ) -> None:
+        """Write the run's latest checkpoint as a Hugging Face checkpoint (safetensors shards + config.json)."""
+        from muse_stack.run.export import export_run
+
+        out, step, count = export_run(run_dir, hf, max_shard_bytes=int(max_shard_mb * 10**6), progress=True)
+        console.print(f"exported step {step}: {count} tensors to {out}")
