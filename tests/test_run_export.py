@@ -139,3 +139,57 @@ def test_a_dist_checkpoint_missing_a_tensor_is_refused(tmp_path):
     with pytest.raises(InputError, match="missing from the checkpoint"):
         export_run(run_dir, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("tp, pp, ep, etp", [(2, 1, 1, 1), (1, 2, 2, 1), (1, 1, 2, 2), (2, 2, 4, 2)])
+def test_any_layout_writes_the_global_tensors_export_reads(tp, pp, ep, etp):
+    """Through the weight mapping: every rank of a TP/PP/EP/ETP layout holds ``shard()`` of its
+    tensors (what the engine loads and trains); megatron-core's dist-checkpoint places each at
+    its global offset (TP/ETP shards along their axis, the GLU's gate and up halves each split
+    (``apply_swiglu_sharded_factory``), an expert at its global index, a layer under its global
+    number). Those placements must tile the HF tensor exactly once, for export to read it whole."""
+    from muse_stack.engines.mcore.weights import hf_to_mcore, mcore_to_hf, shard
+
+    cfg = load_recipe("tiny-cpu").model_config_resolved()
+    full = MuseSparkForCausalLM(cfg, seed=3).state_dict()
+    rebuilt = {n: torch.full_like(t, float("nan")) for n, t in full.items()}
+    writes = {n: torch.zeros(t.shape, dtype=torch.int32) for n, t in full.items()}
+    layers_per_stage, experts_per_rank = cfg.num_hidden_layers // pp, cfg.num_local_experts // ep
+    for hf_name, tensor in full.items():
+        for global_name in hf_to_mcore(hf_name, cfg.num_local_experts):
+            target = mcore_to_hf(global_name)
+            layer = int(global_name.split(".")[2]) if global_name.startswith("decoder.layers.") else None
+            for stage in range(pp):
+                if layer is not None and not stage * layers_per_stage <= layer < (stage + 1) * layers_per_stage:
+                    continue
+                for ep_rank in range(ep):
+                    if target.expert is not None and target.expert // experts_per_rank != ep_rank:
+                        continue
+                    # dense tensors split over the TP group, expert tensors over the ETP group
+                    groups = [(r, 0) for r in range(tp)] if target.etp_axis is None else [(0, r) for r in range(etp)]
+                    for tp_rank, etp_rank in groups:
+                        src = tensor[target.expert] if target.expert is not None else tensor
+                        part = shard(src, target, tp_rank, tp, etp_rank, etp)
+                        dst = rebuilt[hf_name][target.expert] if target.expert is not None else rebuilt[hf_name]
+                        cnt = writes[hf_name][target.expert] if target.expert is not None else writes[hf_name]
+                        axis, rank, size = ((target.tp_axis, tp_rank, tp) if target.etp_axis is None
+                                            else (target.etp_axis, etp_rank, etp))
+                        if axis is None or size == 1:
+                            dst.copy_(part)
+                            cnt += 1
+                        elif target.glu:
+                            half = src.shape[axis] // 2
+                            step = half // size
+                            gate, up = part.chunk(2, dim=axis)
+                            for offset, piece in ((rank * step, gate), (half + rank * step, up)):
+                                dst.narrow(axis, offset, step).copy_(piece)
+                                cnt.narrow(axis, offset, step).add_(1)
+                        else:
+                            step = src.shape[axis] // size
+                            dst.narrow(axis, rank * step, step).copy_(part)
+                            cnt.narrow(axis, rank * step, step).add_(1)
+    # every element written as often as every other (replicas write whole copies): the shards
+    # tile each tensor with no gap and no overlap, and what they hold is the HF tensor
+    for name, tensor in full.items():
+        assert writes[name].min() == writes[name].max() > 0, name
+        assert torch.equal(rebuilt[name], tensor), name
