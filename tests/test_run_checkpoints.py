@@ -75,3 +75,25 @@ def test_async_checkpoint_is_refused_on_the_reference_engine(tmp_path, cli):
     out = tmp_path / "async"
     rc, _, err = cli("run", "tiny-cpu", "training.async_checkpoint=true", "--out", out, "--no-progress")
     assert rc == 2 and "training.async_checkpoint" in err and not out.exists()
+
+
+def test_a_recipe_that_starts_from_a_user_supplied_checkpoint_refuses_to_start_without_it(tmp_path, cli):
+    out = tmp_path / "attune"
+    rc, _, err = cli("run", "attune-b200", "--out", out, "--no-progress")
+    assert rc == 2 and "model.pretrained_checkpoint" in err and "--hf-checkpoint" in err
+    assert "--pretrained-checkpoint DIR" in err and not out.exists()
+
+
+def test_the_start_checkpoint_is_recorded_and_a_resume_does_not_reload_it(tmp_path, one_thread_env):
+    first = run("tiny-cpu", out=tmp_path / "a", steps=2, progress=False, overrides=QUICK)
+    start = checkpoints.latest(first.path).path
+    second = run("tiny-cpu", out=tmp_path / "b", steps=4, progress=False, overrides=QUICK,
+                 pretrained_checkpoint=str(start), stop_after=3)
+    import yaml
+
+    assert yaml.safe_load((second.path / "recipe.yaml").read_text())["model"]["pretrained_checkpoint"] == str(start)
+    # the resumed run takes its weights from its own checkpoint, even with the start one gone
+    import shutil
+
+    shutil.rmtree(start)
+    assert run(resume=second.path, progress=False).status == "completed"

@@ -19,6 +19,10 @@ GpuType = Literal["GB200", "B200", "H200", "H100", "cpu"]
 Engine = Literal["reference", "megatron"]
 
 
+#: a path the recipe needs and only the user can supply (e.g. the released checkpoint's local copy)
+REQUIRED_PATH = "required"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -27,7 +31,9 @@ class ModelSpec(_Strict):
     hf_id: str | None = Field(None, description="Hugging Face repository id of the checkpoint")
     revision: str | None = Field(None, description="commit of the Hugging Face repository")
     config_path: str | None = Field(None, description="a local config.json (or its directory) to take shapes from")
-    pretrained_checkpoint: str | None = Field(None, description="HF-style directory to load weights from")
+    pretrained_checkpoint: str | None = Field(
+        None, description=f"HF-style directory to load weights from; {REQUIRED_PATH!r}: the run starts from a "
+                          "checkpoint the user supplies (the recipe's note says which), and refuses to start without it")
     overrides: dict[str, Any] = Field(default_factory=dict, description="ModelConfig fields that differ (proxies)")
 
     def resolve(self) -> ModelConfig:

@@ -9,13 +9,14 @@ leaves its latest complete checkpoint, and ``--resume`` continues from it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from muse_stack.engines import get_engine
 from muse_stack.engines.support import check_recipe
-from muse_stack.errors import InputError, LayoutError
+from muse_stack.errors import InputError, LayoutError, RecipeError
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe
-from muse_stack.recipes.schema import Recipe
+from muse_stack.recipes.schema import REQUIRED_PATH, Recipe
 from muse_stack.run import dist, rundir
 from muse_stack.run.lock import RunLock
 from muse_stack.run.signals import StopFlag
@@ -41,6 +42,20 @@ def check_runnable(recipe: Recipe, name: str) -> Recipe:
             f"of {plan.gpu_memory_gib:.1f} GiB per {plan.gpu}", field="layout", value=recipe.layout.model_dump(),
             rule="estimated peak memory within the GPU's memory less headroom",
             fix=f"see `muse-stack plan {name}`: raise EP or PP, turn on full recompute, or use more GPUs")
+    return recipe
+
+
+def _with_start(recipe: Recipe, pretrained: str | None) -> Recipe:
+    """The checkpoint the run starts from, recorded in the recipe (``--pretrained-checkpoint``
+    is ``model.pretrained_checkpoint``), and refused when the recipe requires one not given."""
+    if pretrained is not None:
+        recipe = recipe.model_copy(update={"model": recipe.model.model_copy(
+            update={"pretrained_checkpoint": str(pretrained)})})
+    if recipe.model.pretrained_checkpoint == REQUIRED_PATH:
+        note = recipe.notes.get("model.pretrained_checkpoint", "")
+        raise RecipeError(f"this recipe starts from a checkpoint you supply{': ' + note if note else ''}",
+                          field="model.pretrained_checkpoint", value=REQUIRED_PATH,
+                          fix="pass --pretrained-checkpoint DIR (a local HF-style copy of that checkpoint)")
     return recipe
 
 
@@ -74,7 +89,10 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
                                      fix="give a directory written by `muse-stack run`")
                 lock = RunLock(path).acquire()
             try:
-                plan = plan_resume(path, _extra(overrides, steps, gpus), allow_change)
+                extra = _extra(overrides, steps, gpus)
+                if pretrained_checkpoint is not None:
+                    extra.append(f"model.pretrained_checkpoint={json.dumps(str(pretrained_checkpoint))}")
+                plan = plan_resume(path, extra, allow_change)
                 recipe, change = plan.recipe, plan.change
                 if change is not None:
                     check_runnable(recipe, str(path))
@@ -91,6 +109,7 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
             if name is None:
                 raise InputError("no recipe given", field="recipe", value=None, fix="muse-stack run RECIPE")
             recipe = prepare(name, overrides or [], steps, gpus)
+            recipe = _with_start(recipe, pretrained_checkpoint)
             if recipe.hardware.gpu == "cpu" and env.world_size != recipe.hardware.count and env.world_size > 1:
                 recipe = parse_recipe({**recipe.model_dump(mode="json"),
                                        "hardware": {**recipe.hardware.model_dump(), "count": env.world_size}}, name)
@@ -114,8 +133,8 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
                     path = rundir.create(path or rundir.default_run_dir(recipe.name, base_dir), recipe)
                     lock = RunLock(path).acquire()
                 path = Path(dist.broadcast(str(path) if path else None))
-            trainer = Trainer(recipe, path, env, stop, resuming=resume is not None, change=change,
-                              pretrained=pretrained_checkpoint, progress=progress, stop_after=stop_after)
+            trainer = Trainer(recipe, path, env, stop, resuming=resume is not None, change=change, progress=progress,
+                              stop_after=stop_after)
             return trainer.run()
         finally:
             if lock is not None:

@@ -33,6 +33,7 @@ from muse_stack.recipes.catalogue import recipe_sha256, recipe_yaml
 from muse_stack.recipes.schema import Recipe
 from muse_stack.run import dist, faults, rundir
 from muse_stack.run.checkpoints import CheckpointManager
+from muse_stack.run.checkpoints import latest as checkpoints_latest
 from muse_stack.run.signals import StopFlag, StopRequested
 from muse_stack.run.sinks import MetricSink, sinks_for
 
@@ -62,11 +63,11 @@ def warmup_steps(recipe: Recipe, total: int) -> int:
 
 class Trainer:
     def __init__(self, recipe: Recipe, path: Path, env: "dist.DistEnv", stop: StopFlag, *, resuming: bool,
-                 change: dict[str, Any] | None = None, pretrained: str | None = None, progress: bool = True,
+                 change: dict[str, Any] | None = None, progress: bool = True,
                  stop_after: int | None = None) -> None:
         self.recipe, self.path, self.env, self.stop = recipe, path, env, stop
         self.rank0 = env.rank == 0
-        self.resuming, self.change, self.pretrained = resuming, change, pretrained
+        self.resuming, self.change = resuming, change
         self.progress, self.stop_after = progress, stop_after
         self.model_cfg = recipe.model_config_resolved()
         # state
@@ -130,9 +131,11 @@ class Trainer:
         self.total = total_steps(recipe, data)
         log.info("recipe %s: %d steps, data %s (%d rows, rows_sha256 %s)", recipe.name, self.total, data.path,
                  data.num_rows, data.rows_sha256)
+        # the weights to start from; a resumed run with a checkpoint takes them from the checkpoint
+        start = None if self.resuming and checkpoints_latest(self.path) is not None \
+            else recipe.model.pretrained_checkpoint
         ctx = TrainContext(recipe=recipe, model=self.model_cfg, data=data, total_steps=self.total, rank=env.rank,
-                           world_size=env.world_size, local_rank=env.local_rank,
-                           pretrained_checkpoint=self.pretrained or recipe.model.pretrained_checkpoint)
+                           world_size=env.world_size, local_rank=env.local_rank, pretrained_checkpoint=start)
         self.engine = get_engine(recipe.engine)(ctx)
         self.checkpoints = CheckpointManager(self.path, self.engine, interval=recipe.training.checkpoint_interval,
                                              keep=recipe.training.keep_checkpoints, rank=env.rank)
@@ -161,11 +164,9 @@ class Trainer:
 
     def _history(self, step: int) -> list[dict[str, Any]]:
         """Metrics rows 1..step: the checkpoint's copy (written with it), else metrics.jsonl's."""
-        from muse_stack.run.checkpoints import latest
-
         if step == 0:
             return []
-        current = latest(self.path)
+        current = checkpoints_latest(self.path)
         rows = current.metrics_rows() if current is not None else None
         if rows is None:
             rows = rundir.read_metrics(self.path)[:step]
