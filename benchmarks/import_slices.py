@@ -4,13 +4,16 @@ Writes a synthetic HF-named safetensors checkpoint of one decoder layer of the r
 width with all its experts (256: about 26 GB in bf16), then loads it as EP ranks would, one
 rank after another in fresh processes on this CPU (``read_rank_weights`` of
 :mod:`muse_stack.engines.mcore.load`: each rank reads its experts and its TP/ETP shard, once).
-Per rank it records the bytes read, the number of reads, the wall time and the peak resident
-memory of the loading process.
+Per rank it records the bytes read, the number of reads, the wall time to copy its weights
+out of the files into host memory, and the peak resident memory of the loading process
+(its copied weights plus the file pages it touched).
 
     PYTHONPATH=. python benchmarks/import_slices.py --dir /scratch/ckpt --out benchmarks/import-slices/results.json
     PYTHONPATH=. python benchmarks/import_slices.py --experts 16 --sparse   # quick: a sparse file, no disk I/O
 
-``--sparse`` writes the header and leaves the data a hole: bytes and memory are as for real
+The checkpoint is sharded as Hugging Face shards it (at most 5 GB a file unless one tensor is
+larger: the stacked expert tensors are 17 and 9 GB). ``--sparse`` writes the headers and leaves
+the data a hole: bytes and memory are as for real
 data, times are not (reading a hole costs no disk I/O). Not part of ``make test``; the test
 suite runs the same check at the real widths with 16 experts (tests/test_engine_import_slices.py).
 """
@@ -49,9 +52,7 @@ def layer_specs(experts: int, layer: int = 0) -> list[tuple[str, tuple[int, ...]
             for n, t in model.state_dict().items() if n.startswith(prefix)]
 
 
-def write_checkpoint(path: Path, specs: list[tuple[str, tuple[int, ...], str]], *, sparse: bool) -> int:
-    """A safetensors file (header, then each tensor's bytes) with the given tensors; returns its size.
-    Sparse: the data is left a hole. Otherwise it is filled with a repeated random 64 MiB block."""
+def _write_file(file: Path, specs: list[tuple[str, tuple[int, ...], str]], *, sparse: bool) -> int:
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, shape, dtype in specs:
@@ -63,8 +64,6 @@ def write_checkpoint(path: Path, specs: list[tuple[str, tuple[int, ...], str]], 
         offset += n
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    path.mkdir(parents=True, exist_ok=True)
-    file = path / "model.safetensors"
     with open(file, "wb") as fh:
         fh.write(struct.pack("<Q", len(raw)) + raw)
         start = fh.tell()
@@ -80,6 +79,32 @@ def write_checkpoint(path: Path, specs: list[tuple[str, tuple[int, ...], str]], 
     return start + offset
 
 
+def write_checkpoint(path: Path, specs: list[tuple[str, tuple[int, ...], str]], *, sparse: bool,
+                     max_shard_bytes: int = 5 * 10**9) -> int:
+    """An HF-style checkpoint (safetensors shards of at most ``max_shard_bytes`` unless one tensor
+    is larger, and the index) with the given tensors; returns its size in bytes. Sparse: the data
+    is left a hole. Otherwise it is filled with a repeated random 64 MiB block."""
+    shards: list[list[tuple[str, tuple[int, ...], str]]] = [[]]
+    size = 0
+    for spec in specs:
+        n = DTYPES[spec[2]][1]
+        for d in spec[1]:
+            n *= d
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(spec)
+        size += n
+    path.mkdir(parents=True, exist_ok=True)
+    total, weight_map = 0, {}
+    for i, shard in enumerate(shards, start=1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        total += _write_file(path / file, shard, sparse=sparse)
+        weight_map.update({name: file for name, _, _ in shard})
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return total
+
+
 def load_rank(path: Path, experts: int, ep: int, etp: int, rank: int) -> dict[str, object]:
     """Rank ``rank`` of EP ``ep`` (ETP rank 0 of ``etp``; TP 1) loads its part of layer 0."""
     from muse_stack.engines.mcore.load import CheckpointSlices, read_rank_weights
@@ -89,10 +114,10 @@ def load_rank(path: Path, experts: int, ep: int, etp: int, rank: int) -> dict[st
     names = [n for n, _, _ in layer_specs(experts)]
     local = rank_names(names, experts, ep_rank=rank, ep_size=ep, layers=range(0, 1))
     t0 = time.perf_counter()
-    held = 0
+    held = []  # the rank's weights in host memory, copied out of the file (as into parameters)
     for _, _, part in read_rank_weights(source, local, layer_offset=0, expert_offset=rank * (experts // ep),
                                         tp_rank=0, tp_size=1, etp_rank=0, etp_size=etp):
-        held += part.numel() * part.element_size()
+        held.append(part.clone())
         del part
     seconds = time.perf_counter() - t0
     return {"rank": rank, "bytes_read": source.bytes_read, "reads": source.reads, "tensors": len(local),
@@ -124,15 +149,21 @@ def main(argv: list[str] | None = None) -> int:
         for rank in range(args.ep):
             cmd = [sys.executable, __file__, "--experts", str(args.experts), "--ep", str(args.ep), "--etp",
                    str(args.etp), "--dir", str(directory), "--load-rank", str(rank)]
-            done = subprocess.run(cmd, check=True, capture_output=True, text=True,
+            done = subprocess.run(cmd, capture_output=True, text=True,
                                   env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+            if done.returncode != 0:
+                sys.stderr.write(done.stderr)
+                raise SystemExit(f"rank {rank} failed (exit {done.returncode})")
             ranks.append(json.loads(done.stdout.splitlines()[-1]))
             r = ranks[-1]
             print(f"rank {rank}: {r['bytes_read'] / 1e9:.2f} GB in {r['reads']} reads, {r['seconds']:.1f} s, "
                   f"peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB", file=sys.stderr)
     finally:
         if not args.keep:
-            shutil.rmtree(directory, ignore_errors=True) if args.dir is None else (directory / "model.safetensors").unlink()
+            for file in directory.glob("model*.safetensors*"):
+                file.unlink()
+            if args.dir is None:
+                shutil.rmtree(directory, ignore_errors=True)
     result = {"command": " ".join(["python", "benchmarks/import_slices.py", *(argv or sys.argv[1:])]),
               "experts": args.experts, "ep": args.ep, "etp": args.etp, "sparse": args.sparse,
               "checkpoint_bytes": size, "write_seconds": write_s, "host": platform.node(),

@@ -38,6 +38,9 @@ def test_interval_keep_and_final_checkpoint(tmp_path, one_thread_env):
     assert [r["step"] for r in final.metrics_rows()] == list(range(1, 8))
     assert final.recipe_text() == (out / "recipe.yaml").read_text()
     assert outcome.results["checkpoint"] == {"step": 7, "path": "checkpoints/step-00000007"}
+    saves = outcome.results["checkpoint_saves"]
+    assert [s["step"] for s in saves] == [2, 4, 6, 7] and not any(s["background"] for s in saves)
+    assert all(s["complete_s"] <= s["blocking_s"] for s in saves)  # synchronous: complete before the loop goes on
 
 
 def test_without_an_interval_a_completed_run_keeps_its_final_checkpoint(tmp_path, one_thread_env):

@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,10 @@ class CheckpointManager:
         self.rank0 = rank == 0
         self.last_step: int | None = None  #: step of the newest complete checkpoint
         self._pending: tuple[Path, int, dict[str, str]] | None = None
+        #: per save: its step, the seconds the training loop waited for it (blocking_s) and the
+        #: seconds until the folder was complete (complete_s; later than blocking_s when async)
+        self.saves: list[dict[str, Any]] = []
+        self._started: float = 0.0
         current = latest(self.run_dir)
         if current is not None:
             self.last_step = current.step
@@ -166,6 +171,7 @@ class CheckpointManager:
     def save(self, step: int, files: dict[str, str]) -> None:
         """Save the engine's state at ``step`` with the trainer's ``files`` (name -> text)."""
         self.wait()
+        self._started = time.perf_counter()
         tmp = self.root / f"{folder_name(step)}.partial"
         try:
             if self.rank0:
@@ -178,10 +184,14 @@ class CheckpointManager:
             self._abandon(tmp)
             raise self._error(step, exc) from exc
         self._pending = (tmp, step, files)
+        entry: dict[str, Any] = {"step": step, "background": False}
+        self.saves.append(entry)
         if self._engine_done(blocking=False):
             self._commit()
         else:
+            entry["background"] = True
             log.info("checkpoint at step %d: writing in the background", step)
+        entry["blocking_s"] = time.perf_counter() - self._started
 
     def poll(self) -> None:
         """At a step boundary: complete a background save that has finished."""
@@ -233,7 +243,9 @@ class CheckpointManager:
             self._abandon(tmp)
             raise self._error(step, exc) from exc
         self.last_step = step
-        log.info("checkpoint at step %d: %s", step, final)
+        complete = time.perf_counter() - self._started
+        self.saves[-1]["complete_s"] = complete
+        log.info("checkpoint at step %d: %s (%.2f s)", step, final, complete)
         self._prune()
 
     def _prune(self) -> None:

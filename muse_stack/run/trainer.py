@@ -294,6 +294,8 @@ class Trainer:
         last = self.checkpoints.last_step if self.checkpoints is not None else None
         results["checkpoint"] = ({"step": last, "path": f"checkpoints/step-{last:08d}"} if last is not None
                                  else None)
+        if self.checkpoints is not None and self.checkpoints.saves:
+            results["checkpoint_saves"] = self.checkpoints.saves
         results["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         if self.diverged_at is not None:
             results["diverged_at_step"] = self.diverged_at
