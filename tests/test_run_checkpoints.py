@@ -10,7 +10,7 @@ import pytest
 from muse_stack.run import checkpoints
 from muse_stack.run.pipeline import run
 
-QUICK = ["training.measure_warmup_steps=1"]
+QUICK = ["training.measure_warmup_steps=1", "batch.gbs=2"]  # two rows a step: quick
 
 
 def losses(path: Path) -> list[float]:
