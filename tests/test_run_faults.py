@@ -303,3 +303,11 @@ def test_a_full_disk_during_a_save_keeps_the_last_checkpoint(tmp_path, one_threa
         assert losses(out) == baseline
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_resume_refuses_another_process_count(interrupted, cli, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun would launch it, RANK 0
+    monkeypatch.setenv("RANK", "0")
+    rc, _, err = cli("run", "--resume", interrupted, "--no-progress")
+    assert rc == 2 and "hardware.count" in err and "--allow-change" in err
+    assert steps_of(interrupted) == [1, 2, 3, 4]

@@ -94,6 +94,12 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
                     extra.append(f"model.pretrained_checkpoint={json.dumps(str(pretrained_checkpoint))}")
                 plan = plan_resume(path, extra, allow_change)
                 recipe, change = plan.recipe, plan.change
+                if env.world_size != recipe.hardware.count:
+                    raise LayoutError("the processes launched do not match the run's GPUs", field="hardware.count",
+                                      value=recipe.hardware.count,
+                                      rule=f"one process per GPU: {env.world_size} launched",
+                                      fix=f"launch {recipe.hardware.count} processes, or pass --gpus "
+                                          f"{env.world_size} --allow-change to continue on {env.world_size}")
                 if change is not None:
                     check_runnable(recipe, str(path))
                     if env.rank == 0:
