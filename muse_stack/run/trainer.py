@@ -117,7 +117,7 @@ class Trainer:
         from muse_stack.run.peak import peak_for
 
         faults.point("setup")
-        self.stop.check()
+        self._check_stop()
         recipe, env = self.recipe, self.env
         if self.resuming:
             self._read_prior()
@@ -127,7 +127,7 @@ class Trainer:
         if not self.rank0:
             data = build_for_recipe(recipe, progress=False)
         faults.point("after-data")
-        self.stop.check()
+        self._check_stop()
         self.total = total_steps(recipe, data)
         log.info("recipe %s: %d steps, data %s (%d rows, rows_sha256 %s)", recipe.name, self.total, data.path,
                  data.num_rows, data.rows_sha256)
@@ -154,6 +154,11 @@ class Trainer:
         self.sinks = sinks_for(self.path, recipe.name, rank=env.rank, progress=self.progress, console=console)
         for sink in self.sinks:
             sink.open(history, self.total)
+
+    def _check_stop(self) -> None:
+        """Between setup phases, on every rank at once: stop when any rank was signalled."""
+        if dist.any_flag(self.stop.requested):
+            raise StopRequested(self.stop.signal or "a signal to another rank")
 
     def _read_prior(self) -> None:
         try:
@@ -210,8 +215,7 @@ class Trainer:
     def train(self) -> None:
         assert self.engine is not None and self.checkpoints is not None
         engine, world = self.engine, self.env.world_size
-        if dist.any_flag(self.stop.requested):  # a signal during setup: stop before the first step
-            self.stop.check()
+        self._check_stop()  # a signal during setup: stop before the first step
         for step in range(self.step + 1, self.total + 1):
             t0 = time.perf_counter()
             stats = engine.train_step(step)
