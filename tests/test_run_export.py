@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from muse_stack.engines.mcore.weights import EXPERT_NAMES, LAYER_NAMES, LM, TOP_NAMES
 from muse_stack.errors import InputError

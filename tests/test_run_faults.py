@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from muse_stack.errors import InputError
 from muse_stack.run import checkpoints, faults
 from muse_stack.run.lock import RunLock
 from muse_stack.run.pipeline import run
