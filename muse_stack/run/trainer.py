@@ -223,8 +223,9 @@ class Trainer:
             if not (math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)):
                 self.diverged_at = step
                 self.error = (f"non-finite {'loss' if not math.isfinite(stats.loss) else 'gradient norm'} at step "
-                              f"{step} (loss {stats.loss}, grad_norm {stats.grad_norm}); the state after step "
-                              f"{self.step} is the last finite one")
+                              f"{step} (loss {stats.loss}, grad_norm {stats.grad_norm}); the latest checkpoint "
+                              f"is {'step ' + str(self.checkpoints.last_step) if self.checkpoints.last_step else 'none'}"
+                              f", from which --resume --allow-change continues with a changed recipe")
                 log.error(self.error)
                 break
             row = {"step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "lr": stats.lr,
