@@ -256,7 +256,7 @@ def test_resume_refuses_changes_naming_each_field(interrupted, cli):
     assert steps_of(interrupted) == [1, 2, 3, 4]
 
 
-def test_allow_change_records_the_change(interrupted, cli):
+def test_allow_change_records_the_change(interrupted, interrupted_once, cli):
     from muse_stack.recipes.catalogue import parse_recipe, recipe_sha256
     import yaml
 
@@ -272,6 +272,10 @@ def test_allow_change_records_the_change(interrupted, cli):
     assert change["recipe_sha256_before"] == before
     assert json.loads((interrupted / "results.json").read_text())["changes"] == inputs["changes"]
     assert steps_of(interrupted) == list(range(1, 11))
+    # diff against the run it was copied from shows the change: the recipe hash and the changes entry
+    rc, text, _ = cli("diff", interrupted_once, interrupted, "--json")
+    paths = {d["path"] for d in json.loads(text)["differences"]}
+    assert rc == 2 and {"run_inputs.recipe_sha256", "run_inputs.changes", "recipe.training.steps"} <= paths, paths
 
 
 def _mount_tmpfs(where: Path, size: str) -> None:
