@@ -119,7 +119,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && if [ "${TE_BUILD}" = "source" ]; then \
          : "${TE_SOURCE_COMMIT:?the lock has no components.transformer_engine.source_commit; pin it to build TE from source}"; \
          lock-env git-checkout "${TE_SOURCE_REPO}" "${TE_SOURCE_COMMIT}" /tmp/te \
-         && lock-env pip install --no-build-isolation --no-deps /tmp/te \
+         && lock-env pip-install --no-build-isolation --no-deps /tmp/te \
          && rm -rf /tmp/te \
          && lock-env pip-check "${TE_VERSION}" transformer_engine; \
        else \
@@ -137,7 +137,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && python3 /usr/local/lib/muse-stack/flash_attn_prepare.py patch /tmp/fa/src \
          --torch "$(python -c 'import os, torch; print(os.path.dirname(torch.__file__))')" \
     && FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS}" MAX_JOBS="${MAX_JOBS}" \
-       lock-env pip install --no-build-isolation --no-deps /tmp/fa/src \
+       lock-env pip-install --no-build-isolation --no-deps /tmp/fa/src \
     && rm -rf /tmp/fa \
     && lock-env pip-check "${FLASH_ATTN_VERSION}" "${FLASH_ATTN_PACKAGE}"
 
@@ -179,7 +179,7 @@ COPY muse_stack /opt/muse-stack/muse_stack
 ARG MUSE_STACK_VERSION
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
-    lock-env pip install --no-deps --editable /opt/muse-stack \
+    lock-env pip-install --no-deps --editable /opt/muse-stack \
     && lock-env pip-check "${MUSE_STACK_VERSION}" muse-stack
 COPY recipes /opt/muse-stack/recipes
 COPY data /opt/muse-stack/data

@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(VENV)/bin/muse-stack run tiny-cpu --out runs/demo-$$(date +%Y%m%d-%H%M%S)
-	@echo; echo "Outputs: the run directory printed above (recipe.yaml, fingerprint.json, metrics.jsonl, results.json, loss.png, throughput.png, run.log)."
+	@echo; echo "Outputs: the run directory printed above (recipe.yaml, fingerprint.json, metrics.jsonl, results.json, loss.png, throughput.png, run.log, checkpoints/)."
 
 unit: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -4,7 +4,7 @@
 # /tmp/site). Writes everything under ${OUT:-bench-out}; each step is listed in benchmarks/README.md.
 #   usage: bash benchmarks/h200.sh STEP...   (default: smoke)
 #   all of benchmarks/: fingerprint parity proxy1 slice slice2 slicee slicee2 overhead proxy2 proxy2c
-#                       parity2 tp2 parity3 pp2 cp2 etp2 packed packedcp recompute resume resumectl
+#                       parity2 tp2 parity3 pp2 cp2 etp2 packed packedcp recompute resume resumectl ckptsave
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
 set -uo pipefail
@@ -63,6 +63,14 @@ for what in "${@:-smoke}"; do
     two -m muse_stack.engines.mcore.parity --cp 2 --packed --train-steps 3 --out "$OUT/parity/parity-cp2-packed.json"
     two -m muse_stack.engines.mcore.parity --etp 2 --train-steps 3 --out "$OUT/parity/parity-etp2.json"
     two -m muse_stack.engines.mcore.parity --tp 2 --packed --train-steps 3 --out "$OUT/parity/parity-tp2-packed.json" ;;
+  ckptsave) # step-time cost of a dist-checkpoint save on slice-1gpu, synchronous then asynchronous: results.json's
+    # checkpoint_saves (blocking_s: the loop waited; complete_s: the folder complete) and the steps after each save
+    for mode in sync async; do
+      rm -rf runs/ckpt-$mode
+      one $MS run slice-1gpu --steps 12 training.checkpoint_interval=4 training.keep_checkpoints=1 \
+        training.async_checkpoint=$([ $mode = async ] && echo true || echo false) --out runs/ckpt-$mode --no-progress
+      keep ckpt-save-$mode runs/ckpt-$mode
+    done ;;
   resume|resume-ep2|resume-pp2) # dist-checkpoint round trip: interrupted at step 3 and resumed == uninterrupted
     lays=("layout.ep=2" "layout.ep=1 layout.pp=2 layout.pp_layers=[1,3]")
     [ "$what" = resume-ep2 ] && lays=("layout.ep=2"); [ "$what" = resume-pp2 ] && lays=("${lays[1]}")

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build-time helper of the Dockerfile (installed as /usr/local/bin/lock-env); holds no versions.
 # Trusts an extra CA bundle passed as build secret `ca` (TLS-intercepting proxies), then:
-#   lock-env pip ARGS...                          pip in the image's venv
+#   lock-env pip-install ARGS...                  pip install ARGS in the image's venv
 #   lock-env pip-check VERSION DIST...            fail unless each DIST is installed at VERSION
 #   lock-env fetch URL DEST [SHA256]              download, verify the checksum when pinned
 #   lock-env git-checkout REPO COMMIT DIR         clone and check out exactly COMMIT (and submodules)
@@ -19,7 +19,7 @@ if [ -s /run/secrets/ca ]; then
 fi
 cmd="$1"; shift
 case "$cmd" in
-  pip)
+  pip-install)
     exec python -m pip install --progress-bar off "$@" ;;
   pip-check)
     want="$1"; shift
@@ -43,8 +43,9 @@ PY
     links="${1:-}"; extra="${2:-}"
     python3 "$PYLOCK" requirements "$SET" --no-sdists > /tmp/wheelset-requirements.txt
     set -- --require-hashes --no-deps --only-binary :all: -r /tmp/wheelset-requirements.txt
-    if [ -n "$links" ]; then set -- "$@" --find-links "$links"; fi
-    if [ -n "$extra" ]; then set -- "$@" --extra-index-url "$extra"; fi
+    # a local wheel directory stands in for the extra index (torch's +cpu wheels), not beside it
+    if [ -n "$links" ]; then set -- "$@" --find-links "$links"
+    elif [ -n "$extra" ]; then set -- "$@" --extra-index-url "$extra"; fi
     python -m pip install --progress-bar off "$@"
     rm -f /tmp/wheelset-requirements.txt ;;
   install-sdist)

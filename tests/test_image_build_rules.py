@@ -57,7 +57,7 @@ def test_only_the_sets_sdists_are_compiled_and_deepep_comes_as_a_wheel():
 def test_flash_attn_is_patched_to_torchs_standard_before_it_is_built():
     (run,) = [r for r in RUNS if "fetch-sdist \"${FLASH_ATTN_PACKAGE}\"" in r]
     patch = run.index("flash_attn_prepare.py patch /tmp/fa/src --torch")
-    build = run.index("pip install --no-build-isolation --no-deps /tmp/fa/src")
+    build = run.index("pip-install --no-build-isolation --no-deps /tmp/fa/src")
     assert patch < build
     assert 'FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS}"' in run and 'MAX_JOBS="${MAX_JOBS}"' in run
     assert (ROOT / "containers" / "flash_attn_prepare.py").is_file()
@@ -74,8 +74,10 @@ def test_nothing_after_the_wheel_set_resolves_dependencies():
     """Every pip install in the build either installs the hash-pinned set itself or takes
     --no-deps: a later install cannot put torch's own cuDNN 9.24.0.43 back over 9.22.0.52."""
     for run in RUNS:
-        for m in re.finditer(r"pip install[^&;]*", run):
+        for m in re.finditer(r"pip[ -]install[^&;]*", run):
             assert "--no-deps" in m.group(0), run
+        # `lock-env pip-install install ...` once installed the registry's package "install"
+        assert not re.search(r"pip[ -]install install\b", run), run
     text = LOCK_ENV.read_text()
     (install_set,) = re.findall(r"install-set\)\n(.*?);;", text, re.S)
     assert "--require-hashes --no-deps --only-binary :all:" in install_set
@@ -87,7 +89,7 @@ def test_nothing_after_the_wheel_set_resolves_dependencies():
 def test_the_build_ends_in_the_selfcheck():
     idx = [i for i, r in enumerate(RUNS) if "stack selfcheck \"${LOCK_NAME}\" --image" in r]
     assert len(idx) == 1
-    last_install = max(i for i, r in enumerate(RUNS) if re.search(r"pip install|install-set|install-sdist", r))
+    last_install = max(i for i, r in enumerate(RUNS) if re.search(r"pip[ -]install|install-set|install-sdist", r))
     assert idx[0] > last_install
     # and the loader sees the set's cuDNN first (TE reads CUDNN_HOME before /usr/local/cuda)
     assert "CUDNN_HOME=/opt/muse-stack/cuda-libs/cudnn" in DOCKERFILE

@@ -107,8 +107,9 @@ def test_sigterm_on_one_node_interrupts_both_then_resume(tmp_path):
     assert res["status"] == "interrupted", "".join(f.read_text()[-2000:] for f in tmp_path.glob("*.log"))
     done_steps = res["steps_completed"]
     assert 3 <= done_steps < 40 and len(metrics(out)) == done_steps
-    assert (out / "checkpoint" / "trainer_state.json").is_file()
-    assert json.loads((out / "checkpoint" / "trainer_state.json").read_text())["step"] == done_steps
+    latest = json.loads((out / "checkpoints" / "latest").read_text())
+    assert latest["step"] == done_steps
+    assert json.loads((out / "checkpoints" / latest["folder"] / "trainer_state.json").read_text())["step"] == done_steps
 
     before = metrics(out)
     procs = _nodes(["--resume", str(out)], tmp_path, "resume")

@@ -122,7 +122,7 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert part.status == "interrupted"
     res = json.loads((part.path / "results.json").read_text())
     assert res["status"] == "interrupted" and res["steps_completed"] == 5
-    assert len(metrics(part.path)) == 5 and (part.path / "checkpoint" / "config.json").is_file()
+    assert len(metrics(part.path)) == 5 and (part.path / "checkpoints" / "step-00000005" / "config.json").is_file()
     done = run(resume=part.path, progress=False)
     assert done.status == "completed" and done.results["resumed_at_step"] == 5
     a, b = metrics(full.path), metrics(done.path)
@@ -138,7 +138,7 @@ def test_stop_after_from_the_command_line_then_resume(tmp_path, cli):
                       "training.measure_warmup_steps=1")
     assert rc == 1 and "interrupted" in text
     assert json.loads((out / "results.json").read_text())["steps_completed"] == 2
-    assert (out / "checkpoint").is_dir()
+    assert json.loads((out / "checkpoints" / "latest").read_text())["step"] == 2
     rc, text, _ = cli("run", "--resume", out, "--no-progress")
     assert rc == 0 and "completed" in text
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
@@ -146,7 +146,7 @@ def test_stop_after_from_the_command_line_then_resume(tmp_path, cli):
 
 def test_resume_refuses_a_completed_run(tiny_run, cli):
     rc, _, err = cli("run", "--resume", tiny_run[0].path)
-    assert rc == 3 and "only an interrupted run" in err
+    assert rc == 3 and "nothing to continue" in err
 
 
 def test_sigterm_leaves_an_interrupted_run(tmp_path):
@@ -167,7 +167,7 @@ def test_sigterm_leaves_an_interrupted_run(tmp_path):
     assert res["status"] == "interrupted"
     rows = metrics(out)
     assert res["steps_completed"] == len(rows) >= 3
-    assert (out / "checkpoint" / "model.safetensors").is_file()
+    assert (out / "checkpoints" / f"step-{len(rows):08d}" / "model.safetensors").is_file()
 
 
 def test_export_a_run_as_an_openrecipes_record(tiny_run, cli, tmp_path):

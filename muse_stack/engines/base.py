@@ -45,9 +45,17 @@ class Engine(Protocol):
 
     def peak_memory_gib(self) -> float | None: ...
 
-    def save(self, directory: Path, step: int) -> None: ...
+    def save(self, directory: Path, step: int) -> None:
+        """Write this engine's state (weights, optimizer, RNG) into ``directory``, an empty folder
+        the run's checkpoint manager made; it adds trainer_state.json and completes the folder.
+        An engine that only starts the write may also define ``finalize_save(blocking) -> bool``
+        (True once no save is in flight), called by every rank at the same points."""
+        ...
 
-    def load(self, directory: Path) -> int: ...
+    def load(self, directory: Path) -> int:
+        """Read the state a ``save`` wrote and position the data after it; returns the step
+        (``trainer_state.json``)."""
+        ...
 
     def describe(self) -> dict[str, Any]: ...
 

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from muse_stack import atomic
 from muse_stack.engines.base import StepStats, TrainContext
 from muse_stack.engines.megatron_available import require_megatron
 from muse_stack.errors import RecipeError
@@ -280,26 +279,32 @@ class MegatronEngine:
         return state
 
     def save(self, directory: Path, step: int) -> None:
+        """Every rank writes its shards into ``directory`` (made by the checkpoint manager).
+
+        With ``training.async_checkpoint`` the tensors are staged to host memory here and
+        written by a background process (megatron-core's async dist-checkpoint save through
+        its ``AsyncCallsQueue``); :meth:`finalize_save` reports when the write is complete."""
         from megatron.core import dist_checkpointing
 
-        directory = Path(directory)
-        tmp = directory.with_name(directory.name + ".partial")
-        if self.ctx.rank == 0:
-            import shutil
+        state = self._sharded_state(is_loading=False)
+        if not self.ctx.recipe.training.async_checkpoint:
+            dist_checkpointing.save(state, str(directory))
+            return
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        tdist.barrier()
-        dist_checkpointing.save(self._sharded_state(is_loading=False), str(tmp))
-        tdist.barrier()
-        if self.ctx.rank == 0:
-            import shutil
+        if getattr(self, "_async_queue", None) is None:
+            self._async_queue = AsyncCallsQueue()
+        request = dist_checkpointing.save(state, str(directory), async_sharded_save=True, async_strategy="mcore")
+        self._async_queue.schedule_async_request(request)
 
-            atomic.write_text(tmp / "trainer_state.json", json.dumps({"step": step}) + "\n")
-            if directory.exists():
-                shutil.rmtree(directory)
-            tmp.rename(directory)
-        tdist.barrier()
+    def finalize_save(self, blocking: bool) -> bool:
+        """Complete a background save that has finished (every rank calls this at the same
+        points); True when no save is in flight."""
+        queue = getattr(self, "_async_queue", None)
+        if queue is None or queue.get_num_unfinalized_calls() == 0:
+            return True
+        queue.maybe_finalize_async_calls(blocking=blocking)
+        return queue.get_num_unfinalized_calls() == 0
 
     def load(self, directory: Path) -> int:
         from megatron.core import dist_checkpointing

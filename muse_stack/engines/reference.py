@@ -36,6 +36,14 @@ def cpu_threads(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // (2 * world_size))
 
 
+def _torch_bytes(obj: Any) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     decay, no_decay = [], []
     for _, p in model.named_parameters():
@@ -165,24 +173,15 @@ class ReferenceEngine:
 
     # -- checkpoints ----------------------------------------------------------------------
     def save(self, directory: Path, step: int) -> None:
-        """Model weights as an HF-style checkpoint plus optimizer and trainer state (rank 0)."""
+        """Model weights as an HF-style checkpoint (its names and config.json) plus the optimizer
+        and RNG state, written by rank 0 into ``directory`` (made by the checkpoint manager)."""
         from muse_stack.model import save_checkpoint
 
         if self.ctx.rank != 0:
             return
-        tmp = directory.with_name(directory.name + ".partial")
-        if tmp.exists():
-            import shutil
-
-            shutil.rmtree(tmp)
-        save_checkpoint(self.model, tmp)
-        torch.save({"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()}, tmp / "optimizer.pt")
-        atomic.write_text(tmp / "trainer_state.json", json.dumps({"step": step}) + "\n")
-        if directory.exists():
-            import shutil
-
-            shutil.rmtree(directory)
-        tmp.rename(directory)
+        save_checkpoint(self.model, directory)
+        atomic.write_bytes(directory / "optimizer.pt", _torch_bytes(
+            {"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()}))
 
     def load(self, directory: Path) -> int:
         from muse_stack.model import load_weights_into

@@ -68,6 +68,9 @@ def check_recipe(recipe: Recipe) -> None:
                               field=f"layout.{name}", value=split[name],
                               fix=f"set layout.{name}=1 (the processes become data-parallel replicas), "
                                   "or use engine: megatron")
+        if recipe.training.async_checkpoint:
+            raise RecipeError("the reference engine saves checkpoints synchronously", field="training.async_checkpoint",
+                              value=True, fix="set training.async_checkpoint=false, or use engine: megatron")
         if recipe.recompute.granularity not in (None, "none"):
             raise RecipeError("the reference engine keeps every activation; it does not recompute",
                               field="recompute.granularity", value=recipe.recompute.granularity,

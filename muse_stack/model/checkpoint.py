@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,7 @@ class LoadReport:
     loaded: int  #: text-decoder tensors loaded
     ignored: int  #: tensors outside the text decoder (perception towers), skipped
     ignored_prefixes: list[str] = field(default_factory=list)
+    bytes_read: int = 0  #: bytes of tensor data read (each loaded tensor once; skipped ones not at all)
 
     def summary(self) -> str:
         text = f"loaded {self.loaded} text-decoder tensors from {len(self.files)} file(s) in {self.directory}"
@@ -179,17 +181,21 @@ def _keys_of(file: Path) -> list[str]:
                          fix="the file is corrupt or truncated; copy it again") from exc
 
 
-def _read_text_tensors(path: Path, expected: dict[str, torch.Size], device: torch.device | str
+def _read_text_tensors(path: Path, expected: dict[str, torch.Size], device: torch.device | str,
+                       consume: Callable[[str, torch.Tensor], None] | None = None
                        ) -> tuple[dict[str, torch.Tensor], LoadReport]:
+    """Check every text tensor's presence and shape from the headers (no data read), then read
+    each once. With ``consume``, each tensor is handed over as it is read and not kept, so host
+    memory holds one tensor at a time; without, they are returned."""
     files = _weight_files(path)
-    found: dict[str, torch.Tensor] = {}
+    where: dict[str, str] = {}
     ignored: set[str] = set()
     ignored_count = 0
     unexpected: list[str] = []
     mis_shaped: list[str] = []
     for file, names in files.items():
         try:
-            with safe_open(str(path / file), framework="pt", device=str(device)) as handle:
+            with safe_open(str(path / file), framework="pt") as handle:
                 available = set(handle.keys())
                 for name in names:
                     if not is_text_tensor(name):
@@ -205,13 +211,13 @@ def _read_text_tensors(path: Path, expected: dict[str, torch.Size], device: torc
                     if shape != tuple(expected[name]):
                         mis_shaped.append(f"{name}: checkpoint {list(shape)}, model {list(expected[name])}")
                         continue
-                    found[name] = handle.get_tensor(name)
+                    where[name] = file
         except InputError:
             raise
         except Exception as exc:
             raise InputError(f"cannot read {file} ({exc})", field="checkpoint.shard", value=str(path / file),
                              fix="the file is corrupt or truncated; copy it again") from exc
-    missing = [name for name in expected if name not in found and not any(name in m for m in mis_shaped)]
+    missing = [name for name in expected if name not in where and not any(name in m for m in mis_shaped)]
     if mis_shaped:
         raise InputError(f"{len(mis_shaped)} tensor(s) have the wrong shape, e.g. {mis_shaped[0]}",
                          field="checkpoint.tensor", value=mis_shaped[:5],
@@ -227,7 +233,26 @@ def _read_text_tensors(path: Path, expected: dict[str, torch.Size], device: torc
                          field="checkpoint.tensor", value=unexpected[:5],
                          fix="the checkpoint does not match config.json (more layers or other modules); "
                              "fix config.json or use the matching checkpoint")
-    report = LoadReport(str(path), sorted(files), len(found), ignored_count, sorted(ignored))
+    found: dict[str, torch.Tensor] = {}
+    nbytes = 0
+    by_file: dict[str, list[str]] = {}
+    for name, file in where.items():
+        by_file.setdefault(file, []).append(name)
+    for file, names in by_file.items():
+        try:
+            with safe_open(str(path / file), framework="pt", device=str(device)) as handle:
+                for name in names:
+                    tensor = handle.get_tensor(name)
+                    nbytes += tensor.numel() * tensor.element_size()
+                    if consume is not None:
+                        consume(name, tensor)
+                    else:
+                        found[name] = tensor
+                    del tensor
+        except Exception as exc:
+            raise InputError(f"cannot read {file} ({exc})", field="checkpoint.shard", value=str(path / file),
+                             fix="the file is corrupt or truncated; copy it again") from exc
+    report = LoadReport(str(path), sorted(files), len(where), ignored_count, sorted(ignored), bytes_read=nbytes)
     log.info(report.summary())
     return found, report
 
@@ -255,10 +280,13 @@ def load_weights_into(model: MuseSparkForCausalLM, directory: str | os.PathLike[
     path = _checkpoint_dir(directory)
     _check_same_config(model.config, ModelConfig.from_hf_config(path / CONFIG_NAME), path)
     targets = model.state_dict(keep_vars=True)
-    tensors, report = _read_text_tensors(path, {k: v.shape for k, v in targets.items()}, "cpu")
-    with torch.no_grad():
-        for name, tensor in tensors.items():
-            targets[name].copy_(tensor)
+
+    @torch.no_grad()
+    def copy(name: str, tensor: torch.Tensor) -> None:
+        targets[name].copy_(tensor)
+
+    # each tensor goes straight into its parameter: host memory holds one at a time
+    _, report = _read_text_tensors(path, {k: v.shape for k, v in targets.items()}, "cpu", consume=copy)
     model.load_report = report
     return report
 

@@ -18,7 +18,7 @@ import yaml
 
 from muse_stack.errors import InputError, RecipeError
 from muse_stack.recipes.catalogue import parse_recipe
-from muse_stack.recipes.schema import Recipe
+from muse_stack.recipes.schema import REQUIRED_PATH, Recipe
 
 SCHEMA_VERSION = 1
 RECORD_FIELDS = ("schema_version", "model", "gpu", "author", "status", "stack", "workload", "layout", "result",
@@ -106,6 +106,13 @@ def record_to_recipe(record: dict[str, Any], name: str, source: str, aliases: li
     if memory_gib:
         notes["hardware.memory_gib"] = "usable memory per GPU as the record's notes state it"
 
+    start = None
+    if flags.get("hf_checkpoint"):  # the run starts from the released weights: a path only the user has
+        start = REQUIRED_PATH
+        notes["model.pretrained_checkpoint"] = (
+            f"the record's run starts from the released checkpoint (--hf-checkpoint {flags['hf_checkpoint']} in its "
+            f"run command); give a local copy of {hf_id or 'the model'} at the recipe's revision")
+
     price = None
     if result.get("usd_per_million_tokens") and result.get("tokens_per_s_per_gpu"):
         price = round(result["usd_per_million_tokens"] * result["tokens_per_s_per_gpu"] * 3600 / 1e6, 2)
@@ -142,7 +149,7 @@ def record_to_recipe(record: dict[str, Any], name: str, source: str, aliases: li
         "description": f"{layout.get('label')} on {gpu['count']} {gpu['type']}: the OpenRecipes record of "
                        f"{(record.get('author') or {}).get('name', 'its author')}.",
         "engine": "megatron",
-        "model": {"hf_id": hf_id, "revision": revision},
+        "model": {"hf_id": hf_id, "revision": revision, "pretrained_checkpoint": start},
         "hardware": {
             "gpu": gpu["type"],
             "count": gpu["count"],

@@ -92,6 +92,10 @@ GpuType = Literal["GB200", "B200", "H200", "H100", "cpu"]
 Engine = Literal["reference", "megatron"]
 
 
+#: a path the recipe needs and only the user can supply (e.g. the released checkpoint's local copy)
+REQUIRED_PATH = "required"
+
+
 class _Strict(BaseModel):
     # floats are finite: an .inf or .nan learning rate, price or size is refused here
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -101,7 +105,9 @@ class ModelSpec(_Strict):
     hf_id: str | None = Field(None, description="Hugging Face repository id of the checkpoint")
     revision: str | None = Field(None, description="commit of the Hugging Face repository")
     config_path: str | None = Field(None, description="a local config.json (or its directory) to take shapes from")
-    pretrained_checkpoint: str | None = Field(None, description="HF-style directory to load weights from")
+    pretrained_checkpoint: str | None = Field(
+        None, description=f"HF-style directory to load weights from; {REQUIRED_PATH!r}: the run starts from a "
+                          "checkpoint the user supplies (the recipe's note says which), and refuses to start without it")
     overrides: dict[str, Any] = Field(default_factory=dict, description="ModelConfig fields that differ (proxies)")
 
     @field_validator("overrides")
@@ -225,7 +231,11 @@ class Training(_Strict):
     data_seed: int | None = None
     log_interval: int = Field(1, ge=1)
     measure_warmup_steps: int | None = Field(None, ge=0, le=MAX_STEPS, description="steps skipped before the measurement window")
-    checkpoint_interval: int | None = Field(None, ge=1)
+    checkpoint_interval: int | None = Field(None, ge=1, le=MAX_STEPS, description="steps between checkpoints (unset: "
+                                                                                  "only the final one and one on interrupt)")
+    keep_checkpoints: int | None = Field(None, ge=1, le=MAX_STEPS, description="newest complete checkpoints kept (unset: all)")
+    async_checkpoint: bool = Field(False, description="megatron engine: write dist-checkpoints in the background "
+                                                      "(megatron-core async save), completed at step boundaries")
 
 
 class Data(_Strict):

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console()
 
@@ -19,7 +20,12 @@ def register(app: typer.Typer) -> None:
         gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs (processes) to run on"),
         steps: Optional[int] = typer.Option(None, "--steps", help="optimizer steps (overrides the recipe)"),
         out: Optional[Path] = typer.Option(None, "--out", help="new run directory (default runs/NAME-TIME)"),
-        resume: Optional[Path] = typer.Option(None, "--resume", help="continue an interrupted run directory"),
+        resume: Optional[Path] = typer.Option(
+            None, "--resume", help="continue a run directory from its latest checkpoint (after an interrupt, a "
+                                   "crash or a kill)"),
+        allow_change: bool = typer.Option(
+            False, "--allow-change",
+            help="with --resume: continue with an edited recipe.yaml, new overrides or --steps, recorded in the run"),
         pretrained_checkpoint: Optional[str] = typer.Option(
             None, "--pretrained-checkpoint", help="HF-style checkpoint directory to start from"),
         stop_after: Optional[int] = typer.Option(
@@ -36,10 +42,12 @@ def register(app: typer.Typer) -> None:
             overrides = [name, *(overrides or [])] if "=" in name else overrides
         outcome = run(None if resume is not None else name, overrides=overrides or [], out=out, steps=steps,
                       gpus=gpus, resume=resume, pretrained_checkpoint=pretrained_checkpoint,
-                      progress=not no_progress, stop_after=stop_after)
+                      progress=not no_progress, stop_after=stop_after, allow_change=allow_change)
         r = outcome.results
         if not r:
             return
+        if r.get("error"):
+            console.print(f"[bold]{outcome.status}[/]: {escape(r['error'])}", highlight=False)
         console.print(f"[bold]{outcome.status}[/]: {r.get('steps_completed')} steps, loss "
                       f"{r.get('first_loss'):.4f} -> {r.get('final_loss'):.4f}" if r.get("first_loss") is not None
                       else f"[bold]{outcome.status}[/]")
@@ -50,8 +58,21 @@ def register(app: typer.Typer) -> None:
                           f"{r['step_time_cv_percent']:.1f}%{mfu}")
         console.print(f"run directory: {outcome.path}")
         for f in ("recipe.yaml", "fingerprint.json", "metrics.jsonl", "results.json", "loss.png", "throughput.png",
-                  "run.log"):
+                  "run.log", "checkpoints"):
             if (outcome.path / f).exists():
                 console.print(f"  {outcome.path / f}")
         if outcome.status != "completed":
             raise typer.Exit(1)
+
+    @app.command("export")
+    def export_cmd(
+        run_dir: Path = typer.Argument(..., help="a run directory with a checkpoint"),
+        hf: Path = typer.Option(..., "--hf", help="new directory for the Hugging Face checkpoint"),
+        max_shard_mb: float = typer.Option(5000.0, "--max-shard-mb", min=0.01,
+                                           help="largest safetensors shard in MB (Hugging Face's default, 5 GB)"),
+    ) -> None:
+        """Write the run's latest checkpoint as a Hugging Face checkpoint (safetensors shards + config.json)."""
+        from muse_stack.run.export import export_run
+
+        out, step, count = export_run(run_dir, hf, max_shard_bytes=int(max_shard_mb * 10**6), progress=True)
+        console.print(f"exported step {step}: {count} tensors to {out}")

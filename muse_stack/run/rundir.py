@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -18,7 +20,6 @@ FINGERPRINT = "fingerprint.json"
 METRICS = "metrics.jsonl"
 RESULTS = "results.json"
 LOG = "run.log"
-CHECKPOINT = "checkpoint"
 RANKS = "fingerprints"
 
 
@@ -78,6 +79,8 @@ class RunRecord:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Every row of metrics.jsonl. A last line cut short (a process killed, or a full disk,
+    mid-write) is left out with a warning; a broken line before it is an error."""
     rows = []
     file = path / METRICS
     if not file.exists():
@@ -85,9 +88,16 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     from muse_stack.safeio import load_json, read_text
 
     fix = "the file is corrupt; re-run or remove the broken line"
-    for n, line in enumerate(read_text(file, field=METRICS, what="metrics file", fix=fix, limit=None).splitlines(), 1):
+    lines = read_text(file, field=METRICS, what="metrics file", fix=fix, limit=None).splitlines()
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        try:
+            json.loads(line)
+        except json.JSONDecodeError as exc:
+            if n == len(lines):  # a write cut short (SIGKILL, full disk): the last row is dropped
+                logging.getLogger("muse_stack.run").warning("%s:%d: torn last line left out (%s)", file, n, exc)
+                break
         rows.append(load_json(line, source=f"{file}:{n}", field=METRICS, fix=fix))
     return rows
 

@@ -170,6 +170,16 @@ def register(app: typer.Typer) -> None:
                 loaded, labels, "label", {"name": "dev.muse-stack.lock.name", "sha256": "dev.muse-stack.lock.sha256"}
             )
         problems += _against_record(loaded)
+        from muse_stack.stack import wheelset
+
+        ws = wheelset.check(loaded)
+        if ws.ok:
+            console.print(
+                f"wheel set {wheelset.set_path(loaded).name}: {len(ws.packages)} packages, every component at the "
+                f"lock's version, {len(lock.overrides)} declared override(s)",
+                highlight=False,
+            )
+        problems += [f"wheel set: {p}" for p in ws.problems]
         pending = unresolved(lock)
         for field, reason in pending:
             console.print(f"[yellow]unresolved[/] {field}: {reason}", highlight=False)

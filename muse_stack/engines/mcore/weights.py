@@ -124,6 +124,36 @@ def local_to_global(name: str, layer_offset: int, expert_offset: int) -> str:
     return f"decoder.layers.{layer}.{rest}"
 
 
+def global_to_local(name: str, layer_offset: int, expert_offset: int) -> str:
+    """Global name -> the name on the pipeline stage / expert-parallel rank holding it."""
+    match = _LAYER.match(name)
+    if match is None:
+        return name
+    layer, rest = int(match.group(1)) - layer_offset, match.group(2)
+    expert = _EXPERT.match(rest)
+    if expert is not None:
+        rest = f"{expert.group(1)}{int(expert.group(2)) - expert_offset}"
+    return f"decoder.layers.{layer}.{rest}"
+
+
+def rank_names(hf_names: list[str], num_experts: int, *, ep_rank: int, ep_size: int, layers: range) -> list[str]:
+    """Local megatron-core names of the tensors an expert-parallel rank holding ``layers``
+    (global indices) loads from a checkpoint with ``hf_names``."""
+    per_rank = num_experts // ep_size
+    offset = ep_rank * per_rank
+    out = []
+    for hf_name in hf_names:
+        for name in hf_to_mcore(hf_name, num_experts):
+            match = _LAYER.match(name)
+            if match is not None and int(match.group(1)) not in layers:
+                continue
+            target = mcore_to_hf(name)
+            if target.expert is not None and not offset <= target.expert < offset + per_rank:
+                continue
+            out.append(global_to_local(name, layers.start, offset))
+    return out
+
+
 def shard(tensor, target: Target, tp_rank: int, tp_size: int, etp_rank: int, etp_size: int):
     """This rank's part of a full checkpoint tensor (already indexed by expert)."""
     axis, rank, size = (target.tp_axis, tp_rank, tp_size) if target.etp_axis is None \

@@ -1,0 +1,270 @@
+"""The run's checkpoints: step-named folders, a ``latest`` pointer, an interval and keep-last-N.
+
+Layout under the run directory::
+
+    checkpoints/
+      step-00000020/        one complete checkpoint: the engine's files, trainer_state.json,
+                            the recipe it was trained with and the metrics rows up to its step
+      step-00000040/
+      latest                {"step": 40, "folder": "step-00000040"}, replaced atomically
+
+A save writes ``step-N.partial/`` (the engine writes its state there: an HF-style
+checkpoint on the reference engine, a dist-checkpoint on the megatron engine), adds the
+trainer's files, renames the folder to ``step-N`` and only then replaces ``latest``; old
+folders are pruned after that. A process killed at any moment therefore leaves ``latest``
+naming a complete folder (or no ``latest`` at all), and resume trusts only what it names:
+``*.partial`` folders and folders newer than ``latest`` are discarded.
+
+An engine whose ``save`` only starts writing (megatron-core's asynchronous dist-checkpoint
+save) exposes ``finalize_save(blocking) -> bool``; the folder is completed and ``latest``
+moved when that reports the write done, at a step boundary or before the next save or exit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from muse_stack import atomic
+from muse_stack.errors import InputError, MuseStackError
+from muse_stack.run import dist, faults
+
+log = logging.getLogger("muse_stack.run")
+
+ROOT = "checkpoints"
+LATEST = "latest"
+TRAINER_STATE = "trainer_state.json"
+RECIPE = "recipe.yaml"
+METRICS = "metrics.jsonl"
+_STEP = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(MuseStackError):
+    """A checkpoint could not be written (the previous one is intact)."""
+
+    exit_code = 4
+
+
+def folder_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: Path
+
+    def recipe_text(self) -> str | None:
+        file = self.path / RECIPE
+        return file.read_text() if file.is_file() else None
+
+    def metrics_rows(self) -> list[dict[str, Any]] | None:
+        file = self.path / METRICS
+        if not file.is_file():
+            return None
+        return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+
+
+def latest(run_dir: Path) -> Checkpoint | None:
+    """The checkpoint ``latest`` names, checked whole; None when the run has none yet."""
+    root = Path(run_dir) / ROOT
+    pointer = root / LATEST
+    if not pointer.is_file():
+        return None
+    try:
+        doc = json.loads(pointer.read_text())
+        step, folder = int(doc["step"]), str(doc["folder"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{pointer} is not a checkpoint pointer ({exc})", field="checkpoints/latest",
+                         value=str(pointer), fix="restore the file, or point it at a complete step folder: "
+                                                 '{"step": N, "folder": "step-0000000N"}') from exc
+    path = root / folder
+    state = path / TRAINER_STATE
+    if not state.is_file() or json.loads(state.read_text()).get("step") != step:
+        raise InputError(f"checkpoints/latest names {folder} (step {step}), which is not a complete checkpoint",
+                         field="checkpoints/latest", value=str(pointer),
+                         fix="the run directory was changed by hand; restore the step folder it names")
+    return Checkpoint(step, path)
+
+
+def step_folders(run_dir: Path) -> list[Checkpoint]:
+    root = Path(run_dir) / ROOT
+    if not root.is_dir():
+        return []
+    found = [Checkpoint(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP.match(p.name)) and p.is_dir()]
+    return sorted(found, key=lambda c: c.step)
+
+
+class CheckpointManager:
+    """Owns the step folders, the interval, keep-last-N and the async wait points.
+
+    The engine only writes and reads its own state in the folder it is given
+    (:meth:`Engine.save` / :meth:`Engine.load`).
+    """
+
+    def __init__(self, run_dir: Path, engine: Any, *, interval: int | None, keep: int | None,
+                 rank: int = 0) -> None:
+        self.run_dir = Path(run_dir)
+        self.root = self.run_dir / ROOT
+        self.engine = engine
+        self.interval = interval
+        self.keep = keep
+        self.rank0 = rank == 0
+        self.last_step: int | None = None  #: step of the newest complete checkpoint
+        self._pending: tuple[Path, int, dict[str, str]] | None = None
+        #: per save: its step, the seconds the training loop waited for it (blocking_s) and the
+        #: seconds until the folder was complete (complete_s; later than blocking_s when async)
+        self.saves: list[dict[str, Any]] = []
+        self._started: float = 0.0
+        current = latest(self.run_dir)
+        if current is not None:
+            self.last_step = current.step
+
+    # -- decisions ------------------------------------------------------------------------
+    def due(self, step: int, total: int) -> bool:
+        """A save at this step: on the interval, and at the last step."""
+        if step == self.last_step:
+            return False
+        return step >= total or bool(self.interval and step % self.interval == 0)
+
+    # -- resume ---------------------------------------------------------------------------
+    def discard_untrusted(self) -> None:
+        """Remove what ``latest`` does not vouch for: partial folders and newer step folders."""
+        if not self.rank0 or not self.root.is_dir():
+            return
+        for entry in self.root.iterdir():
+            m = _STEP.match(entry.name)
+            stale = entry.name.endswith(".partial") or (m is not None and (self.last_step is None
+                                                                            or int(m.group(1)) > self.last_step))
+            if stale and entry.is_dir():
+                log.warning("discarding %s: not named by checkpoints/latest", entry)
+                shutil.rmtree(entry)
+
+    def load(self) -> int:
+        """Load the latest checkpoint into the engine; 0 when there is none."""
+        current = latest(self.run_dir)
+        if current is None:
+            return 0
+        step = self.engine.load(current.path)
+        if step != current.step:
+            raise InputError(f"{current.path} holds step {step}, but checkpoints/latest says {current.step}",
+                             field="checkpoints/latest", value=str(current.path),
+                             fix="restore the run directory's checkpoints as written")
+        return step
+
+    # -- saving ---------------------------------------------------------------------------
+    def save(self, step: int, files: dict[str, str]) -> None:
+        """Save the engine's state at ``step`` with the trainer's ``files`` (name -> text)."""
+        self.wait()
+        self._started = time.perf_counter()
+        tmp = self.root / f"{folder_name(step)}.partial"
+        try:
+            if self.rank0:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir(parents=True)
+            dist.barrier()
+            self.engine.save(tmp, step)
+        except BaseException as exc:
+            self._abandon(tmp)
+            raise self._error(step, exc) from exc
+        self._pending = (tmp, step, files)
+        entry: dict[str, Any] = {"step": step, "background": False}
+        self.saves.append(entry)
+        if self._engine_done(blocking=False):
+            self._commit()
+        else:
+            entry["background"] = True
+            log.info("checkpoint at step %d: writing in the background", step)
+        entry["blocking_s"] = time.perf_counter() - self._started
+
+    def poll(self) -> None:
+        """At a step boundary: complete a background save that has finished."""
+        if self._pending is not None and self._engine_done(blocking=False):
+            self._commit()
+
+    def wait(self) -> None:
+        """Complete a background save, waiting for it (before the next save and at exit)."""
+        if self._pending is not None:
+            self._engine_done(blocking=True)
+            self._commit()
+
+    def _engine_done(self, blocking: bool) -> bool:
+        finalize = getattr(self.engine, "finalize_save", None)
+        if finalize is None:
+            return True
+        try:
+            return bool(finalize(blocking))
+        except BaseException as exc:
+            tmp, step, _ = self._pending or (None, 0, {})
+            self._pending = None
+            if tmp is not None:
+                self._abandon(tmp)
+            raise self._error(step, exc) from exc
+
+    def _commit(self) -> None:
+        assert self._pending is not None
+        tmp, step, files = self._pending
+        self._pending = None
+        final = self.root / folder_name(step)
+        try:
+            dist.barrier()
+            if self.rank0:
+                faults.point("save-engine", step)
+                for name, text in files.items():
+                    atomic.write_text(tmp / name, text)
+                atomic.write_text(tmp / TRAINER_STATE, json.dumps({"step": step}) + "\n")
+                _fsync_dir(tmp)
+                if final.exists():  # an earlier attempt at this step that latest never named
+                    shutil.rmtree(final)
+                os.rename(tmp, final)
+                _fsync_dir(self.root)
+                faults.point("save-renamed", step)
+                atomic.write_text(self.root / LATEST, json.dumps({"step": step, "folder": final.name}) + "\n")
+                _fsync_dir(self.root)
+                faults.point("save-pointed", step)
+            dist.barrier()
+        except BaseException as exc:
+            self._abandon(tmp)
+            raise self._error(step, exc) from exc
+        self.last_step = step
+        complete = time.perf_counter() - self._started
+        self.saves[-1]["complete_s"] = complete
+        log.info("checkpoint at step %d: %s (%.2f s)", step, final, complete)
+        self._prune()
+
+    def _prune(self) -> None:
+        if not self.rank0 or not self.keep:
+            return
+        complete = [c for c in step_folders(self.run_dir) if self.last_step is not None and c.step <= self.last_step]
+        for old in complete[:-self.keep]:
+            shutil.rmtree(old.path, ignore_errors=True)
+
+    def _abandon(self, tmp: Path) -> None:
+        if self.rank0:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _error(self, step: int, exc: BaseException) -> BaseException:
+        if not isinstance(exc, OSError):
+            return exc
+        before = f"step {self.last_step}" if self.last_step is not None else "none yet"
+        return CheckpointError(f"the checkpoint at step {step} could not be written ({exc.strerror or exc}); "
+                               f"the latest complete checkpoint is intact ({before})",
+                               field="checkpoints", value=str(self.root),
+                               fix="free space (or fix the file system), then continue with "
+                                   f"`muse-stack run --resume {self.run_dir}`")

@@ -1,0 +1,104 @@
+"""What ``muse-stack run --resume DIR`` may continue, and with which recipe.
+
+A run continues from the checkpoint ``checkpoints/latest`` names (step 0 when it has none),
+whatever ``results.json`` says or whether it exists: a killed process writes nothing
+more. The recipe it continues with is the one that checkpoint was trained with; an edited
+``recipe.yaml``, new overrides, ``--steps`` or ``--gpus`` are refused, each changed field named,
+unless ``--allow-change`` is given, and then the change is recorded (see :class:`Change`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from muse_stack.errors import InputError
+from muse_stack.recipes.catalogue import parse_recipe, recipe_sha256
+from muse_stack.recipes.overrides import apply_overrides
+from muse_stack.recipes.schema import Recipe
+from muse_stack.run import checkpoints, rundir
+
+
+def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(doc, dict) and doc:
+        out: dict[str, Any] = {}
+        for key, value in doc.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: doc}
+
+
+def changed_fields(before: Recipe, after: Recipe) -> dict[str, list[Any]]:
+    """Dotted field -> [before, after] for every field that differs."""
+    a, b = flatten(before.model_dump(mode="json")), flatten(after.model_dump(mode="json"))
+    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+@dataclass
+class ResumePlan:
+    path: Path
+    recipe: Recipe  #: what the run continues with
+    checkpoint: checkpoints.Checkpoint | None
+    change: dict[str, Any] | None  #: the recorded change, when --allow-change accepted one
+
+
+def plan_resume(path: Path, extra: list[str], allow_change: bool) -> ResumePlan:
+    if not (path / rundir.RECIPE).is_file():
+        raise InputError("not a run directory (no recipe.yaml)", field="--resume", value=str(path),
+                         fix="give a directory written by `muse-stack run`")
+    current = checkpoints.latest(path)
+    on_disk = yaml.safe_load((path / rundir.RECIPE).read_text())
+    wanted = parse_recipe(apply_overrides(on_disk, extra) if extra else on_disk, str(path / rundir.RECIPE))
+    # the recipe the saved state was trained with: the checkpoint's copy; before the first
+    # checkpoint, recipe.yaml as the fingerprint's hash recorded it
+    if current is not None and current.recipe_text() is not None:
+        baseline = parse_recipe(yaml.safe_load(current.recipe_text()), str(current.path / checkpoints.RECIPE))
+        before_sha = recipe_sha256(baseline)
+        fields = changed_fields(baseline, wanted)
+    else:
+        baseline = parse_recipe(on_disk, str(path / rundir.RECIPE))
+        fields = changed_fields(baseline, wanted)
+        before_sha = _recorded_sha(path) or recipe_sha256(baseline)
+        if before_sha != recipe_sha256(baseline):  # edited since the run started; no copy names the fields
+            fields = {"recipe.yaml": [f"sha256 {before_sha[:12]}", f"sha256 {recipe_sha256(baseline)[:12]}"],
+                      **fields}
+    results = _results(path)
+    done = current.step if current is not None else 0
+    if results.get("status") == "completed" and not fields:
+        raise InputError("the run completed; there is nothing to continue", field="--resume", value=str(path),
+                         fix="start a new run, or continue it for more steps with --steps N --allow-change")
+    if fields and not allow_change:
+        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in fields.items()))
+        raise InputError(f"resuming would change what the run trains: {listed}", field="--resume",
+                         value=str(path), rule="a resumed run continues with the recipe its checkpoint was "
+                                               "trained with",
+                         fix="restore recipe.yaml and drop the new overrides / --steps / --gpus, or pass "
+                             "--allow-change to continue with the change recorded in the run")
+    change = None
+    if fields:
+        change = {"at_step": done, "fields": fields,
+                  "recipe_sha256_before": before_sha,
+                  "recipe_sha256_after": recipe_sha256(wanted), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return ResumePlan(path=path, recipe=wanted, checkpoint=current, change=change)
+
+
+def _results(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        return json.loads((path / rundir.RESULTS).read_text())
+    except (OSError, ValueError):
+        return {}  # missing, or stale from a process that died
+
+
+def _recorded_sha(path: Path) -> str | None:
+    import json
+
+    try:
+        return json.loads((path / rundir.FINGERPRINT).read_text())["run_inputs"]["recipe_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,91 @@
+"""Where each step's metrics row goes: a list of sinks the training loop fans out to.
+
+A sink is opened with the rows already recorded (a resumed run's history, cut back to its
+checkpoint), receives every new row, and is closed once. ``metrics.jsonl`` is the first;
+the log line and the progress bar are two more; a TensorBoard or W&B writer is one more
+class with these three methods, added in :func:`sinks_for`. Only rank 0 has sinks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from muse_stack import atomic
+
+log = logging.getLogger("muse_stack.run")
+Row = dict[str, Any]
+
+
+class MetricSink(Protocol):
+    def open(self, history: list[Row], total_steps: int) -> None: ...
+
+    def log(self, row: Row) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """``metrics.jsonl``: one fsynced line per step. Opening rewrites the file with exactly the
+    history (what a resume keeps), which also drops a line torn by a crash or a full disk."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def open(self, history: list[Row], total_steps: int) -> None:
+        atomic.write_text(self.path, "".join(json.dumps(r) + "\n" for r in history))
+
+    def log(self, row: Row) -> None:
+        atomic.append_line(self.path, json.dumps(row))
+
+    def close(self) -> None:
+        pass
+
+
+class LogSink:
+    """One line per step in run.log."""
+
+    def open(self, history: list[Row], total_steps: int) -> None:
+        pass
+
+    def log(self, row: Row) -> None:
+        log.info("step %d loss %.4f grad_norm %.3f lr %.3g %.3fs", row["step"], row["loss"], row["grad_norm"],
+                 row["lr"], row["step_time_s"])
+
+    def close(self) -> None:
+        pass
+
+
+class ProgressSink:
+    """The rich progress bar on stderr."""
+
+    def __init__(self, title: str, console: Console) -> None:
+        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                            console=console, transient=False)
+        self.title = title
+        self.task = None
+
+    def open(self, history: list[Row], total_steps: int) -> None:
+        self.bar.start()
+        self.task = self.bar.add_task(self.title, total=total_steps, completed=len(history), loss="-")
+
+    def log(self, row: Row) -> None:
+        self.bar.update(self.task, advance=1, loss=f"{row['loss']:.4f}")
+
+    def close(self) -> None:
+        self.bar.stop()
+
+
+def sinks_for(run_dir: Path, title: str, *, rank: int, progress: bool, console: Console) -> list[MetricSink]:
+    if rank != 0:
+        return []
+    sinks: list[MetricSink] = [JsonlSink(run_dir / "metrics.jsonl"), LogSink()]
+    if progress:
+        sinks.append(ProgressSink(title, console))
+    return sinks

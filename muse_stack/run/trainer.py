@@ -1,0 +1,329 @@
+"""The training loop of a run: setup -> loop -> finish, with its components called at known points.
+
+:class:`Trainer` holds the run's state (the last finished step, the metrics rows, the status)
+and calls, in one direction:
+
+* setup: the data rows, the engine (behind :class:`muse_stack.engines.Engine`), the
+  :class:`~muse_stack.run.checkpoints.CheckpointManager` (which loads the latest checkpoint
+  on resume), the fingerprint, and the metric sinks (:mod:`muse_stack.run.sinks`);
+* per step: ``engine.train_step`` -> a metrics row -> every sink -> one decision
+  (:meth:`Trainer._decide`): save now, stop now, or go on;
+* finish: the last save's completion, ``results.json``, the plots.
+
+Signals only raise a flag (:mod:`muse_stack.run.signals`), read between setup phases and
+after each step; a non-finite loss ends the run as ``diverged`` at that step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from muse_stack import atomic
+from muse_stack.engines import TrainContext, get_engine
+from muse_stack.errors import InputError, MuseStackError
+from muse_stack.recipes.catalogue import recipe_sha256, recipe_yaml
+from muse_stack.recipes.schema import Recipe
+from muse_stack.run import dist, faults, rundir
+from muse_stack.run.checkpoints import CheckpointManager
+from muse_stack.run.checkpoints import latest as checkpoints_latest
+from muse_stack.run.signals import StopFlag, StopRequested
+from muse_stack.run.sinks import MetricSink, sinks_for
+
+console = Console(stderr=True)
+log = logging.getLogger("muse_stack.run")
+
+
+@dataclass
+class RunOutcome:
+    path: Path
+    status: str
+    results: dict[str, Any]
+
+
+def total_steps(recipe: Recipe, data) -> int:
+    if recipe.training.steps:
+        return recipe.training.steps
+    per_step = recipe.batch.gbs or 1
+    return max(1, int((recipe.training.epochs or 1) * data.num_rows // per_step))
+
+
+def warmup_steps(recipe: Recipe, total: int) -> int:
+    if recipe.training.measure_warmup_steps is not None:
+        return min(recipe.training.measure_warmup_steps, max(total - 1, 0))
+    return min(max(1, total // 10), max(total - 1, 0))
+
+
+class Trainer:
+    def __init__(self, recipe: Recipe, path: Path, env: "dist.DistEnv", stop: StopFlag, *, resuming: bool,
+                 change: dict[str, Any] | None = None, progress: bool = True,
+                 stop_after: int | None = None) -> None:
+        self.recipe, self.path, self.env, self.stop = recipe, path, env, stop
+        self.rank0 = env.rank == 0
+        self.resuming, self.change = resuming, change
+        self.progress, self.stop_after = progress, stop_after
+        self.model_cfg = recipe.model_config_resolved()
+        # state
+        self.step = 0  #: last finished step
+        self.resumed_step = 0
+        self.total = 0
+        self.metrics: list[dict[str, Any]] = []
+        self.status, self.error = "failed", None
+        self.diverged_at: int | None = None
+        self.engine = None
+        self.checkpoints: CheckpointManager | None = None
+        self.sinks: list[MetricSink] = []
+        self.rank_peaks: list[float | None] | None = None
+        self.peak_tflops, self.peak_source = None, "not measured"
+        self.changes: list[dict[str, Any]] = []
+        self.started = time.time()
+        self.prior_wall = 0.0
+
+    # -- the whole run --------------------------------------------------------------------
+    def run(self) -> RunOutcome:
+        handler = self._setup_logging()
+        results: dict[str, Any] = {}
+        try:
+            self.setup()
+            self.train()
+        except StopRequested as exc:
+            self.status = "interrupted"
+            log.warning("%s before the first step; nothing to save", exc)
+        except MuseStackError as exc:
+            self.error = exc.render()
+            raise
+        except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised
+            self.error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            try:
+                results = self.finish()
+            finally:
+                if handler is not None:
+                    logging.getLogger("muse_stack").removeHandler(handler)
+                    handler.close()
+        return RunOutcome(path=self.path, status=self.status, results=results)
+
+    # -- setup ----------------------------------------------------------------------------
+    def setup(self) -> None:
+        from muse_stack.data import build_for_recipe
+        from muse_stack.run.peak import peak_for
+
+        faults.point("setup")
+        self._check_stop()
+        recipe, env = self.recipe, self.env
+        if self.resuming:
+            self._read_prior()
+        if self.rank0:  # rank 0 builds the rows (cached), the others open the same build
+            data = build_for_recipe(recipe, progress=self.progress)
+        dist.barrier()
+        if not self.rank0:
+            data = build_for_recipe(recipe, progress=False)
+        faults.point("after-data")
+        self._check_stop()
+        self.total = total_steps(recipe, data)
+        log.info("recipe %s: %d steps, data %s (%d rows, rows_sha256 %s)", recipe.name, self.total, data.path,
+                 data.num_rows, data.rows_sha256)
+        # the weights to start from; a resumed run with a checkpoint takes them from the checkpoint
+        start = None if self.resuming and checkpoints_latest(self.path) is not None \
+            else recipe.model.pretrained_checkpoint
+        ctx = TrainContext(recipe=recipe, model=self.model_cfg, data=data, total_steps=self.total, rank=env.rank,
+                           world_size=env.world_size, local_rank=env.local_rank, pretrained_checkpoint=start)
+        self.engine = get_engine(recipe.engine)(ctx)
+        self.checkpoints = CheckpointManager(self.path, self.engine, interval=recipe.training.checkpoint_interval,
+                                             keep=recipe.training.keep_checkpoints, rank=env.rank)
+        history: list[dict[str, Any]] = []
+        if self.resuming:
+            self.checkpoints.discard_untrusted()
+            dist.barrier()
+            self.resumed_step = self.step = self.checkpoints.load()
+            history = self._history(self.step)
+            log.info("resumed at step %d", self.step)
+        self.metrics = history
+        self._fingerprint(data)
+        if self.rank0:
+            self.peak_tflops, self.peak_source = peak_for(recipe.hardware.gpu)
+            log.info("peak %s TFLOP/s (%s)", self.peak_tflops, self.peak_source)
+        self.sinks = sinks_for(self.path, recipe.name, rank=env.rank, progress=self.progress, console=console)
+        for sink in self.sinks:
+            sink.open(history, self.total)
+
+    def _check_stop(self) -> None:
+        """Between setup phases, on every rank at once: stop when any rank was signalled."""
+        if dist.any_flag(self.stop.requested):
+            raise StopRequested(self.stop.signal or "a signal to another rank")
+
+    def _read_prior(self) -> None:
+        try:
+            prior = json.loads((self.path / rundir.RESULTS).read_text())
+            self.prior_wall = float(prior.get("wall_seconds") or 0.0)
+        except (OSError, ValueError):
+            self.prior_wall = 0.0  # killed before it wrote results: that time is not known
+
+    def _history(self, step: int) -> list[dict[str, Any]]:
+        """Metrics rows 1..step: the checkpoint's copy (written with it), else metrics.jsonl's."""
+        if step == 0:
+            return []
+        current = checkpoints_latest(self.path)
+        rows = current.metrics_rows() if current is not None else None
+        if rows is None:
+            rows = rundir.read_metrics(self.path)[:step]
+        if [r.get("step") for r in rows] != list(range(1, step + 1)):
+            raise InputError(f"the metrics of steps 1..{step} are not all recorded (found {len(rows)} rows)",
+                             field=rundir.METRICS, value=str(self.path / rundir.METRICS),
+                             fix="restore metrics.jsonl, or start a new run")
+        return rows
+
+    def _fingerprint(self, data) -> None:
+        from muse_stack.fingerprint import capture, merge_ranks
+
+        fp = capture(recipe_sha256=recipe_sha256(self.recipe), rows_sha256=data.rows_sha256,
+                     extra={"recipe": self.recipe.name, "engine": self.engine.describe()})
+        all_fps = dist.gather(fp)
+        if not self.rank0:
+            return
+        if self.env.world_size > 1:
+            for r, doc in enumerate(all_fps):
+                atomic.write_json(self.path / rundir.RANKS / f"rank-{r}.json", doc)
+            fp = merge_ranks(all_fps)
+        main = self.path / rundir.FINGERPRINT
+        if self.resuming and main.is_file():
+            atomic.write_json(self.path / "fingerprint.resumed.json", fp)
+            if self.change is not None:  # the run's recipe hash and its change log, where diff and compare look
+                doc = json.loads(main.read_text())
+                inputs = doc.setdefault("run_inputs", {})
+                inputs["recipe_sha256"] = self.change["recipe_sha256_after"]
+                inputs.setdefault("changes", []).append(self.change)
+                atomic.write_json(main, doc)
+                self.changes = inputs["changes"]
+            else:
+                self.changes = json.loads(main.read_text()).get("run_inputs", {}).get("changes", [])
+        else:
+            if self.change is not None:
+                fp.setdefault("run_inputs", {})["changes"] = [self.change]
+                self.changes = [self.change]
+            atomic.write_json(main, fp)
+
+    # -- the loop -------------------------------------------------------------------------
+    def train(self) -> None:
+        assert self.engine is not None and self.checkpoints is not None
+        engine, world = self.engine, self.env.world_size
+        self._check_stop()  # a signal during setup: stop before the first step
+        for step in range(self.step + 1, self.total + 1):
+            t0 = time.perf_counter()
+            stats = engine.train_step(step)
+            dt = time.perf_counter() - t0
+            if not (math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)):
+                self.diverged_at = step
+                self.error = (f"non-finite {'loss' if not math.isfinite(stats.loss) else 'gradient norm'} at step "
+                              f"{step} (loss {stats.loss}, grad_norm {stats.grad_norm}); the latest checkpoint "
+                              f"is {'step ' + str(self.checkpoints.last_step) if self.checkpoints.last_step else 'none'}"
+                              f", from which --resume --allow-change continues with a changed recipe")
+                log.error(self.error)
+                break
+            row = {"step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "lr": stats.lr,
+                   "step_time_s": dt, "tokens": stats.tokens, "supervised_tokens": stats.supervised_tokens,
+                   "tokens_per_s": stats.tokens / dt, "tokens_per_s_per_gpu": stats.tokens / dt / world,
+                   "peak_memory_gib": engine.peak_memory_gib()}
+            self.metrics.append(row)
+            for sink in self.sinks:
+                sink.log(row)
+            self.step = step
+            faults.point("after-step", step)
+            if self._decide(step):
+                break
+        self.rank_peaks = dist.gather(engine.peak_memory_gib())
+        if self.diverged_at is not None:
+            self.status = "diverged"
+        elif self.step >= self.total:
+            self.status = "completed"
+        else:
+            self.status = "interrupted"
+            if self.step > (self.checkpoints.last_step or 0):
+                self._save(self.step)
+            log.warning("interrupted (%s) after step %d; checkpoint at step %s", self.stop.signal, self.step,
+                        self.checkpoints.last_step)
+        self.checkpoints.wait()
+
+    def _decide(self, step: int) -> bool:
+        """After a step: save when due, complete a background save, and say whether to stop."""
+        assert self.checkpoints is not None
+        if self.stop_after is not None and step >= self.stop_after:
+            self.stop.request("stop_after")
+        if self.checkpoints.due(step, self.total):
+            self._save(step)
+        else:
+            self.checkpoints.poll()
+        return dist.any_flag(self.stop.requested)
+
+    def _save(self, step: int) -> None:
+        assert self.checkpoints is not None
+        self.checkpoints.save(step, {
+            "recipe.yaml": recipe_yaml(self.recipe),
+            "metrics.jsonl": "".join(json.dumps(r) + "\n" for r in self.metrics[:step]),
+        })
+
+    # -- finish ---------------------------------------------------------------------------
+    def finish(self) -> dict[str, Any]:
+        from muse_stack.run.peak import peak_for
+        from muse_stack.run.plots import loss_plot, throughput_plot
+        from muse_stack.run.results import summarise
+
+        for sink in self.sinks:
+            sink.close()
+        if not self.rank0:
+            return {}
+        recipe, engine, metrics = self.recipe, self.engine, self.metrics
+        warm = warmup_steps(recipe, recipe.training.steps or len(metrics) or 1)
+        if self.peak_tflops is None and self.status != "failed":
+            self.peak_tflops, self.peak_source = peak_for(recipe.hardware.gpu)
+        results = summarise(metrics, model=self.model_cfg, world_size=self.env.world_size,
+                            seq_lens=engine.seq_lens() if engine is not None else [recipe.batch.seq_length or 1],
+                            warmup=warm, peak_tflops=self.peak_tflops, peak_source=self.peak_source,
+                            price_per_gpu_hour=recipe.hardware.price_per_gpu_hour,
+                            wall_seconds=self.prior_wall + time.time() - self.started, status=self.status,
+                            device=engine.device if engine is not None else "unknown",
+                            engine=engine.name if engine is not None else recipe.engine)
+        results["recipe"] = recipe.name
+        if self.rank_peaks is not None and self.env.world_size > 1:
+            results["peak_memory_gib_by_rank"] = self.rank_peaks
+        if engine is not None:
+            results["engine_info"] = engine.describe()
+        last = self.checkpoints.last_step if self.checkpoints is not None else None
+        results["checkpoint"] = ({"step": last, "path": f"checkpoints/step-{last:08d}"} if last is not None
+                                 else None)
+        if self.checkpoints is not None and self.checkpoints.saves:
+            results["checkpoint_saves"] = self.checkpoints.saves
+        results["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        if self.diverged_at is not None:
+            results["diverged_at_step"] = self.diverged_at
+        if self.error:
+            results["error"] = self.error
+        if self.resuming:
+            results["resumed_at_step"] = self.resumed_step
+        if self.changes:
+            results["changes"] = self.changes
+        atomic.write_json(self.path / rundir.RESULTS, results)
+        if metrics:
+            loss_plot(metrics, self.path / "loss.png", f"{recipe.name}: loss")
+            throughput_plot(metrics, self.path / "throughput.png", f"{recipe.name}: tokens/s per GPU",
+                            results.get("window"))
+        log.info("status %s; results in %s", self.status, self.path / rundir.RESULTS)
+        return results
+
+    def _setup_logging(self) -> logging.Handler | None:
+        if not self.rank0:
+            return None
+        handler = logging.FileHandler(self.path / rundir.LOG)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        root = logging.getLogger("muse_stack")
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        return handler

@@ -1,0 +1,102 @@
+"""Checkpoints on a schedule, resume from them, and a run that diverges."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from muse_stack.run import checkpoints
+from muse_stack.run.pipeline import run
+
+QUICK = ["training.measure_warmup_steps=1", "batch.gbs=2"]  # two rows a step: quick
+
+
+def losses(path: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def one_thread_env(monkeypatch, one_thread):
+    """The reference engine takes its thread count from OMP_NUM_THREADS: one thread makes
+    every reduction order fixed, so two runs' losses agree bit for bit."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def test_interval_keep_and_final_checkpoint(tmp_path, one_thread_env):
+    out = tmp_path / "sched"
+    outcome = run("tiny-cpu", out=out, steps=7, progress=False,
+                  overrides=[*QUICK, "training.checkpoint_interval=2", "training.keep_checkpoints=2"])
+    assert outcome.status == "completed"
+    root = out / "checkpoints"
+    # saved at 2, 4, 6 and the final 7; the last two kept
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-00000006", "step-00000007"]
+    assert json.loads((root / "latest").read_text()) == {"step": 7, "folder": "step-00000007"}
+    final = checkpoints.latest(out)
+    assert final is not None and final.step == 7
+    assert [r["step"] for r in final.metrics_rows()] == list(range(1, 8))
+    assert final.recipe_text() == (out / "recipe.yaml").read_text()
+    assert outcome.results["checkpoint"] == {"step": 7, "path": "checkpoints/step-00000007"}
+    saves = outcome.results["checkpoint_saves"]
+    assert [s["step"] for s in saves] == [2, 4, 6, 7] and not any(s["background"] for s in saves)
+    assert all(s["complete_s"] <= s["blocking_s"] for s in saves)  # synchronous: complete before the loop goes on
+
+
+def test_without_an_interval_a_completed_run_keeps_its_final_checkpoint(tmp_path, one_thread_env):
+    out = tmp_path / "final"
+    run("tiny-cpu", out=out, steps=3, progress=False, overrides=[*QUICK, "training.checkpoint_interval=null"])
+    assert [c.step for c in checkpoints.step_folders(out)] == [3]
+    assert (out / "checkpoints" / "step-00000003" / "model.safetensors").is_file()
+
+
+def test_resume_continues_from_latest_bit_for_bit(tmp_path, one_thread_env):
+    common = dict(steps=6, progress=False, overrides=[*QUICK, "training.checkpoint_interval=4"])
+    full = run("tiny-cpu", out=tmp_path / "full", **common)
+    part = run("tiny-cpu", out=tmp_path / "part", stop_after=5, **common)
+    assert part.status == "interrupted" and part.results["checkpoint"]["step"] == 5
+    done = run(resume=part.path, progress=False)
+    assert done.status == "completed" and done.results["resumed_at_step"] == 5
+    assert losses(done.path) == losses(full.path)
+
+
+def test_non_finite_loss_fails_the_run_as_diverged(tmp_path, cli):
+    out = tmp_path / "nan"
+    rc, text, _ = cli("run", "tiny-cpu", "--steps", "4", "--out", out, "--no-progress", "optimizer.lr=.inf",
+                      *QUICK)
+    assert rc == 1 and "diverged" in text and "non-finite" in text
+    res = json.loads((out / "results.json").read_text())
+    # step 1's loss is computed before the first update; the infinite LR makes step 2's NaN
+    assert res["status"] == "diverged" and res["diverged_at_step"] == 2
+    assert res["steps_completed"] == 1 and [json.loads(x)["step"] for x in
+                                            (out / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert "non-finite loss at step 2" in res["error"]
+    assert not (out / "checkpoints" / "latest").exists()  # a diverged state is never checkpointed
+
+
+def test_async_checkpoint_is_refused_on_the_reference_engine(tmp_path, cli):
+    out = tmp_path / "async"
+    rc, _, err = cli("run", "tiny-cpu", "training.async_checkpoint=true", "--out", out, "--no-progress")
+    assert rc == 2 and "training.async_checkpoint" in err and not out.exists()
+
+
+def test_a_recipe_that_starts_from_a_user_supplied_checkpoint_refuses_to_start_without_it(tmp_path, cli):
+    out = tmp_path / "attune"
+    rc, _, err = cli("run", "attune-b200", "--out", out, "--no-progress")
+    assert rc == 2 and "model.pretrained_checkpoint" in err and "--hf-checkpoint" in err
+    assert "--pretrained-checkpoint DIR" in err and not out.exists()
+
+
+def test_the_start_checkpoint_is_recorded_and_a_resume_does_not_reload_it(tmp_path, one_thread_env):
+    first = run("tiny-cpu", out=tmp_path / "a", steps=2, progress=False, overrides=QUICK)
+    start = checkpoints.latest(first.path).path
+    second = run("tiny-cpu", out=tmp_path / "b", steps=4, progress=False, overrides=QUICK,
+                 pretrained_checkpoint=str(start), stop_after=3)
+    import yaml
+
+    assert yaml.safe_load((second.path / "recipe.yaml").read_text())["model"]["pretrained_checkpoint"] == str(start)
+    # the resumed run takes its weights from its own checkpoint, even with the start one gone
+    import shutil
+
+    shutil.rmtree(start)
+    assert run(resume=second.path, progress=False).status == "completed"
