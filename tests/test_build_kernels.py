@@ -118,6 +118,44 @@ def _compile_fa_kernel(src: Path, nvcc_flags: list[str], cuda_home: Path, torch_
     return _run(cmd)
 
 
+def _requirements(text: str) -> dict[str, set[str]]:
+    """name==version -> its hashes, from a uv pip compile output."""
+    out: dict[str, set[str]] = {}
+    current = None
+    for line in text.splitlines():
+        line = line.strip()
+        if re.match(r"^[A-Za-z0-9][\w.\-\[\],]*==", line):
+            current = line.split()[0]
+            out[current] = set()
+        elif line.startswith("--hash=sha256:") and current:
+            out[current].add(line.split(":", 1)[1].rstrip(" \\"))
+    return out
+
+
+@pytest.mark.registry
+def test_nvcc_requirements_are_what_their_documented_command_resolves(tmp_path):
+    """tests/fixtures/build/cuda-nvcc.txt is what the command in cuda-nvcc.in makes today."""
+    from uv import find_uv_bin
+
+    src = buildcheck.NVCC_REQUIREMENTS.with_suffix(".in")
+    lines = src.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# Regenerate"))
+    command = ""
+    for line in lines[start + 1 :]:
+        command += line.lstrip("# ").rstrip("\\").strip() + " "
+        if not line.rstrip().endswith("\\"):
+            break
+    argv = shlex.split(command)
+    assert argv[:3] == ["uv", "pip", "compile"], argv
+    out = tmp_path / "cuda-nvcc.txt"
+    argv[argv.index("-o") + 1] = str(out)
+    res = _run([find_uv_bin(), *argv[1:]], cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-4000:]
+    committed = _requirements(buildcheck.NVCC_REQUIREMENTS.read_text())
+    assert "nvidia-cuda-nvcc==13.0.88" in committed and all(committed.values())
+    assert _requirements(out.read_text()) == committed
+
+
 def test_the_locks_torch_states_the_cxx_standard_it_needs(torch_dir):
     std, witnesses = prepare.torch_standard(torch_dir)
     # the __cplusplus guard of torch/all.h, the -std torch's extension builder adds and
