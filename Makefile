@@ -5,13 +5,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # PyTorch for the CPU reference engine; pip takes a local CPU wheel when one is on its find-links
 TORCH_SPEC ?= torch==2.13.0
-PYTEST_ARGS ?= -m "not image and not build"
+PYTEST_ARGS ?= -m "not image"
 
 .PHONY: help setup demo test unit build-check clean
 help:
 	@echo "make demo   # set up, then run the tiny-cpu recipe end to end on this CPU"
 	@echo "make test   # set up, then run the test suite and the cpu image test"
-	@echo "make build-check   # compile a flash-attn kernel and a TE torch-extension unit against the b200 lock's torch (minutes)"
+	@echo "make build-check   # only the build checks: a flash-attn kernel and a TE torch-extension unit compiled against the b200 lock's torch"
 	@echo "make image gpu=gb200|b200|h200|cpu   # build a pinned image (see README 'Images')"
 
 setup: $(VENV)/.installed
@@ -33,7 +33,7 @@ unit: setup
 test: unit image-test
 
 # flash-attn and TE's torch extension compiled here against the lock's torch, with the registry's
-# nvcc (tests/test_build_kernels.py); minutes of compiling on one core, so not part of make test
+# nvcc (tests/test_build_kernels.py, marker build; part of make test too)
 build-check: setup
 	$(PY) -m pytest -q -m build --durations=0 tests/test_build_kernels.py
 

@@ -91,8 +91,11 @@ def _fresh(target: Path) -> Path:
 
 
 def _finish(tmp: Path, target: Path) -> Path:
+    if (target / COMPLETE).is_file():  # another run finished it meanwhile: keep that one
+        shutil.rmtree(tmp)
+        return target
     (tmp / COMPLETE).write_text("")
-    if target.exists():
+    if target.exists():  # an unfinished tree left by an interrupted run
         shutil.rmtree(target)
     os.replace(tmp, target)
     return target
