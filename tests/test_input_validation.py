@@ -236,7 +236,8 @@ def _umask() -> int:
 def test_truncated_checkpoint_state_exits_3(cli, tmp_path, interrupted, damage, needle):
     run_dir = tmp_path / "part"
     shutil.copytree(interrupted, run_dir)
-    damage(run_dir / "checkpoint")
+    pointer = json.loads((run_dir / "checkpoints" / "latest").read_text())
+    damage(run_dir / "checkpoints" / pointer["folder"])
     refused(cli("run", "--resume", run_dir, "--no-progress"), 3, "--resume", needle, FIX)
 
 

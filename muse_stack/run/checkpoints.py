@@ -95,10 +95,18 @@ def latest(run_dir: Path) -> Checkpoint | None:
                                                  '{"step": N, "folder": "step-0000000N"}') from exc
     path = root / folder
     state = path / TRAINER_STATE
-    if not state.is_file() or json.loads(state.read_text()).get("step") != step:
+    if not state.is_file():
         raise InputError(f"checkpoints/latest names {folder} (step {step}), which is not a complete checkpoint",
                          field="checkpoints/latest", value=str(pointer),
                          fix="the run directory was changed by hand; restore the step folder it names")
+    from muse_stack.safeio import read_json
+
+    fix = "the checkpoint is damaged; restore it, or start the run again"
+    saved = read_json(state, field="--resume", fix=fix, what="trainer state")
+    if saved.get("step") != step:
+        raise InputError(f"{state} says step {saved.get('step')!r}, not step {step} that checkpoints/latest names: "
+                         "not a step of this run's checkpoint", field="--resume",
+                         value=str(state), fix=fix)
     return Checkpoint(step, path)
 
 
