@@ -6,8 +6,9 @@ none does):
 - ``numerics``: can change the numbers a run computes — Transformer Engine, cuDNN, torch
   (and its determinism/TF32 settings), megatron-core, flash-attn, triton (it generates
   kernels), the CUDA runtime, cuBLAS, NVRTC/nvJitLink, the GPU architecture (compute
-  capability), NVTE_*/CUBLAS_*/CUDNN_* and other determinism variables, the recipe and the
-  data rows, and a CPU run compared with a GPU run.
+  capability), NVTE_*/CUBLAS_*/CUDNN_* and other determinism variables, the variables that
+  decide which code runs (PYTHONPATH, LD_PRELOAD, LD_LIBRARY_PATH, CUDA_HOME, ...), the recipe
+  and the data rows, and a CPU run compared with a GPU run.
 - ``performance``: can change speed but not results — NCCL and its variables, EFA,
   libfabric, the aws-ofi-nccl plugin, the driver, GPU count/model/memory/clocks/NVLink,
   CPU, memory, kernel, OS, glibc, DeepEP, the Python version and the other allow-listed
@@ -60,6 +61,21 @@ NUMERICS_PACKAGES = (
 )
 PERFORMANCE_PACKAGES = ("nvidia-nccl*", "deep-ep", "sgl-deep-ep", "deepep", "nvidia-nvshmem*", "nvidia-ml-py")
 
+#: variables that decide which code runs (which Python modules, which shared libraries, which CUDA
+#: toolkit and ptxas compile kernels): a different value can run different code, so numerics
+CODE_PATH_ENV = (
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONUSERBASE",
+    "PYTHONNOUSERSITE",
+    "PYTHONSAFEPATH",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "TRITON_PTXAS_PATH",
+    "TRITON_LIBCUDA_PATH",
+)
 NUMERICS_ENV = (
     "NVTE_*",
     "CUBLAS_*",
@@ -71,15 +87,13 @@ NUMERICS_ENV = (
     "TORCH_DETERMINISTIC*",
     "PYTHONHASHSEED",
     "MEGATRON_*",
+    *CODE_PATH_ENV,
 )
 INFORMATIONAL_ENV = (
     "MUSE_STACK_*",
     "HF_*",
     "TRANSFORMERS_*",
     "TOKENIZERS_PARALLELISM",
-    "LD_LIBRARY_PATH",  # what it made the process load is compared in the library sections
-    "LD_PRELOAD",
-    "PYTHONPATH",
     "*_CACHE_DIR",
     "TRITON_CACHE_DIR",
 )

@@ -104,9 +104,14 @@ def _against_record(loaded: LoadedLock) -> list[str]:
         return []
     checks = record.compare(loaded.lock, stack.model_dump() if hasattr(stack, "model_dump") else dict(stack))
     same = sum(x.ok for x in checks)
-    dev = sum((not x.ok) and x.deviation for x in checks)
+    covering = sum((not x.ok) and x.deviation for x in checks)
+    declared = [d.field for d in loaded.lock.deviations]
+    # the same deviations `stack show` lists: every one the lock declares, whether or not it covers
+    # a compared version pin (the base image is not a version pin, and a fork at the same version matches)
     console.print(
-        f"record {ref.recipe}: {same} of {len(checks)} pins as recorded, {dev} declared deviation(s)", highlight=False
+        f"record {ref.recipe}: {same} of {len(checks)} pins as recorded; {len(declared)} declared deviation(s)"
+        + (f" ({', '.join(declared)}; {covering} of them cover a pin that differs)" if declared else ""),
+        highlight=False, soft_wrap=True,
     )
     return record.problems(checks)
 
