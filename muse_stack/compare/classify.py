@@ -21,7 +21,8 @@ Between two run directories the resolved recipes are compared too (``recipe.*``)
 run computes (model, layout, batch, precision, optimizer, training schedule, data, fusions,
 frozen modules, PEFT) is numerics; recompute, offload, hardware and checkpoint cadence are
 performance (the recipe's ``env`` is classed like the environment); names, descriptions,
-provenance, notes and the recorded stack and results are informational.
+provenance, notes, where metrics are logged (``logging``) and the recorded stack and results are
+informational.
 
 Paths that change on every capture (capture time and duration, pid) are not differences.
 """
@@ -175,7 +176,7 @@ RULES: list[tuple[str, str]] = [
         "run_command", "author", "author.*", "status", "result", "result.*", "stack", "stack.*",
         "correctness", "correctness.*", "hardware.instance", "hardware.price_per_gpu_hour",
         "hardware.nominal_memory_gb", "layout.label", "layout.summary", "layout.highlights",
-        "training.log_interval", "training.measure_warmup_steps")),
+        "training.log_interval", "training.measure_warmup_steps", "logging", "logging.*")),
     *((f"recipe.env.{p}", NUMERICS) for p in NUMERICS_ENV),
     *((f"recipe.{p}", PERFORMANCE) for p in (
         "recompute", "recompute.*", "offload", "offload.*", "hardware", "hardware.*", "env", "env.*",
