@@ -131,9 +131,12 @@ def register(app: typer.Typer) -> None:
                                    help="Threshold set: bridge-function (Megatron-Bridge's function defaults: final "
                                         "loss 3%, no skip) or bridge-pipeline (its performance pipeline: final 5%, "
                                         "skip the first 20%). Options below override it."),
-        skip_first: Optional[str] = typer.Option(None, "--skip-first", "--skip-first-percent",
-                                                 help="Skip the first points: a fraction as in Bridge (0.2) or a "
-                                                      "percent with its sign (20%); a bare 1 or more is refused."),
+        skip_first: Optional[str] = typer.Option(None, "--skip-first",
+                                                 help="Skip the first points: a fraction as in Bridge's "
+                                                      "skip_first_percent (0.2) or a percent with its sign (20%); "
+                                                      "a bare 1 or more is refused."),
+        skip_first_percent: Optional[str] = typer.Option(None, "--skip-first-percent", hidden=True,
+                                                         help="Bridge's name for --skip-first (a fraction)."),
         min_correlation: float = typer.Option(0.95, "--min-correlation", help="Minimum Pearson correlation."),
         high_loss_tolerance: float = typer.Option(0.10, "--high-loss-tolerance", help="Relative tolerance where golden loss > --high-loss-above."),
         medium_loss_tolerance: float = typer.Option(0.05, "--medium-loss-tolerance", help="Relative tolerance where golden loss > --medium-loss-above."),
@@ -158,6 +161,10 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"no threshold preset {preset!r}", field="--preset", value=preset,
                              fix=f"use one of {', '.join(PRESETS)}")
         chosen = dict(PRESETS[preset])
+        if skip_first is not None and skip_first_percent is not None:
+            raise UsageError("the skip is given twice", field="--skip-first", value=[skip_first, skip_first_percent],
+                             fix="give --skip-first (or Bridge's spelling --skip-first-percent) once")
+        skip_first = skip_first if skip_first is not None else skip_first_percent
         if skip_first is not None:
             try:
                 chosen["skip_first"] = parse_skip(skip_first)

@@ -97,12 +97,15 @@ def register(app: typer.Typer) -> None:
         if json_out:
             typer.echo(json.dumps(rows, indent=2))
             return
-        t = Table(title="muse-stack recipes")
-        cols = ("name", "task", "gpus", "hardware", "layout", "engine")
-        for col in cols:
-            t.add_column(col, no_wrap=True)
+        # fits 80 columns: no borders, short headers; a long layout wraps rather than being cut
+        t = Table(title="muse-stack recipes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  show_edge=False, collapse_padding=True)
+        cols = (("name", "name"), ("task", "task"), ("gpus", "GPUs"), ("hardware", "type"), ("layout", "layout"),
+                ("engine", "engine"))
+        for key, header in cols:
+            t.add_column(header, no_wrap=key != "layout", overflow="fold", justify="right" if key == "gpus" else "left")
         for row in rows:
-            t.add_row(*(str(row[c]) for c in cols))
+            t.add_row(*(str(row[c]) for c, _ in cols))
         console.print(t)
 
     @app.command("show")
