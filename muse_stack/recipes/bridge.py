@@ -58,7 +58,11 @@ BRIDGE_KEYS: dict[str, str] = {
     "train.micro_batch_size": "batch.mbs",
     "train.global_batch_size": "batch.gbs",
     "train.train_iters": "training.steps",
-    # OptimizerConfig (megatron.core)
+    # OptimizerConfig (megatron.core); the first four have the same name in both
+    "optimizer.lr": "optimizer.lr",
+    "optimizer.min_lr": "optimizer.min_lr",
+    "optimizer.weight_decay": "optimizer.weight_decay",
+    "optimizer.clip_grad": "optimizer.clip_grad",
     "optimizer.optimizer": "optimizer.name",
     "optimizer.adam_beta1": "optimizer.beta1",
     "optimizer.adam_beta2": "optimizer.beta2",
