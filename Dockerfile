@@ -213,7 +213,7 @@ RUN stub=""; if [ "${STACK_KIND}" = gpu ]; then \
 RUN chmod 0755 /usr/local/bin/muse-stack-entrypoint \
     && if getent passwd 1000 >/dev/null; then userdel --remove "$(getent passwd 1000 | cut -d: -f1)"; fi \
     && useradd --create-home --uid 1000 --user-group --shell /bin/bash muse \
-    && mkdir -p /workspace && chown muse:muse /workspace
+    && mkdir -p /workspace/runs && chown -R muse:muse /workspace
 
 ENV MUSE_STACK_RECIPES=/opt/muse-stack/recipes \
     MUSE_STACK_LOCKS=/opt/muse-stack/containers/locks \
@@ -234,5 +234,7 @@ LABEL org.opencontainers.image.title="muse-stack" \
       dev.muse-stack.kind="${STACK_KIND}"
 USER muse
 WORKDIR /workspace
+# run directories: mount a host folder here (docker run -v "$PWD/runs:/workspace/runs" ...)
+VOLUME /workspace/runs
 ENTRYPOINT ["/usr/local/bin/muse-stack-entrypoint"]
 CMD ["--help"]

@@ -28,10 +28,46 @@ if [ ! -e /run/opengl-driver/lib/libcuda.so.1 ] && lib=$(find_libcuda); then
   fi
 fi
 
+# Results: `muse-stack run` writes under ./runs, which is /workspace/runs, a VOLUME of the image. Say
+# where they will be before the run starts: a folder not mounted at all is lost with the container,
+# an anonymous volume is kept but hard to find, and a host folder is named as the host sees it
+# (field 4 of /proc/self/mountinfo: the mount's root within its source filesystem).
+runs_notice() {
+  runs="${MUSE_STACK_RUNS_DIR:-/workspace/runs}"
+  info="${MUSE_STACK_MOUNTINFO:-/proc/self/mountinfo}"
+  [ -r "$info" ] || return 0
+  line=$(awk -v d="$runs" '$5 == d { r = $4; for (i = 7; i <= NF; i++) if ($i == "-") { s = $(i + 2) } }
+                           END { if (r != "") print r "\t" s }' "$info" | sed 's/\\040/ /g')
+  root=${line%%"$(printf '\t')"*}
+  src=${line#*"$(printf '\t')"}
+  case "$root" in
+    "")
+      echo "muse-stack: warning: $runs is not a mounted folder: the run's results are lost when this container" \
+           "is removed; mount a host folder: docker run -v \"\$PWD/runs:$runs\" ..." >&2 ;;
+    */volumes/*/_data)
+      vol=$(basename "$(dirname "$root")")
+      if printf '%s' "$vol" | grep -Eq '^[0-9a-f]{64}$'; then
+        echo "muse-stack: warning: $runs is an anonymous volume ($vol): the results outlive the container" \
+             "but only \`docker volume ls\` finds them; mount a host folder: docker run -v \"\$PWD/runs:$runs\" ..." >&2
+      else
+        echo "muse-stack: results go to $runs, volume $vol on the host" >&2
+      fi ;;
+    *)
+      echo "muse-stack: results go to $runs, mounted from the host's $root (on $src)" >&2 ;;
+  esac
+}
+
 # `docker run IMAGE bash` (or any other program) runs that program; everything else is muse-stack,
 # with or without a leading `muse-stack` (launchers such as pyxis may or may not run the entrypoint)
 case "${1:-}" in
   bash|sh|python|python3|/*) exec "$@" ;;
   muse-stack) shift ;;
 esac
+# a run that writes to the default runs folder (no --out, no --resume elsewhere)
+if [ "${1:-}" = run ]; then
+  case " $* " in
+    *" --out "*|*" --out="*|*" --resume "*|*" --resume="*) ;;
+    *) runs_notice ;;
+  esac
+fi
 exec muse-stack "$@"

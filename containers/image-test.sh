@@ -3,7 +3,9 @@
 #   1. make the Debian base with debootstrap + `podman import` (cached by the lock's base section),
 #   2. build the image with `podman build --isolation=chroot` (podman's layer cache and the pip
 #      cache mount make a second run fast),
-#   3. run a step inside it (buildah from + buildah run --isolation chroot),
+#   3. run a step inside it (buildah from + buildah run --isolation chroot) with a host folder mounted
+#      on /workspace/runs, as `docker run -v "$PWD/runs:/workspace/runs"` does, and check that the
+#      run's files land in that host folder and that the entrypoint names it,
 #   4. check that the image labels, /etc/muse-stack/image.json, the fingerprint written inside
 #      the container and the lock file agree on the lock name and sha256.
 # Exit 77 (the pytest wrapper skips on it) when the container tools cannot be installed or run.
@@ -18,8 +20,9 @@ SKIP=77
 SECONDS=0
 elapsed() { echo "$SECONDS"; }
 
-# the step run inside the image; its last argument is the fingerprint file or the directory holding it
-IN_IMAGE_STEP=(muse-stack run tiny-cpu --steps 3 --out /tmp/x)
+# the step run inside the image: a run into the image's runs folder (a VOLUME), with a host folder
+# mounted there; the run directory is found on the host afterwards
+IN_IMAGE_STEP=(muse-stack run tiny-cpu --steps 3)
 
 # --- tools ---------------------------------------------------------------------------------
 need=(podman buildah debootstrap)
@@ -56,16 +59,24 @@ work=$(mktemp -d)
 ctr=$(buildah from --pull-never "localhost/$tag")
 trap 'buildah rm "$ctr" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 buildah run --isolation chroot "$ctr" -- /usr/local/bin/muse-stack-entrypoint --version
-buildah run --isolation chroot "$ctr" -- /usr/local/bin/muse-stack-entrypoint "${IN_IMAGE_STEP[@]:1}" >&2
+runs="$work/runs"
+mkdir -p "$runs" && chmod 0777 "$runs"  # the image runs as its own user (uid 1000)
+buildah run --isolation chroot -v "$runs:/workspace/runs" "$ctr" -- \
+  /usr/local/bin/muse-stack-entrypoint "${IN_IMAGE_STEP[@]:1}" >"$work/run.err" 2>&1 \
+  || { cat "$work/run.err" >&2; echo "the in-image run failed" >&2; exit 1; }
+cat "$work/run.err" >&2
+grep -q "mounted from" "$work/run.err" \
+  || { echo "the entrypoint did not name the mounted runs folder" >&2; exit 1; }
+mapfile -t made < <(find "$runs" -mindepth 1 -maxdepth 1 -type d -name 'tiny-cpu-*')
+((${#made[@]} == 1)) || { echo "expected one run directory in the mounted folder $runs, found ${#made[@]}" >&2; exit 1; }
+for f in recipe.yaml fingerprint.json metrics.jsonl results.json; do
+  [[ -s "${made[0]}/$f" ]] || { echo "the run's $f is not in the mounted folder (${made[0]})" >&2; exit 1; }
+done
+cp "${made[0]}/fingerprint.json" "$work/fingerprint.json"
+echo "[$(elapsed)s] the run's files are in the mounted host folder: ${made[0]}" >&2
 # the image against its lock and wheel set, as the build's last step did: nothing outside the set
 buildah run --isolation chroot "$ctr" -- /usr/local/bin/muse-stack-entrypoint stack selfcheck "$(basename "${target%.toml}")" --image >&2
 buildah run --isolation chroot "$ctr" -- cat /etc/muse-stack/image.json >"$work/image.json"
-if [[ "${IN_IMAGE_STEP[*]}" == "muse-stack --version" ]]; then
-  echo "note: the in-image step writes no fingerprint; the identity is checked in labels and image.json only" >&2
-else
-  fingerprint="${IN_IMAGE_STEP[-1]}"; [[ "$fingerprint" == *.json ]] || fingerprint="$fingerprint/fingerprint.json"
-  buildah run --isolation chroot "$ctr" -- cat "$fingerprint" >"$work/fingerprint.json"
-fi
 podman image inspect "localhost/$tag" >"$work/inspect.json"
 echo "[$(elapsed)s] ran: ${IN_IMAGE_STEP[*]}" >&2
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from muse_stack.cli import main
-from muse_stack.compare.convergence import Thresholds, check_convergence, step_ranges
+from muse_stack.compare.convergence import PRESETS, Thresholds, check_convergence, parse_skip, step_ranges
 from muse_stack.compare.runcompare import Gates, compare_runs
 from muse_stack.compare.runs import Metrics, StepRecord
 
@@ -117,7 +117,7 @@ def test_thresholds_and_skip_are_overridable():
     for i in range(10):  # wild first 20% only
         c[i] = g[i] * 1.5
     assert not check_convergence(metrics(g), metrics(c)).passed
-    result = check_convergence(metrics(g), metrics(c), Thresholds(skip_first_percent=20))
+    result = check_convergence(metrics(g), metrics(c), Thresholds(skip_first=0.2))
     assert result.passed and result.skipped == 10 and result.steps[0] == 11
     strict = check_convergence(metrics(curve(seed=0)), metrics(curve(seed=1)), Thresholds(final_loss_tolerance=1e-9))
     assert "final loss" in failed(strict)
@@ -248,3 +248,66 @@ def test_cli_compare_missing_run_dir(tmp_path, capsys):
     a = make_run(tmp_path, "a", curve(10))
     assert main(["compare", str(a), str(tmp_path / "nope")]) == 3
     assert "does not exist" in capsys.readouterr().err
+
+
+# --- the skip as a fraction, presets, flat golden curves ------------------------------------------
+
+
+@pytest.mark.parametrize("text, fraction", [("0", 0.0), ("0.2", 0.2), ("20%", 0.2), ("0.5%", 0.005), (" 0.99 ", 0.99)])
+def test_skip_is_a_fraction_like_bridge_or_a_signed_percent(text, fraction):
+    assert parse_skip(text) == pytest.approx(fraction, rel=0, abs=1e-15)  # one float division: exact to an ulp
+
+
+@pytest.mark.parametrize("text", ["20", "1", "1.0", "100%", "-0.1", "nan", "inf", "twenty"])
+def test_ambiguous_or_invalid_skip_is_refused(text):
+    with pytest.raises(ValueError):
+        parse_skip(text)
+
+
+def test_cli_skip_fraction_skips_and_ambiguous_value_exits_2(tmp_path, capsys):
+    g = curve(50)
+    c = list(g)
+    for i in range(10):  # wild first 20% only
+        c[i] = g[i] * 1.5
+    a, b = make_run(tmp_path, "golden", g), make_run(tmp_path, "candidate", c)
+    assert main(["compare", str(a), str(b), "--no-plot"]) == 1
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b), "--no-plot", "--skip-first-percent", "0.2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["convergence"]["points_skipped"] == 10
+    assert report["convergence"]["thresholds"]["skip_first"] == 0.2
+    assert main(["compare", str(a), str(b), "--no-plot", "--skip-first", "20"]) == 2
+    err = capsys.readouterr().err
+    assert "ambiguous" in err and "--skip-first" in err
+
+
+def test_bridge_pipeline_preset_is_5_percent_final_and_skips_20_percent(tmp_path, capsys):
+    assert PRESETS["bridge-pipeline"] == {"final_loss_tolerance": 0.05, "skip_first": 0.2}
+    assert PRESETS["bridge-function"] == {"final_loss_tolerance": 0.03, "skip_first": 0.0}
+    g = curve(50, noise=0.0)
+    c = list(g)
+    c[-1] = g[-1] * 1.04  # 4% off at the last step: outside 3%, inside 5%
+    a, b = make_run(tmp_path, "golden", g), make_run(tmp_path, "candidate", c)
+    assert main(["compare", str(a), str(b), "--no-plot", "--json"]) == 1
+    assert "final loss" in json.loads(capsys.readouterr().out)["convergence"]["failed_checks"]
+    assert main(["compare", str(a), str(b), "--no-plot", "--json", "--preset", "bridge-pipeline"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["convergence"]["points_skipped"] == 10
+    # an explicit option overrides the preset
+    assert main(["compare", str(a), str(b), "--no-plot", "--preset", "bridge-pipeline",
+                 "--final-loss-tolerance", "0.03"]) == 1
+    assert main(["compare", str(a), str(b), "--no-plot", "--preset", "nope"]) == 2
+
+
+def test_flat_golden_curve_is_judged_on_pointwise_and_final_checks():
+    flat = [2.5] * 30
+    near = [2.5 * (1 + 0.001 * ((-1) ** i)) for i in range(30)]  # 0.1% wiggle: inside every tolerance
+    result = check_convergence(metrics(flat), metrics(near))
+    assert result.passed, failed(result)
+    corr = next(c for c in result.checks if c.name == "correlation")
+    assert corr.value is None and "flat" in corr.detail
+    far = [2.5 * 1.2] * 30  # 20% above a flat golden: point-wise and final checks fail
+    bad = failed(check_convergence(metrics(flat), metrics(far)))
+    assert "point-wise tolerance" in bad and "final loss" in bad and "correlation" not in bad
+    # a candidate that goes flat against a moving golden curve still fails on correlation
+    assert "correlation" in failed(check_convergence(metrics(curve(30)), metrics([2.0] * 30)))

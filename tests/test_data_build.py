@@ -1,5 +1,6 @@
 """Build, cache, interruption, CLI, batches and the synthetic builder."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,17 @@ def test_dataset_folder_through_datasets_library(tmp_path, monkeypatch):
     files = _data(split="train[:40]")
     assert build_for_recipe(_recipe(data=files), cache_dir=tmp_path / "c", progress=False).rows_sha256 == \
         built.rows_sha256
+
+
+def test_data_show_works_without_the_tokenizer(tmp_path, monkeypatch, capsys):
+    # an empty Hugging Face cache: sft-192's tokenizer cannot be found; show still works and marks
+    # the token-dependent fields unknown, while build still refuses with the fix
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["data", "show", "sft-192", "--cache", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    for field in ("vocab_size", "eos_id", "pad_id", "cache_key", "tokenizer"):
+        assert re.search(rf"{field}\s*│ unknown \(no tokenizer\)", out), field
+    assert "row_tokens" in out and "4096" in out and "tokenizer not found" in out
+    assert main(["data", "build", "sft-192", "--cache", str(tmp_path / "c")]) == 3
+    assert "data.tokenizer" in capsys.readouterr().err

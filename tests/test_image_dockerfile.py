@@ -160,3 +160,50 @@ def test_entrypoint_runs_muse_stack_and_links_no_driver_when_absent(tmp_path):
     r = subprocess.run(["sh", str(ROOT / "containers/entrypoint.sh"), "sh", "-c", "echo other"],
                        capture_output=True, text=True, env=_sh_env(tmp_path), check=True)
     assert r.stdout.strip() == "other"
+
+
+def test_runs_folder_is_a_volume_owned_by_the_run_user_and_the_image_has_a_short_tag():
+    instr = _instructions(DOCKERFILE)
+    assert "VOLUME /workspace/runs" in instr
+    volume, user = instr.index("VOLUME /workspace/runs"), instr.index("USER muse")
+    assert user < volume  # declared after the folder exists with its owner (a VOLUME freezes its content)
+    made = next(i for i in instr[:volume] if "mkdir -p /workspace/runs" in i)
+    assert "chown -R muse:muse /workspace" in made
+    build = (ROOT / "containers/build-image.sh").read_text()
+    assert 'short="muse-stack:${arg[LOCK_NAME]}"' in build
+    assert build.count('-t "$tag" -t "$short"') == 2  # docker and podman both tag muse-stack:<target>
+
+
+def _mountinfo(tmp_path: Path, name: str, runs_line: str | None) -> Path:
+    lines = ["36 25 0:32 / / rw,relatime - overlay overlay rw,lowerdir=/l"]
+    if runs_line:
+        lines.append(runs_line)
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("runs_line, expect", [
+    (None, "is not a mounted folder: the run's results are lost"),
+    ("40 36 8:1 /var/lib/docker/volumes/" + "ab" * 32 + "/_data /workspace/runs rw - ext4 /dev/sda1 rw",
+     "is an anonymous volume"),
+    ("40 36 8:1 /volumes/myruns/_data /workspace/runs rw - ext4 /dev/sda1 rw", "volume myruns on the host"),
+    ("40 36 8:1 /home/u/my\\040runs /workspace/runs rw,relatime - ext4 /dev/nvme0n1p2 rw",
+     "mounted from the host's /home/u/my runs (on /dev/nvme0n1p2)"),
+])
+def test_entrypoint_says_where_a_runs_results_go(tmp_path, runs_line, expect):
+    fake = tmp_path / "muse-stack"
+    fake.write_text('#!/bin/sh\necho "muse-stack $*"\n')
+    fake.chmod(0o755)
+    env = {**_sh_env(tmp_path), "MUSE_STACK_MOUNTINFO": str(_mountinfo(tmp_path, "mountinfo", runs_line))}
+    r = subprocess.run(["sh", str(ROOT / "containers/entrypoint.sh"), "run", "tiny-cpu"],
+                       capture_output=True, text=True, env=env, check=True)
+    assert r.stdout.strip() == "muse-stack run tiny-cpu"
+    assert expect in r.stderr, r.stderr
+    if runs_line is None or "anonymous" in expect:
+        assert 'docker run -v "$PWD/runs:/workspace/runs"' in r.stderr
+    # other commands, and runs written elsewhere, say nothing about the runs folder
+    for args in (["list"], ["run", "tiny-cpu", "--out", "/tmp/x"], ["muse-stack", "run", "x", "--resume=/r"]):
+        r = subprocess.run(["sh", str(ROOT / "containers/entrypoint.sh"), *args],
+                           capture_output=True, text=True, env=env, check=True)
+        assert "/workspace/runs" not in r.stderr, (args, r.stderr)

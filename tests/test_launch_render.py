@@ -129,3 +129,36 @@ def test_cpu_recipe_runs_without_containers(cli, tmp_path):
     assert 'export MASTER_ADDR="$HEAD_NODE"' in text
     rc, _, err = cli("launch", "tiny-cpu", "--k8s")
     assert rc == 3 and "CPU recipes run on Slurm" in err
+
+
+def test_sbatch_states_the_default_time_and_submit_requires_time(cli, tmp_path):
+    text = _render(cli, tmp_path, "sft-192", "slurm")
+    assert "#SBATCH --time" not in text
+    assert "no --time given: the job runs under the partition's default time limit" in text
+    out = tmp_path / "timed.sbatch"
+    rc, _, err = cli("launch", "sft-192", *STATED["sft-192"], "--slurm", "--image", IMAGES["sft-192"],
+                     "--time", "04:00:00", "-o", out)
+    assert rc == 0, err
+    timed = out.read_text()
+    assert "#SBATCH --time=04:00:00\n" in timed and "no --time given" not in timed
+    rc, _, err = cli("launch", "sft-192", *STATED["sft-192"], "--slurm", "--submit", "--image", IMAGES["sft-192"])
+    assert rc == 2 and "--time" in err and "04:00:00" in err
+
+
+def test_nccl_debug_is_warn_unless_asked(cli, tmp_path):
+    text = _render(cli, tmp_path, "sft-192", "slurm")
+    assert "export NCCL_DEBUG=WARN\n" in text and "NCCL_DEBUG_SUBSYS" not in text
+    out = tmp_path / "info.sbatch"
+    rc, _, err = cli("launch", "sft-192", *STATED["sft-192"], "--slurm", "--image", IMAGES["sft-192"],
+                     "--nccl-debug", "info", "-o", out)
+    assert rc == 0, err
+    info = out.read_text()
+    assert "export NCCL_DEBUG=INFO\n" in info and "export NCCL_DEBUG_SUBSYS=INIT,NET\n" in info
+    # the recipe's env asks too
+    out = tmp_path / "env.sbatch"
+    rc, _, err = cli("launch", "sft-192", *STATED["sft-192"], "env.NCCL_DEBUG=TRACE", "--slurm",
+                     "--image", IMAGES["sft-192"], "-o", out)
+    assert rc == 0, err
+    assert "export NCCL_DEBUG=TRACE\n" in out.read_text()
+    rc, _, err = cli("launch", "sft-192", *STATED["sft-192"], "--slurm", "--nccl-debug", "LOUD")
+    assert rc == 2 and "--nccl-debug" in err

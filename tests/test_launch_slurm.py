@@ -153,7 +153,7 @@ def test_slurm_submit_two_tasks_one_run_directory(slurm_cluster, tmp_path):
     env = {**slurm_cluster["env"], "PYTHONUNBUFFERED": "1"}
     runs = tmp_path / "runs"
     cmd = [sys.executable, "-m", "muse_stack.cli", "launch", "tiny-cpu", "--slurm", "--submit", "--gpus", "2",
-           "--nodes", "1", "--steps", "6", "--runs-dir", str(runs), "--run-name", "tiny-slurm",
+           "--nodes", "1", "--steps", "6", "--time", "00:10:00", "--runs-dir", str(runs), "--run-name", "tiny-slurm",
            "-o", str(tmp_path / "tiny.sbatch"), "training.measure_warmup_steps=2"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -254,3 +254,19 @@ def test_cli_check_image_identity(tmp_path, capsys):
     inspect.write_text(json.dumps([{"Config": {"Labels": labels}}]))  # docker's layout
     assert main(["stack", "check", "cpu", "--inspect", str(inspect)]) == 1
     assert "dev.muse-stack.lock.sha256" in capsys.readouterr().err
+
+
+def test_check_and_show_agree_on_deviations(capsys):
+    assert load("b200").lock.reference is not None and load("b200").lock.deviations  # the case of the report
+    for t in TARGETS:
+        lock = load(t).lock
+        assert main(["stack", "show", t, "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)["lock"].get("deviations", [])
+        assert main(["stack", "check", t]) == 0
+        out = " ".join(capsys.readouterr().out.split())  # as words: the line wraps at the terminal's width
+        if lock.reference is None:
+            continue
+        assert len(shown) == len(lock.deviations)
+        assert f"{len(shown)} declared deviation(s)" in out, out
+        for dev in shown:
+            assert dev["field"] in out

@@ -6,8 +6,9 @@ none does):
 - ``numerics``: can change the numbers a run computes — Transformer Engine, cuDNN, torch
   (and its determinism/TF32 settings), megatron-core, flash-attn, triton (it generates
   kernels), the CUDA runtime, cuBLAS, NVRTC/nvJitLink, the GPU architecture (compute
-  capability), NVTE_*/CUBLAS_*/CUDNN_* and other determinism variables, the recipe and the
-  data rows, and a CPU run compared with a GPU run.
+  capability), NVTE_*/CUBLAS_*/CUDNN_* and other determinism variables, the variables that
+  decide which code runs (PYTHONPATH, LD_PRELOAD, LD_LIBRARY_PATH, CUDA_HOME, ...), the recipe
+  and the data rows, and a CPU run compared with a GPU run.
 - ``performance``: can change speed but not results — NCCL and its variables, EFA,
   libfabric, the aws-ofi-nccl plugin, the driver, GPU count/model/memory/clocks/NVLink,
   CPU, memory, kernel, OS, glibc, DeepEP, the Python version and the other allow-listed
@@ -20,7 +21,8 @@ Between two run directories the resolved recipes are compared too (``recipe.*``)
 run computes (model, layout, batch, precision, optimizer, training schedule, data, fusions,
 frozen modules, PEFT) is numerics; recompute, offload, hardware and checkpoint cadence are
 performance (the recipe's ``env`` is classed like the environment); names, descriptions,
-provenance, notes and the recorded stack and results are informational.
+provenance, notes, where metrics are logged (``logging``) and the recorded stack and results are
+informational.
 
 Paths that change on every capture (capture time and duration, pid) are not differences.
 """
@@ -60,6 +62,21 @@ NUMERICS_PACKAGES = (
 )
 PERFORMANCE_PACKAGES = ("nvidia-nccl*", "deep-ep", "sgl-deep-ep", "deepep", "nvidia-nvshmem*", "nvidia-ml-py")
 
+#: variables that decide which code runs (which Python modules, which shared libraries, which CUDA
+#: toolkit and ptxas compile kernels): a different value can run different code, so numerics
+CODE_PATH_ENV = (
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONUSERBASE",
+    "PYTHONNOUSERSITE",
+    "PYTHONSAFEPATH",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "TRITON_PTXAS_PATH",
+    "TRITON_LIBCUDA_PATH",
+)
 NUMERICS_ENV = (
     "NVTE_*",
     "CUBLAS_*",
@@ -71,15 +88,13 @@ NUMERICS_ENV = (
     "TORCH_DETERMINISTIC*",
     "PYTHONHASHSEED",
     "MEGATRON_*",
+    *CODE_PATH_ENV,
 )
 INFORMATIONAL_ENV = (
     "MUSE_STACK_*",
     "HF_*",
     "TRANSFORMERS_*",
     "TOKENIZERS_PARALLELISM",
-    "LD_LIBRARY_PATH",  # what it made the process load is compared in the library sections
-    "LD_PRELOAD",
-    "PYTHONPATH",
     "*_CACHE_DIR",
     "TRITON_CACHE_DIR",
 )
@@ -161,7 +176,7 @@ RULES: list[tuple[str, str]] = [
         "run_command", "author", "author.*", "status", "result", "result.*", "stack", "stack.*",
         "correctness", "correctness.*", "hardware.instance", "hardware.price_per_gpu_hour",
         "hardware.nominal_memory_gb", "layout.label", "layout.summary", "layout.highlights",
-        "training.log_interval", "training.measure_warmup_steps")),
+        "training.log_interval", "training.measure_warmup_steps", "logging", "logging.*")),
     *((f"recipe.env.{p}", NUMERICS) for p in NUMERICS_ENV),
     *((f"recipe.{p}", PERFORMANCE) for p in (
         "recompute", "recompute.*", "offload", "offload.*", "hardware", "hardware.*", "env", "env.*",

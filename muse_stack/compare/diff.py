@@ -53,10 +53,11 @@ class DiffReport:
 
     @property
     def exit_code(self) -> int:
-        """0 identical (apart from capture time and pid), 2 numerics differ, 1 otherwise."""
-        if not self.differences:
-            return 0
-        return 2 if any(d.cls == NUMERICS for d in self.differences) else 1
+        """0 identical or only informational fields differ (host names, paths, times: two runs on one
+        stack), 1 performance-affecting differences, 2 numerics differ."""
+        if any(d.cls == NUMERICS for d in self.differences):
+            return 2
+        return 1 if any(d.cls == PERFORMANCE for d in self.differences) else 0
 
     @property
     def verdict(self) -> str:

@@ -90,7 +90,8 @@ def render_compare(report: CompareReport, console: Console) -> None:
     table.add_column("rule")
     table.add_column("detail", overflow="fold", ratio=1)
     for c in conv.checks:
-        table.add_row(c.name, Text("pass" if c.passed else "FAIL", style="green" if c.passed else "bold red"),
+        verdict = "n/a" if c.passed and c.value is None else "pass" if c.passed else "FAIL"
+        table.add_row(c.name, Text(verdict, style="green" if c.passed else "bold red"),
                       c.rule, c.detail)
     console.print(table)
 

@@ -59,6 +59,8 @@ class Plan:
     vocab_size: int | None = None
     tokenizer_dir: Path | None = None
     label: str = "rows"
+    #: why there is no tokenizer_dir, when the plan was made without one (``data show``)
+    tokenizer_missing: str | None = None
 
     def params(self) -> dict[str, Any]:
         out = {"builder": self.builder, "row_tokens": self.row_tokens, "seed": self.seed}
@@ -109,7 +111,10 @@ def _hub_tokenizer(repo_id: str, revision: str | None) -> Path | None:
         return None
 
 
-def plan_for_recipe(recipe: Recipe) -> Plan:
+def plan_for_recipe(recipe: Recipe, *, require_tokenizer: bool = True) -> Plan:
+    """The build plan of a recipe's data. Without ``require_tokenizer`` a tokenizer that cannot be
+    found leaves ``tokenizer_dir`` None and says why in ``tokenizer_missing`` (what ``data show``
+    can report without it), instead of raising."""
     d, b, t = recipe.data, recipe.batch, recipe.training
     seed = next((s for s in (d.seed, t.data_seed, t.seed) if s is not None), 0)
     label = d.build_name or recipe.name
@@ -136,20 +141,27 @@ def plan_for_recipe(recipe: Recipe) -> Plan:
     if overlong not in ("drop", "truncate"):
         raise RecipeError("unknown policy for conversations longer than a pack", field="data.details.overlong",
                           value=overlong, fix="use drop or truncate")
-    tok_dir = _resolve_tokenizer(recipe)
+    missing = None
+    try:
+        tok_dir: Path | None = _resolve_tokenizer(recipe)
+    except InputError as exc:
+        if require_tokenizer:
+            raise
+        tok_dir, missing = None, exc.message
     key = d.details.get("messages_key", "messages")
     if builder == "fixed":
         if not b.seq_length:
             raise RecipeError("fixed rows need a row length", field="batch.seq_length", value=None,
                               fix="set batch.seq_length")
         return Plan(builder="fixed", row_tokens=b.seq_length, seed=seed, limit=d.rows, messages_key=key,
-                    gbs=b.gbs, tokenizer_dir=tok_dir, label=label)
+                    gbs=b.gbs, tokenizer_dir=tok_dir, label=label, tokenizer_missing=missing)
     size = d.packed_size or b.seq_length
     if not size:
         raise RecipeError("packed rows need a pack size", field="data.packed_size", value=None,
                           fix="set data.packed_size or batch.seq_length")
     return Plan(builder="packed", row_tokens=size, seed=seed, alignment=pack_alignment(recipe.layout, b),
-                overlong=overlong, messages_key=key, gbs=b.gbs, tokenizer_dir=tok_dir, label=label)
+                overlong=overlong, messages_key=key, gbs=b.gbs, tokenizer_dir=tok_dir, label=label,
+                tokenizer_missing=missing)
 
 
 def source_fingerprint(recipe: Recipe) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from muse_stack.atomic import write_bytes
@@ -17,6 +18,8 @@ console = Console()
 
 def _stats_table(title: str, stats: dict) -> Table:
     table = Table(title=title, show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # hashes and paths wrap, never cut
     for key, value in stats.items():
         if value is not None:
             table.add_row(key, str(value))
@@ -71,11 +74,13 @@ def show_cmd(
     from muse_stack.recipes.catalogue import load_recipe
 
     recipe = load_recipe(name, overrides or [])
-    plan = plan_for_recipe(recipe)
+    plan = plan_for_recipe(recipe, require_tokenizer=False)
     d = recipe.data
+    unknown = "unknown (no tokenizer)"
     info = {"kind": d.kind, "source": ", ".join(d.files) if d.files else (f"{d.dataset}@{d.revision} "
             f"[{d.split or 'train'}]" if d.dataset else None), **plan.params(),
-            "alignment": plan.alignment, "gbs": plan.gbs, "tokenizer": str(plan.tokenizer_dir or ""),
+            "alignment": plan.alignment, "gbs": plan.gbs,
+            "tokenizer": unknown if plan.tokenizer_missing else str(plan.tokenizer_dir or ""),
             "template_kwargs": d.template_kwargs or None, "recorded rows_sha256": d.rows_sha256,
             "recorded build": d.build_name}
     tokenizer = None
@@ -83,18 +88,27 @@ def show_cmd(
         tokenizer = ChatTokenizer(plan.tokenizer_dir, d.template_kwargs)
         info.update(vocab_size=tokenizer.vocab_size, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
                     pad_id=tokenizer.pad_id)
+    elif plan.tokenizer_missing:
+        # token ids and the cache key depend on the tokenizer: marked unknown, not guessed
+        info.update(vocab_size=unknown, bos_id=unknown, eos_id=unknown, pad_id=unknown, cache_key=unknown)
     console.print(_stats_table(f"{recipe.name}: data", info))
+    if plan.tokenizer_missing:
+        console.print(f"[yellow]tokenizer not found:[/] {escape(plan.tokenizer_missing)}; the token-dependent "
+                      "fields are unknown. `data build` needs it: set data.tokenizer to a directory with "
+                      "tokenizer.json and chat_template.jinja, or download the model's tokenizer into the Hugging "
+                      "Face cache", soft_wrap=False)
+        return
     try:
         key, _ = cache_key(recipe, plan, tokenizer)
     except MuseStackError as exc:
-        console.print(f"[yellow]source not available:[/] {exc.message}")
+        console.print(f"[yellow]source not available:[/] {escape(exc.message)}")
         return
     path = (Path(cache) if cache else default_cache_dir()) / f"{plan.label}-{key[:16]}"
     if path.is_dir():
         built = BuiltData.open(path)
         console.print(_stats_table(f"cached build {path}", {"rows_sha256": built.rows_sha256, **built.stats}))
     else:
-        console.print(f"not built yet (would be cached at {path}); run `muse-stack data build {name}`")
+        console.print(f"not built yet (would be cached at {escape(str(path))}); run `muse-stack data build {name}`")
 
 
 def register(app: typer.Typer) -> None:

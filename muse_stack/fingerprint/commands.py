@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from muse_stack.errors import InputError, MuseStackError
+from muse_stack.errors import InputError, MuseStackError, UsageError
 
 
 def _dump(obj: Any) -> str:
@@ -127,7 +127,16 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="Plot file (default RUN_B/compare-<name of RUN_A>.png)."),
         no_plot: bool = typer.Option(False, "--no-plot", help="Do not write a plot."),
-        skip_first_percent: float = typer.Option(0.0, "--skip-first-percent", min=0, max=99, help="Skip the first X% of points."),
+        preset: str = typer.Option("bridge-function", "--preset",
+                                   help="Threshold set: bridge-function (Megatron-Bridge's function defaults: final "
+                                        "loss 3%, no skip) or bridge-pipeline (its performance pipeline: final 5%, "
+                                        "skip the first 20%). Options below override it."),
+        skip_first: Optional[str] = typer.Option(None, "--skip-first",
+                                                 help="Skip the first points: a fraction as in Bridge's "
+                                                      "skip_first_percent (0.2) or a percent with its sign (20%); "
+                                                      "a bare 1 or more is refused."),
+        skip_first_percent: Optional[str] = typer.Option(None, "--skip-first-percent", hidden=True,
+                                                         help="Bridge's name for --skip-first (a fraction)."),
         min_correlation: float = typer.Option(0.95, "--min-correlation", help="Minimum Pearson correlation."),
         high_loss_tolerance: float = typer.Option(0.10, "--high-loss-tolerance", help="Relative tolerance where golden loss > --high-loss-above."),
         medium_loss_tolerance: float = typer.Option(0.05, "--medium-loss-tolerance", help="Relative tolerance where golden loss > --medium-loss-above."),
@@ -135,7 +144,7 @@ def register(app: typer.Typer) -> None:
         high_loss_above: float = typer.Option(2.0, "--high-loss-above"),
         medium_loss_above: float = typer.Option(0.5, "--medium-loss-above"),
         max_pointwise_failures: float = typer.Option(0.10, "--max-pointwise-failures", help="Largest allowed fraction of points outside tolerance."),
-        final_loss_tolerance: float = typer.Option(0.03, "--final-loss-tolerance", help="Largest relative final-loss difference."),
+        final_loss_tolerance: Optional[float] = typer.Option(None, "--final-loss-tolerance", help="Largest relative final-loss difference (default from --preset)."),
         outlier_sigma: float = typer.Option(3.0, "--outlier-sigma"),
         max_outlier_ratio: float = typer.Option(0.10, "--max-outlier-ratio"),
         max_throughput_drop: Optional[float] = typer.Option(None, "--max-throughput-drop", help="Fail if tokens/s per GPU drops more than this percent."),
@@ -145,9 +154,25 @@ def register(app: typer.Typer) -> None:
 
         Exit 0 pass, 1 fail, 3 unreadable input.
         """
-        from muse_stack.compare.convergence import Thresholds
+        from muse_stack.compare.convergence import PRESETS, Thresholds, parse_skip
         from muse_stack.compare.runcompare import Gates, compare_runs
 
+        if preset not in PRESETS:
+            raise UsageError(f"no threshold preset {preset!r}", field="--preset", value=preset,
+                             fix=f"use one of {', '.join(PRESETS)}")
+        chosen = dict(PRESETS[preset])
+        if skip_first is not None and skip_first_percent is not None:
+            raise UsageError("the skip is given twice", field="--skip-first", value=[skip_first, skip_first_percent],
+                             fix="give --skip-first (or Bridge's spelling --skip-first-percent) once")
+        skip_first = skip_first if skip_first is not None else skip_first_percent
+        if skip_first is not None:
+            try:
+                chosen["skip_first"] = parse_skip(skip_first)
+            except ValueError as exc:
+                raise UsageError(str(exc), field="--skip-first", value=skip_first,
+                                 fix="write a fraction in [0, 1) as Megatron-Bridge does (0.2), or a percent (20%)") from None
+        if final_loss_tolerance is not None:
+            chosen["final_loss_tolerance"] = final_loss_tolerance
         thresholds = Thresholds(
             correlation_min=min_correlation,
             high_loss_above=high_loss_above,
@@ -156,10 +181,10 @@ def register(app: typer.Typer) -> None:
             medium_loss_tolerance=medium_loss_tolerance,
             low_loss_tolerance=low_loss_tolerance,
             max_pointwise_failure_ratio=max_pointwise_failures,
-            final_loss_tolerance=final_loss_tolerance,
+            final_loss_tolerance=chosen["final_loss_tolerance"],
             outlier_sigma=outlier_sigma,
             max_outlier_ratio=max_outlier_ratio,
-            skip_first_percent=skip_first_percent,
+            skip_first=chosen["skip_first"],
         )
         report = compare_runs(run_a, run_b, thresholds, Gates(max_throughput_drop, max_memory_increase),
                               plot=plot, make_plot=not no_plot)

@@ -29,7 +29,10 @@ def register(app: typer.Typer) -> None:
         data_dir: Optional[str] = typer.Option(None, "--data-dir", help="shared host folder for data caches (Slurm)"),
         checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir",
                                                      help="shared host folder for checkpoints (Slurm)"),
-        time_limit: Optional[str] = typer.Option(None, "--time", help="Slurm time limit, e.g. 04:00:00"),
+        time_limit: Optional[str] = typer.Option(None, "--time", help="Slurm time limit, e.g. 04:00:00 (required "
+                                                 "with --submit; without it the partition's default applies)"),
+        nccl_debug: Optional[str] = typer.Option(None, "--nccl-debug", help="NCCL_DEBUG level (default WARN): "
+                                                 "VERSION, WARN, INFO or TRACE"),
         partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition"),
         account: Optional[str] = typer.Option(None, "--account", help="Slurm account"),
         namespace: Optional[str] = typer.Option(None, "--namespace", help="Kubernetes namespace"),
@@ -56,7 +59,15 @@ def register(app: typer.Typer) -> None:
         if output is not None and output.exists():
             raise InputError("the output file exists; launch never overwrites a file", field="--output",
                              value=str(output), fix="choose a new file name or remove the old one")
-        spec = resolve(name, overrides or [], nodes=nodes, gpus=gpus, steps=steps, image=image, run_name=run_name)
+        if submit and not time_limit:
+            from muse_stack.errors import UsageError
+
+            raise UsageError("a submitted job needs a time limit", field="--time", value=None,
+                             rule="without one the job runs under the partition's default limit, which may be "
+                                  "minutes or unlimited",
+                             fix="pass --time, e.g. --time 04:00:00 or --time 1-00:00:00")
+        spec = resolve(name, overrides or [], nodes=nodes, gpus=gpus, steps=steps, image=image, run_name=run_name,
+                       nccl_debug=nccl_debug)
         if slurm:
             text = slurm_mod.render(spec, runs_dir=runs_dir, data_dir=data_dir, checkpoint_dir=checkpoint_dir,
                                     python=sys.executable, time_limit=time_limit, partition=partition,

@@ -29,6 +29,10 @@ _TEMPLATE = r"""#!/bin/bash
 {% endif %}
 #SBATCH --signal=B:TERM@{{ signal_s }}
 #SBATCH --output=%x-%j.out
+{% if not time_given %}
+# no --time given: the job runs under the partition's default time limit (`sinfo -o "%P %l"` lists it);
+# the run saves a checkpoint and stops {{ signal_s }} s before that limit. Pass --time to set it.
+{% endif %}
 {% for opt in extra_sbatch %}
 #SBATCH {{ opt }}
 {% endfor %}
@@ -146,6 +150,7 @@ def render(spec: LaunchSpec, *, runs_dir: str | None = None, data_dir: str | Non
         tasks_per_node=1 if container else spec.per_node,
         signal_s=STOP_SIGNAL_SECONDS,
         extra_sbatch=[e for e in extra if e],
+        time_given=bool(time_limit),
         runs_dir=quoting.word(runs_dir) if runs_dir else '"$SLURM_SUBMIT_DIR"/runs',
         data_dir=quoting.word(data_dir) if data_dir else '"$SLURM_SUBMIT_DIR"/data',
         checkpoint_dir=quoting.word(checkpoint_dir) if checkpoint_dir else '"$SLURM_SUBMIT_DIR"/checkpoints',

@@ -86,8 +86,11 @@ def _layout(recipe: Recipe, target: Target, nodes: int | None, gpus: int | None)
 
 
 def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None = None, gpus: int | None = None,
-            steps: int | None = None, image: str | None = None, run_name: str | None = None) -> LaunchSpec:
-    """Resolve and validate a recipe for launching; raises (the planner's error) before anything is written."""
+            steps: int | None = None, image: str | None = None, run_name: str | None = None,
+            nccl_debug: str | None = None) -> LaunchSpec:
+    """Resolve and validate a recipe for launching; raises (the planner's error) before anything is written.
+    ``nccl_debug`` sets NCCL_DEBUG over the target's WARN and the recipe's env (INFO and TRACE also
+    set NCCL_DEBUG_SUBSYS=INIT,NET: the plugin and network lines without every collective)."""
     from muse_stack.recipes.catalogue import load_recipe
     from muse_stack.run.pipeline import prepare
 
@@ -110,6 +113,11 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
         raise UsageError("the image reference holds credentials; launch files are shared", field="--image",
                          value="<redacted>", fix="log in to the registry instead (enroot credentials, docker login, "
                                                "an image pull secret)")
+    from muse_stack.launch.targets import NCCL_DEBUG_LEVELS
+
+    if nccl_debug is not None and nccl_debug.upper() not in NCCL_DEBUG_LEVELS:
+        raise UsageError("not an NCCL_DEBUG level", field="--nccl-debug", value=nccl_debug,
+                         fix=f"use one of {', '.join(NCCL_DEBUG_LEVELS)}")
     first = load_recipe(name, overrides)
     target = target_for(first.hardware.gpu)
     count, per_node = _layout(first, target, nodes, gpus)
@@ -122,6 +130,10 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
     image_ref, network, env = _image_and_network(target, image)
     library_path = EFA_LIBRARY_PATH if env else None
     env.update(recipe.env)
+    if nccl_debug is not None:
+        env["NCCL_DEBUG"] = nccl_debug.upper()
+        if env["NCCL_DEBUG"] in ("INFO", "TRACE"):
+            env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
     if run_name is not None and dns_name(run_name, 63) != run_name:
         raise InputError("the run name must be lower-case letters, digits and dashes", field="--run-name",
                          value=run_name, fix=f"use {dns_name(run_name, 63)!r}")

@@ -22,9 +22,13 @@ _EFA_ENV: dict[str, str] = {
     "FI_PROVIDER": "efa",
     "FI_EFA_USE_HUGE_PAGE": "0",  # huge pages make forked workers (data loaders) run out of memory
     "NCCL_SOCKET_IFNAME": "^lo,docker",  # NCCL's bootstrap on the host network, not loopback or docker
-    "NCCL_DEBUG": "INFO",
-    "NCCL_DEBUG_SUBSYS": "INIT,NET",  # keeps the "NET/OFI Initializing aws-ofi-nccl" line the fingerprint reads
+    # warnings only: INFO on every rank of a many-node job floods the logs; `launch --nccl-debug INFO`
+    # (or the recipe's env) asks for more. The fingerprint reads the plugin's version from its binary.
+    "NCCL_DEBUG": "WARN",
 }
+
+#: NCCL_DEBUG levels `launch --nccl-debug` takes
+NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 
 
 @dataclass(frozen=True)

@@ -97,19 +97,39 @@ def register(app: typer.Typer) -> None:
         if json_out:
             typer.echo(json.dumps(rows, indent=2))
             return
-        t = Table(title="muse-stack recipes")
-        cols = ("name", "task", "gpus", "hardware", "layout", "engine")
-        for col in cols:
-            t.add_column(col, no_wrap=True)
+        # fits 80 columns: no borders, short headers; a long layout wraps rather than being cut
+        t = Table(title="muse-stack recipes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  show_edge=False, collapse_padding=True)
+        cols = (("name", "name"), ("task", "task"), ("gpus", "GPUs"), ("hardware", "type"), ("layout", "layout"),
+                ("engine", "engine"))
+        for key, header in cols:
+            t.add_column(header, no_wrap=key != "layout", overflow="fold", justify="right" if key == "gpus" else "left")
         for row in rows:
-            t.add_row(*(str(row[c]) for c in cols))
+            t.add_row(*(str(row[c]) for c, _ in cols))
         console.print(t)
 
     @app.command("show")
     def show_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
-                 overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides")) -> None:
-        """The resolved recipe as YAML."""
-        typer.echo(recipe_yaml(load_recipe(name, overrides or [])), nl=False)
+                 overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
+                 bridge: bool = typer.Option(False, "--bridge", help="print the Megatron-Bridge key of each field "
+                                             "that has one, with the recipe's value")) -> None:
+        """The resolved recipe as YAML (with --bridge: the Bridge ConfigContainer keys it answers to)."""
+        recipe = load_recipe(name, overrides or [])
+        if not bridge:
+            typer.echo(recipe_yaml(recipe), nl=False)
+            return
+        from muse_stack.recipes.bridge import bridge_rows
+
+        # one line per key, "Bridge key  recipe field = value"; where that is wider than the terminal,
+        # the field goes on its own indented line, so neither name is ever cut
+        rows = [(k, f"{f} = {'null' if v is None else json.dumps(v)}") for k, f, v in bridge_rows(recipe)]
+        width = max(console.width, 40)
+        key_w = max(len(k) for k, _ in rows)
+        typer.echo(f"{recipe.name}: Megatron-Bridge ConfigContainer keys accepted as overrides")
+        typer.echo(f"{'Bridge key':<{key_w}}  recipe field = value")
+        for key, rest in rows:
+            line = f"{key:<{key_w}}  {rest}"
+            typer.echo(line if len(line) <= width else f"{key}\n    {rest}")
 
     @app.command("plan")
     def plan_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),

@@ -39,12 +39,16 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 def apply_overrides(data: dict[str, Any], overrides: list[str], known: dict[str, Any] | None = None) -> dict[str, Any]:
     """Return a copy of ``data`` with each ``key.path=value`` applied.
 
-    Intermediate mappings are created when missing (``model.overrides.hidden_size=64``); a
+    A Megatron-Bridge key (``train.global_batch_size=64``) is applied to its recipe field
+    (:data:`muse_stack.recipes.bridge.BRIDGE_KEYS`). Intermediate mappings are created when missing (``model.overrides.hidden_size=64``); a
     path that walks into a non-mapping is an error naming the path.
     """
+    from muse_stack.recipes.bridge import translate
+
     out = copy.deepcopy(data)
     for text in overrides:
         path, value = parse_override(text)
+        path = translate(path)  # Megatron-Bridge ConfigContainer keys name their recipe field
         node = out
         for i, part in enumerate(path[:-1]):
             nxt = node.get(part)

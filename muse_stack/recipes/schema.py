@@ -267,6 +267,24 @@ class Peft(_Strict):
     per_expert: bool = False
 
 
+class Wandb(_Strict):
+    """Weights & Biases, an optional extra (``pip install muse-stack[wandb]``). The API key is never
+    a recipe field: it is read from WANDB_API_KEY (or ``wandb login``) when the run starts, and
+    without it the run logs offline under the run directory (``wandb sync`` uploads it later)."""
+    project: str = Field(description="W&B project")
+    entity: str | None = Field(None, description="W&B team or user")
+    name: str | None = Field(None, description="run name (default: the run directory's name)")
+    group: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    mode: Literal["online", "offline", "disabled"] | None = Field(
+        None, description="default: online when WANDB_API_KEY is set, else offline")
+
+
+class Logging(_Strict):
+    tensorboard: bool = Field(True, description="TensorBoard event files under RUN_DIR/tensorboard")
+    wandb: Wandb | None = Field(None, description="also log to Weights & Biases")
+
+
 class RecordedStack(_Strict):
     framework: str | None = None
     megatron_lm: str | None = None
@@ -325,6 +343,7 @@ class Recipe(_Strict):
     optimizer: Optimizer = Field(default_factory=Optimizer)
     training: Training = Field(default_factory=Training)
     data: Data = Field(default_factory=Data)
+    logging: Logging = Field(default_factory=Logging)
     frozen: list[str] = Field(default_factory=list, description="modules that do not train")
     peft: Peft | None = None
     env: dict[str, str] = Field(default_factory=dict)

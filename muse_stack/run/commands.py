@@ -40,6 +40,17 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("give a recipe name, or --resume DIR")
         if resume is not None and (name is not None and not name.startswith("-")):
             overrides = [name, *(overrides or [])] if "=" in name else overrides
+        if resume is None and name is not None:
+            # after what the engine refuses in the recipe itself (on any machine), the engine and the
+            # device: on a machine without them, that is the error to see, not the process count or
+            # the layout that --gpus would lead to
+            from muse_stack.engines.support import check_recipe
+            from muse_stack.recipes.catalogue import load_recipe
+            from muse_stack.run.availability import check_runnable_here
+
+            recipe = load_recipe(name, overrides or [])
+            check_recipe(recipe)
+            check_runnable_here(recipe, name)
         outcome = run(None if resume is not None else name, overrides=overrides or [], out=out, steps=steps,
                       gpus=gpus, resume=resume, pretrained_checkpoint=pretrained_checkpoint,
                       progress=not no_progress, stop_after=stop_after, allow_change=allow_change)

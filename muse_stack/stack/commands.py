@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from muse_stack import __version__
 from muse_stack.stack import buildargs as ba
@@ -43,7 +43,8 @@ def _show(loaded: LoadedLock) -> None:
     console.print(f"cuda    {cuda}", highlight=False)
     console.print(f"python  {lock.python.version} ({lock.python.source})", highlight=False)
     console.print(f"tag     {ba.image_tag(loaded)}", highlight=False)
-    t = Table("component", "version", "package / detail", "CUDA archs")
+    # long values (paths, archs, reasons) wrap at any width; nothing is cut with an ellipsis
+    t = Table(*(Column(h, overflow="fold") for h in ("component", "version", "package / detail", "CUDA archs")))
     for key, label in _COMPONENT_ROWS:
         comp = getattr(lock.components, key)
         if isinstance(comp, Null):
@@ -59,7 +60,8 @@ def _show(loaded: LoadedLock) -> None:
         t.add_row(label, comp.version, detail, archs)
     console.print(t)
     if lock.deviations:
-        d = Table("deviation", "recorded", "locked", "reason", title="deliberate deviations from the record")
+        d = Table(*(Column(h, overflow="fold") for h in ("deviation", "recorded", "locked", "reason")),
+                  title="deliberate deviations from the record")
         for dev in lock.deviations:
             d.add_row(dev.field, dev.recorded, dev.locked, dev.reason)
         console.print(d)
@@ -104,9 +106,14 @@ def _against_record(loaded: LoadedLock) -> list[str]:
         return []
     checks = record.compare(loaded.lock, stack.model_dump() if hasattr(stack, "model_dump") else dict(stack))
     same = sum(x.ok for x in checks)
-    dev = sum((not x.ok) and x.deviation for x in checks)
+    covering = sum((not x.ok) and x.deviation for x in checks)
+    declared = [d.field for d in loaded.lock.deviations]
+    # the same deviations `stack show` lists: every one the lock declares, whether or not it covers
+    # a compared version pin (the base image is not a version pin, and a fork at the same version matches)
     console.print(
-        f"record {ref.recipe}: {same} of {len(checks)} pins as recorded, {dev} declared deviation(s)", highlight=False
+        f"record {ref.recipe}: {same} of {len(checks)} pins as recorded; {len(declared)} declared deviation(s)"
+        + (f" ({', '.join(declared)}; {covering} of them cover a pin that differs)" if declared else ""),
+        highlight=False,
     )
     return record.problems(checks)
 
