@@ -49,6 +49,8 @@ UNKNOWNS: dict[str, list[str]] = {
     "elementwise_passes": ["elementwise_passes"],
     "elementwise_passes_compiled": ["elementwise_passes_compiled"],
     "layer_overhead_s": ["layer_overhead_s"],
+    "microbatch_overhead_s": ["microbatch_overhead_s"],
+    "expert_overhead_s": ["expert_overhead_s"],
 }
 INVERSE = {"matmul_efficiency"}
 #: a value that makes an efficiency's term vanish (its inverse is ~0) without dividing by zero

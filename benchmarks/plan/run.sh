@@ -7,3 +7,4 @@
 set -euo pipefail
 python benchmarks/plan/fit.py --json benchmarks/plan/fit.json
 python benchmarks/plan/fit_time.py --json benchmarks/plan/fit_time.json
+python benchmarks/plan/validate.py --json benchmarks/plan/validate.json

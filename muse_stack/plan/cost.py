@@ -57,12 +57,14 @@ class TimeCalibration(BaseModel):
 
     # one efficiency for dense GEMMs, expert GEMMs and attention: fitted apart, the H200 runs do
     # not identify them (fit_time.py); the roofline in gemm_time still tells the shapes apart
-    gemm_efficiency_dense: float = 0.8615
-    gemm_efficiency_expert: float = 0.8615
-    attention_efficiency: float = 0.8615
-    elementwise_passes: float = 6.902  # HBM passes over the modelled activation bytes, eager
-    elementwise_passes_compiled: float = 0.0  # the same with fusions.compile_elementwise (fitted to 0)
-    layer_overhead_s: float = 0.0104  # per decoder layer and forward pass (backward counts 2)
+    gemm_efficiency_dense: float = 0.7246
+    gemm_efficiency_expert: float = 0.7246
+    attention_efficiency: float = 0.7246
+    elementwise_passes: float = 5.879  # HBM passes over the modelled activation bytes, eager
+    elementwise_passes_compiled: float = 0  # the same with fusions.compile_elementwise (fitted to 0)
+    layer_overhead_s: float = 0.006226  # per decoder layer and forward pass (backward counts 2)
+    microbatch_overhead_s: float = 0  # per micro-batch and stage, forward and backward together
+    expert_overhead_s: float = 7.833e-05  # per local expert, decoder layer and forward pass (grouped GEMM launches)
     # Not fitted (no measurement in benchmarks/ resolves it): collectives run at the datasheet
     # bandwidth of the link they cross.
     link_efficiency: float = 1.0
@@ -82,6 +84,7 @@ class TermTimes(BaseModel):
     ep_alltoall: float = 0.0
     cp_comm: float = 0.0
     pp_p2p: float = 0.0
+    microbatch_overhead: float = 0.0
 
     def total(self) -> float:
         return sum(self.model_dump().values())
@@ -185,7 +188,7 @@ def layer_terms(model: ModelConfig, spec: GpuSpec, cal: TimeCalibration, *, toke
             kv_bytes = BF16 * t * 2 * hkv / tp
             cp_comm = (cp - 1) * kv_bytes / (link_gbps(cp_span, per_node, spec, cal.link_efficiency) * 1e9)
     return {"dense_gemm": dense, "expert_gemm": expert, "attention": attention, "elementwise": elementwise,
-            "layer_overhead": cal.layer_overhead_s, "tp_comm": tp_comm, "ep_alltoall": ep_comm, "cp_comm": cp_comm}
+            "layer_overhead": cal.layer_overhead_s + cal.expert_overhead_s * local_experts, "tp_comm": tp_comm, "ep_alltoall": ep_comm, "cp_comm": cp_comm}
 
 
 #: backward / forward time of each term (GEMMs: data and weight gradients; attention: FlashAttention's
@@ -253,6 +256,7 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
         if s == len(stages) - 1:
             terms["dense_gemm"] += out_gemm
         terms["pp_p2p"] = p2p if pp > 1 else 0.0
+        terms["microbatch_overhead"] = cal.microbatch_overhead_s
         stage_terms.append(TermTimes(**terms))
     stage_s = [st.total() for st in stage_terms]
     slow = max(range(len(stage_s)), key=lambda j: stage_s[j])

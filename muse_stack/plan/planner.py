@@ -139,8 +139,13 @@ def _step_time(recipe: Recipe, model, world: int, stages: list[int] | None, dp: 
         return None, f"no datasheet figures for {recipe.hardware.gpu} in muse_stack/hardware.py"
     if recipe.engine != "megatron":
         return None, f"the step-time model is of megatron-core; the recipe's engine is {recipe.engine}"
-    if not (stages and dp and micro and memory and recipe.batch.mbs and recipe.batch.seq_length and recipe.batch.gbs):
-        return None, "the layout, batch.mbs, batch.gbs or batch.seq_length does not resolve"
+    lay, batch = recipe.layout, recipe.batch
+    missing = [f for f, v in (("batch.mbs", batch.mbs), ("batch.gbs", batch.gbs), ("batch.seq_length", batch.seq_length),
+                              ("layout.cp", lay.cp), ("layout.ep", lay.ep)) if v is None]
+    if missing:
+        return None, f"{', '.join(missing)} not stated (pass e.g. {missing[0]}=N)"
+    if not (stages and dp and micro and memory):
+        return None, "the layout does not resolve (see the rules above)"
     params = []
     for m in memory:
         share = m.trainable_params / m.params if m.params else 0.0

@@ -22,6 +22,7 @@ RECOMPUTE: list[tuple[str, list[str] | None]] = [
 
 
 class Candidate(BaseModel):
+    label: str
     overrides: list[str]
     tokens_per_s_per_gpu: float
     step_s: float
@@ -76,6 +77,16 @@ class Layout(BaseModel):
         ov = [f"layout.{k}={v(x)}" for k, x in self.layout.items()]
         return [*ov, f"batch.mbs={self.mbs}", f"recompute.granularity={self.granularity}",
                 f"recompute.modules={v(self.modules)}"]
+
+    def label(self, stages: list[int] | None) -> str:
+        lay = self.layout
+        split = ""
+        if stages and len(set(stages)) > 1:
+            split = f" ({stages[0]}+{len(stages) - 2}x{stages[1]}+{stages[-1]})"
+        rec = self.granularity + (f" {','.join(self.modules)}" if self.modules else "")
+        vpp = f" VPP{lay['vpp']}" if lay["vpp"] > 1 else ""
+        return (f"TP{lay['tp']} PP{lay['pp']}{split}{vpp} CP{lay['cp']} EP{lay['ep']} ETP{lay['etp']} DP{lay['dp']} "
+                f"MBS{self.mbs} recompute {rec}")
 
 
 def candidates(recipe: Recipe, world: int) -> Iterator[Layout]:
@@ -140,7 +151,7 @@ def search(recipe: Recipe, world: int | None = None, progress: Callable[[int, in
         if report.errors or plan.time is None or plan.used is None or not (plan.fits and plan.fits_used):
             continue
         t = plan.time
-        found.append(Candidate(overrides=cand.overrides(), tokens_per_s_per_gpu=t.tokens_per_s_per_gpu, step_s=t.step_s,
+        found.append(Candidate(label=cand.label(plan.stages), overrides=cand.overrides(), tokens_per_s_per_gpu=t.tokens_per_s_per_gpu, step_s=t.step_s,
                                used_gib=plan.used.used_gib, allocated_gib=plan.used.allocated_gib,
                                dominant=t.dominant, dominant_s=t.terms_s[t.dominant]))
     if progress:
