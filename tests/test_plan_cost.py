@@ -62,8 +62,10 @@ def test_alltoall_across_nodes_is_bound_by_the_scale_out_share():
     assert t == pytest.approx(8e9 / 50e9, rel=REL)
     # with ETP 2 the 8 EP peers span 16 ranks: 3 share the node, 4 do not
     assert alltoall_time(8e9, 8, 16, 8, B200, 1.0) == pytest.approx(4e9 / 50e9, rel=REL)
-    # 72 GPUs joined by one NVL72 domain: all 15 peers of EP 16 are on NVLink
-    assert alltoall_time(16e9, 16, 16, 72, GPUS["GB200"], 1.0) == pytest.approx(15e9 / 900e9, rel=REL)
+    # GB200 trays hold 4 GPUs but the NVL72 domain joins 72: all 15 peers of EP 16 are on NVLink
+    assert alltoall_time(16e9, 16, 16, 4, GPUS["GB200"], 1.0) == pytest.approx(15e9 / 900e9, rel=REL)
+    # an HGX node of 8 bounds NVLink even if a recipe states a larger node
+    assert alltoall_time(16e9, 16, 16, 16, B200, 1.0) == pytest.approx(8e9 / 50e9, rel=REL)
 
 
 def _time(name: str, overrides: list[str] | None = None):

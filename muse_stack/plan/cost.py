@@ -122,6 +122,13 @@ def ring_time(bytes_: float, group: int, gbps: float) -> float:
     return (group - 1) / group * bytes_ / (gbps * 1e9)
 
 
+def nvlink_reach(spec: GpuSpec, per_node: int) -> int:
+    """GPUs one GPU reaches over NVLink: its node on HGX systems, the whole NVLink domain where
+    the domain spans nodes (GB200 NVL72: 72 GPUs over 18 trays of 4)."""
+    domain = spec.nvlink_domain or per_node
+    return domain if domain > spec.per_node_default else min(per_node, domain)
+
+
 def alltoall_time(bytes_out: float, group: int, span: int, per_node: int, spec: GpuSpec, eff: float) -> float:
     """An all-to-all in which each GPU sends ``bytes_out`` spread evenly over ``group`` ranks
     (itself included). The group's ranks sit ``span / group`` apart; peers inside the GPU's
@@ -129,7 +136,7 @@ def alltoall_time(bytes_out: float, group: int, span: int, per_node: int, spec: 
     if group <= 1:
         return 0.0
     stride = span // group
-    domain = min(per_node, spec.nvlink_domain or per_node)
+    domain = nvlink_reach(spec, per_node)
     local_peers = max(1, min(group, domain // max(stride, 1))) - 1
     remote_peers = group - 1 - local_peers
     per_peer = bytes_out / group
@@ -140,7 +147,7 @@ def alltoall_time(bytes_out: float, group: int, span: int, per_node: int, spec: 
 def link_gbps(span: int, per_node: int, spec: GpuSpec, eff: float) -> float:
     """Bandwidth of a group whose ranks cover ``span`` consecutive ranks: NVLink inside one
     domain, else the scale-out network."""
-    domain = min(per_node, spec.nvlink_domain or per_node)
+    domain = nvlink_reach(spec, per_node)
     return (spec.nvlink_gbps if span <= domain else spec.scaleout_gbps) * eff
 
 

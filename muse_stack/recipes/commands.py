@@ -181,12 +181,18 @@ def register(app: typer.Typer) -> None:
                 raise LayoutError("the GPU type is not in the hardware table", field="--gpu", value=gpu,
                                   fix=f"give one of {', '.join(GPUS)}")
             spec = GPUS[gpu]
+            # the recipe's instance, price and memory are of its own GPU: not carried over
             extra += [f"hardware.gpu={gpu}", f"hardware.memory_gib={spec.memory_gib}",
-                      f"hardware.per_node={spec.per_node_default}"]
+                      f"hardware.per_node={spec.per_node_default}", "hardware.instance=null",
+                      "hardware.price_per_gpu_hour=null", "hardware.nominal_memory_gb=null"]
         if out is not None and out.exists() and out.is_dir():
             raise InputError("--out names a directory", field="--out", value=str(out), fix="give a file path")
         recipe = load_recipe(name, extra)
-        _plan(recipe, gpus=gpus)  # the recipe itself must pass the rules (errors name the field)
+        own = gpus is None and gpu is None
+        if own:
+            _plan(recipe)  # the recipe itself must pass the rules (errors name the field)
+        elif gpus is not None:
+            _plan(recipe, gpus=gpus, strict=False)  # checks the GPU count's range (a usage error names --gpus)
         if no_progress or json_out:
             best, planned = search(recipe, gpus, top=top)
         else:
@@ -201,7 +207,11 @@ def register(app: typer.Typer) -> None:
         if json_out:
             typer.echo(json.dumps({"planned": planned, "best": [c.model_dump() for c in best]}, indent=2))
         if not best:
-            console.print(f"[red]no layout of the {planned:,} planned fits[/]")
+            if planned == 0:
+                console.print(f"[red]no layout to plan:[/] no TP x PP x CP of {gpus or recipe.hardware.count} GPUs leaves a "
+                              f"data-parallel size that batch.gbs = {recipe.batch.gbs} splits over")
+            else:
+                console.print(f"[red]no layout of the {planned:,} planned fits[/] (memory, or the rules)")
             raise typer.Exit(1)
         if not json_out:
             t = Table(title=f"tune: {recipe.name}, {planned:,} layouts planned, best {len(best)} that fit",
@@ -213,8 +223,8 @@ def register(app: typer.Typer) -> None:
                 t.add_row(f"{c.tokens_per_s_per_gpu:,.1f}", f"{c.step_s:.2f}", f"{c.used_gib:.1f}",
                           f"{c.dominant} {c.dominant_s:.2f} s", short)
             console.print(t)
-            mine, _ = _plan(recipe, gpus=gpus, strict=False)
-            if mine.time is not None:
+            mine, _ = _plan(recipe, strict=False)
+            if own and mine.time is not None:
                 console.print(f"the recipe's own layout: {mine.time.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted; "
                               f"best {best[0].tokens_per_s_per_gpu / mine.time.tokens_per_s_per_gpu - 1:+.1%}")
         if out is not None:
