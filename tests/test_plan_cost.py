@@ -223,3 +223,13 @@ def test_tune_refuses_an_unknown_gpu(cli, tmp_path):
     out = tmp_path / "best.txt"
     rc, _, err = cli("tune", "attune-b200", "--gpu", "Z100", "--out", out)
     assert rc == 2 and "--gpu" in err and not out.exists()
+
+
+def test_benchmarks_readme_prints_every_h200_point():
+    fit = json.loads((PLAN / "fit_time.json").read_text())
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    for p in fit["points"]:
+        row = (f"| {p['benchmark']} | {p['set']} | {p['gpus']} | {p['measured_s']:.3f} | {p['predicted_s']:.3f} | "
+               f"{p['error']:+.1%} |")
+        assert row in text, p["benchmark"]
+    assert {p["set"] for p in fit["points"]} == {"fitted", "checked"}
