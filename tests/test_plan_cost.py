@@ -149,9 +149,10 @@ def test_unstated_batch_gives_no_time_and_says_which_field():
 def test_nccl_buffers_per_communicator():
     cal = UsedCalibration()
     mib = 2**20
-    # 16 channels x 2 ring neighbours x (4 + 4.5 + 0.25) MiB; a pair has one neighbour
-    assert ring_communicator_bytes(4, cal) == 16 * 2 * 8.75 * mib
-    assert ring_communicator_bytes(2, cal) == 16 * 8.75 * mib
+    # 16 channels x 2 ring neighbours x (4 + 4.6875 + 0.5) MiB; a pair has one neighbour
+    # (every factor is a power of two or a short binary fraction: the products are exact)
+    assert ring_communicator_bytes(4, cal) == 16 * 2 * 9.1875 * mib
+    assert ring_communicator_bytes(2, cal) == 16 * 9.1875 * mib
     assert ring_communicator_bytes(1, cal) == 0.0
     groups = nccl_groups(tp=1, pp=1, cp=1, ep=1, etp=1, dp=1, edp=1)
     assert groups == {}

@@ -204,21 +204,24 @@ BACKWARD = {"dense_gemm": 2.0, "expert_gemm": 2.0, "attention": 2.5, "elementwis
             "tp_comm": 1.5, "ep_alltoall": 1.0, "cp_comm": 2.0}
 
 
-def recomputed_share(granularity: str, modules: list[str] | None) -> dict[str, float]:
-    """Which forward terms run again in the backward pass."""
+def recomputed_share(granularity: str, modules: list[str] | None, act: dict[str, float]) -> dict[str, float]:
+    """Which forward terms run again in the backward pass, as shares of each term. Selective
+    recompute of ``moe_act`` or ``moe`` reruns the elementwise work in proportion to the
+    activation bytes the module frees (``act``: the memory model's per-token bytes)."""
     if granularity == "full":
         return dict.fromkeys(BACKWARD, 1.0)
+    share: dict[str, float] = {}
     if granularity == "selective":
-        share: dict[str, float] = {}
+        layer_bytes = act["attention"] + act["moe"]
         for name in modules or ["core_attn"]:
             if name == "core_attn":
                 share["attention"] = 1.0
             elif name == "moe_act":
-                share["elementwise"] = max(share.get("elementwise", 0.0), 0.25)
+                share["elementwise"] = max(share.get("elementwise", 0.0), act["recompute_moe_act"] / layer_bytes)
             elif name == "moe":
-                share.update({"expert_gemm": 1.0, "ep_alltoall": 1.0, "elementwise": 0.5})
-        return share
-    return {}
+                share.update({"expert_gemm": 1.0, "ep_alltoall": 1.0,
+                              "elementwise": max(share.get("elementwise", 0.0), act["recompute_moe"] / layer_bytes)})
+    return share
 
 
 def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int, stages: list[int], dp: int,
@@ -248,7 +251,8 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     full = layer_terms(model, spec, cal, full_attention=True, **common)
     slide = layer_terms(model, spec, cal, full_attention=False, **common)
     fwd = {key: full_share * full[key] + (1 - full_share) * slide[key] for key in full}
-    rec = recomputed_share(recipe.recompute.granularity or "none", recipe.recompute.modules)
+    rec = recomputed_share(recipe.recompute.granularity or "none", recipe.recompute.modules,
+                           layer_activation_bytes_per_token(model, tp, sp, etp=etp))
     per_layer = {key: fwd[key] * (1 + BACKWARD[key]) for key in fwd}
     per_layer["recompute"] = sum(fwd[key] * share for key, share in rec.items())
     # pipeline boundary: the SP-split hidden states forward, their gradient back

@@ -3,8 +3,8 @@
     used = allocated x (1 + allocator reserve) + CUDA context + library workspaces + NCCL buffers
 
 NCCL buffers follow NCCL's defaults: every ring or tree collective communicator keeps, per
-channel, a receive buffer for each protocol (Simple 4 MiB = NCCL_BUFFSIZE, LL128 ~4.5 MiB,
-LL 0.25 MiB) from each of its two ring neighbours; a point-to-point or all-to-all communicator
+channel, a receive buffer for each protocol (NCCL's defaults: Simple 4 MiB = NCCL_BUFFSIZE,
+LL128 120 x 640 x 8 x 8 B = 4.6875 MiB, LL 8 x 512 x 8 x 16 B = 0.5 MiB) from each of its two ring neighbours; a point-to-point or all-to-all communicator
 keeps a Simple buffer per peer and per peer channel. Channel counts are NCCL's defaults for
 the link: 16 ring channels over NVLink or the network, 2 channels per point-to-point peer
 (NCCL_NCHANNELS_PER_NET_PEER; NVLink peers get the same here).
@@ -34,8 +34,8 @@ class UsedCalibration(BaseModel):
     ring_channels: int = 16
     p2p_channels_per_peer: int = 2
     simple_mib: float = 4.0
-    ll128_mib: float = 4.5
-    ll_mib: float = 0.25
+    ll128_mib: float = 4.6875
+    ll_mib: float = 0.5
 
 
 class UsedMemory(BaseModel):
