@@ -15,8 +15,10 @@ forward for GEMMs and elementwise work, 2.5 x for attention, which recomputes QK
   sequence when rows are packed) at the attention efficiency;
 * elementwise and norm work: the layer's activation bytes (the memory model's formulas) read and
   written ``passes`` times at HBM bandwidth, fewer passes when the chains are compiled;
-* a fixed time per layer and pass (kernel launches and host work);
-* recompute: one more forward of what is recomputed (all of it under full recompute);
+* a fixed time per layer and pass, plus one per local expert (kernel launches and host work),
+  and one per micro-batch and stage (fitted to 0 on the H200 runs);
+* recompute: one more forward of what is recomputed (all of it under full recompute; selective
+  ``moe_act`` and ``moe`` rerun the share of the elementwise work their activations are);
 * TP collectives with sequence parallelism: all-gather and reduce-scatter of the hidden states
   around the attention block and the latent projections, ring time ``(TP-1)/TP x bytes / link``;
 * the EP all-to-all: dispatch and combine of ``top-k x tokens x latent width`` bytes, the share
