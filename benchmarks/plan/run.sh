@@ -2,5 +2,9 @@
 # CPU only, from the project root: fit the planner's memory calibration (muse_stack/plan/memory.py,
 # Calibration) to the peak allocated memory of every uncompiled GPU run in benchmarks/, and print
 # each run's estimate with the fitted and the current defaults. fit.json is its output.
+# Then fit the step-time model's efficiencies (muse_stack/plan/cost.py, TimeCalibration) to the
+# runs' step times; fit_time.json is its output. Then time `muse-stack tune` on the B200 record.
 set -euo pipefail
 python benchmarks/plan/fit.py --json benchmarks/plan/fit.json
+python benchmarks/plan/fit_time.py --json benchmarks/plan/fit_time.json
+python benchmarks/plan/validate.py --json benchmarks/plan/validate.json

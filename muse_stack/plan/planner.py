@@ -9,9 +9,11 @@ from pydantic import BaseModel
 from muse_stack.engines.support import unstated_training_values
 from muse_stack.errors import LayoutError
 from muse_stack.hardware import gpu_spec
+from muse_stack.plan.cost import StepTime, TimeCalibration, estimate_step
 from muse_stack.plan.layout import data_parallel, expert_data_parallel, pack_alignment, stage_layers
 from muse_stack.plan.memory import Calibration, StageMemory, estimate
 from muse_stack.plan.rules import RuleReport, check
+from muse_stack.plan.used import UsedMemory, used_memory
 from muse_stack.recipes.schema import Recipe
 
 
@@ -47,13 +49,24 @@ class Plan(BaseModel):
     unstated_training: list[str] = []  # optimizer values run and launch refuse until the recipe states them
     active_params: int
     total_params: int
+    used: UsedMemory | None = None  # peak stage's memory as nvidia-smi sees it
+    time: StepTime | None = None
+    time_unavailable: str | None = None  # why there is no step-time estimate
+
+    @property
+    def fits_used(self) -> bool | None:
+        """Whether the expected used memory fits the GPU."""
+        if self.used is None or self.gpu_memory_gib is None:
+            return None
+        return self.used.used_gib <= self.gpu_memory_gib
 
     def summary(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
 
 def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration | None = None,
-              strict: bool = True) -> tuple[Plan, RuleReport]:
+              strict: bool = True, time_calibration: TimeCalibration | None = None,
+              seq_lens: list[int] | None = None) -> tuple[Plan, RuleReport]:
     """Validate and plan. With ``strict`` a broken layout raises the first :class:`LayoutError`
     (all of them are in its message)."""
     from muse_stack.recipes.schema import MAX_GPUS
@@ -111,4 +124,30 @@ def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration 
         unstated_training=unstated_training_values(recipe),
         active_params=model.active_params, total_params=model.total_params,
     )
+    if peak is not None and dp and edp:
+        plan.used = used_memory(peak, tp=lay.tp, pp=lay.pp, cp=lay.cp or 1, ep=lay.ep or 1, etp=lay.etp, dp=dp, edp=edp)
+    plan.time, plan.time_unavailable = _step_time(recipe, model, world, stages, dp, edp, micro, memory,
+                                                  time_calibration, seq_lens)
     return plan, report
+
+
+def _step_time(recipe: Recipe, model, world: int, stages: list[int] | None, dp: int | None, edp: int | None,
+               micro: int | None, memory: list[StageMemory], cal: TimeCalibration | None,
+               seq_lens: list[int] | None) -> tuple[StepTime | None, str | None]:
+    spec = gpu_spec(recipe.hardware.gpu)
+    if spec is None or spec.hbm_gbps is None or spec.peak_bf16_tflops is None:
+        return None, f"no datasheet figures for {recipe.hardware.gpu} in muse_stack/hardware.py"
+    if recipe.engine != "megatron":
+        return None, f"the step-time model is of megatron-core; the recipe's engine is {recipe.engine}"
+    lay, batch = recipe.layout, recipe.batch
+    missing = [f for f, v in (("batch.mbs", batch.mbs), ("batch.gbs", batch.gbs), ("batch.seq_length", batch.seq_length),
+                              ("layout.cp", lay.cp), ("layout.ep", lay.ep)) if v is None]
+    if missing:
+        return None, f"{', '.join(missing)} not stated (pass e.g. {missing[0]}=N)"
+    if not (stages and dp and micro and memory):
+        return None, "the layout does not resolve (see the rules above)"
+    params = []
+    for m in memory:
+        share = m.trainable_params / m.params if m.params else 0.0
+        params.append((int(m.dense_params * share), int(m.expert_params * share)))
+    return estimate_step(recipe, model, spec, world, stages, dp, edp, micro, params, cal, seq_lens), None

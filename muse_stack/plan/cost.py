@@ -1,0 +1,311 @@
+"""Step time of a megatron-core training step, term by term, before a GPU-hour is spent.
+
+Every term is a formula over the layout, the model's shapes and the GPU's datasheet figures
+(:mod:`muse_stack.hardware`); the only fitted constants are the kernel efficiencies of
+:class:`TimeCalibration`, fitted by ``benchmarks/plan/fit_time.py`` to this project's H200
+measurements in ``benchmarks/`` and to nothing else.
+
+One micro-batch on one pipeline stage costs, per decoder layer (forward; backward is twice the
+forward for GEMMs and elementwise work, 2.5 x for attention, which recomputes QK^T):
+
+* dense GEMMs (q/k/v/gate/o projections, latent projections, router) and grouped expert GEMMs,
+  each ``max(FLOPs / peak, bytes / HBM) / efficiency``: the roofline makes the time depend on
+  the GEMM's shape (an expert that receives few tokens is bandwidth-bound);
+* attention: ``4 x heads/TP x head_dim x mean keys x tokens`` FLOPs (sliding or full, per
+  sequence when rows are packed) at the attention efficiency;
+* elementwise and norm work: the layer's activation bytes (the memory model's formulas) read and
+  written ``passes`` times at HBM bandwidth, fewer passes when the chains are compiled;
+* a fixed time per layer and pass, plus one per local expert (kernel launches and host work),
+  and one per micro-batch and stage (fitted to 0 on the H200 runs);
+* recompute: one more forward of what is recomputed (all of it under full recompute; selective
+  ``moe_act`` and ``moe`` rerun the share of the elementwise work their activations are);
+* TP collectives with sequence parallelism: all-gather and reduce-scatter of the hidden states
+  around the attention block and the latent projections, ring time ``(TP-1)/TP x bytes / link``;
+* the EP all-to-all: dispatch and combine of ``top-k x tokens x latent width`` bytes, the share
+  bound for GPUs of the same NVLink domain over NVLink, the rest over the scale-out network;
+* the CP exchange (A2A: q, k, v and the output; P2P: the K/V ring of full-attention layers).
+
+A 1F1B pipeline of ``m`` micro-batches over stages of per-micro-batch time ``t_s`` (including the
+point-to-point send of the boundary activations) takes ``(m - 1) x max t_s + sum t_s / VPP``: the
+slowest stage sets the steady state, the fill and drain pass every stage once (uneven first and
+last stages enter through ``t_s``). After it come the distributed optimizer's gradient
+reduce-scatter (fp32) and parameter all-gather (bf16) over the DP group, counted exposed (no
+overlap is configured by the recipes), and the optimizer step: 30 bytes of HBM traffic per
+sharded parameter (fp32 master, two moments read and written, gradient read, bf16 weight written).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from muse_stack.flops import mean_keys_causal, mean_keys_sliding, training_flops_per_token
+from muse_stack.hardware import GpuSpec
+from muse_stack.model_config import ModelConfig
+from muse_stack.plan.memory import layer_activation_bytes_per_token
+from muse_stack.recipes.schema import Recipe
+
+#: bytes of HBM traffic per sharded parameter in one Adam step of the distributed optimizer
+ADAM_BYTES_PER_PARAM = 30
+BF16 = 2
+
+
+class TimeCalibration(BaseModel):
+    """Kernel efficiencies, fitted by benchmarks/plan/fit_time.py to the H200 step times of
+    benchmarks/ (least squares with non-negative inverse efficiencies; fit_time.json is its output)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    # one efficiency for dense GEMMs, expert GEMMs and attention: fitted apart, the H200 runs do
+    # not identify them (fit_time.py); the roofline in gemm_time still tells the shapes apart
+    gemm_efficiency_dense: float = 0.7246
+    gemm_efficiency_expert: float = 0.7246
+    attention_efficiency: float = 0.7246
+    elementwise_passes: float = 5.879  # HBM passes over the modelled activation bytes, eager
+    elementwise_passes_compiled: float = 0  # the same with fusions.compile_elementwise (fitted to 0)
+    layer_overhead_s: float = 0.006226  # per decoder layer and forward pass (backward counts 2)
+    microbatch_overhead_s: float = 0  # per micro-batch and stage, forward and backward together
+    expert_overhead_s: float = 7.833e-05  # per local expert, decoder layer and forward pass (grouped GEMM launches)
+    # Not fitted (no measurement in benchmarks/ resolves it): collectives run at the datasheet
+    # bandwidth of the link they cross.
+    link_efficiency: float = 1.0
+    source: str = "H200 megatron-core step times, benchmarks/plan/fit_time.json"
+
+
+class TermTimes(BaseModel):
+    """Seconds per micro-batch of one stage (forward + backward + recompute), by term."""
+
+    dense_gemm: float = 0.0
+    expert_gemm: float = 0.0
+    attention: float = 0.0
+    elementwise: float = 0.0
+    layer_overhead: float = 0.0
+    recompute: float = 0.0
+    tp_comm: float = 0.0
+    ep_alltoall: float = 0.0
+    cp_comm: float = 0.0
+    pp_p2p: float = 0.0
+    microbatch_overhead: float = 0.0
+
+    def total(self) -> float:
+        return sum(self.model_dump().values())
+
+
+class StepTime(BaseModel):
+    gpu: str
+    step_s: float
+    tokens_per_step: int
+    tokens_per_s_per_gpu: float
+    mfu: float | None
+    mfu_6n: float | None
+    usd_per_million_tokens: float | None
+    terms_s: dict[str, float]  # per step, on the critical path; sums to step_s
+    dominant: str
+    stage_s: list[float]  # per micro-batch, per stage
+    microbatches: int
+    assumptions: list[str]
+    calibration: TimeCalibration
+
+
+def gemm_time(m: float, k: float, n: float, spec: GpuSpec, efficiency: float, count: float = 1.0) -> float:
+    """Forward time of ``count`` GEMMs [m, k] x [k, n] in bf16: the roofline over the efficiency."""
+    if m <= 0 or k <= 0 or n <= 0 or count <= 0:
+        return 0.0
+    flops = 2.0 * m * k * n
+    bytes_ = BF16 * (m * k + k * n + m * n)
+    return count * max(flops / (spec.peak_bf16_tflops * 1e12), bytes_ / (spec.hbm_gbps * 1e9)) / efficiency
+
+
+def ring_time(bytes_: float, group: int, gbps: float) -> float:
+    """An all-gather or reduce-scatter of a ``bytes_`` tensor over ``group`` ranks on a ring."""
+    if group <= 1:
+        return 0.0
+    return (group - 1) / group * bytes_ / (gbps * 1e9)
+
+
+def nvlink_reach(spec: GpuSpec, per_node: int) -> int:
+    """GPUs one GPU reaches over NVLink: its node on HGX systems, the whole NVLink domain where
+    the domain spans nodes (GB200 NVL72: 72 GPUs over 18 trays of 4)."""
+    domain = spec.nvlink_domain or per_node
+    return domain if domain > spec.per_node_default else min(per_node, domain)
+
+
+def alltoall_time(bytes_out: float, group: int, span: int, per_node: int, spec: GpuSpec, eff: float) -> float:
+    """An all-to-all in which each GPU sends ``bytes_out`` spread evenly over ``group`` ranks
+    (itself included). The group's ranks sit ``span / group`` apart; peers inside the GPU's
+    NVLink domain are reached over NVLink, the others over the scale-out network, in parallel."""
+    if group <= 1:
+        return 0.0
+    stride = span // group
+    domain = nvlink_reach(spec, per_node)
+    local_peers = max(1, min(group, domain // max(stride, 1))) - 1
+    remote_peers = group - 1 - local_peers
+    per_peer = bytes_out / group
+    return max(local_peers * per_peer / (spec.nvlink_gbps * 1e9 * eff),
+               remote_peers * per_peer / (spec.scaleout_gbps * 1e9 * eff))
+
+
+def link_gbps(span: int, per_node: int, spec: GpuSpec, eff: float) -> float:
+    """Bandwidth of a group whose ranks cover ``span`` consecutive ranks: NVLink inside one
+    domain, else the scale-out network."""
+    domain = nvlink_reach(spec, per_node)
+    return (spec.nvlink_gbps if span <= domain else spec.scaleout_gbps) * eff
+
+
+def layer_terms(model: ModelConfig, spec: GpuSpec, cal: TimeCalibration, *, tokens: int, tp: int, cp: int, ep: int,
+                etp: int, sp: bool, compiled: bool, full_attention: bool, seq_lens: Sequence[int],
+                cp_comm_type: str | None, per_node: int) -> dict[str, float]:
+    """Forward seconds of one decoder layer for one micro-batch of ``tokens`` tokens (per CP rank)."""
+    h, hm, i = model.hidden_size, model.moe_hidden_size, model.moe_intermediate_size
+    e, k = model.num_local_experts, model.num_experts_per_tok
+    hq, hkv = model.num_attention_heads * model.head_dim, model.num_key_value_heads * model.head_dim
+    t = tokens
+    t_sp = t / tp if sp else t
+    dense = (gemm_time(t, h, (2 * hq + 2 * hkv) / tp, spec, cal.gemm_efficiency_dense)
+             + gemm_time(t, hq / tp, h, spec, cal.gemm_efficiency_dense)
+             + gemm_time(t, h, hm / tp, spec, cal.gemm_efficiency_dense)
+             + gemm_time(t, hm / tp, h, spec, cal.gemm_efficiency_dense)
+             + gemm_time(t_sp, h, e, spec, cal.gemm_efficiency_dense))
+    local_experts = e / ep
+    slots = k * (t / tp) * etp  # routed slots a GPU computes (balanced routing)
+    per_expert = slots / local_experts
+    expert = (gemm_time(per_expert, hm, 2 * i / etp, spec, cal.gemm_efficiency_expert, local_experts)
+              + gemm_time(per_expert, i / etp, hm, spec, cal.gemm_efficiency_expert, local_experts))
+    # attention: queries of this CP rank against the mean keys of their sequences
+    total = sum(seq_lens)
+    keys = (sum((mean_keys_causal(s) if full_attention else mean_keys_sliding(s, model.sliding_window)) * s
+                for s in seq_lens) / total) if total else 0.0
+    attention = 4.0 * (hq / tp) * keys * t / (spec.peak_bf16_tflops * 1e12) / cal.attention_efficiency
+    act = layer_activation_bytes_per_token(model, tp, sp, etp=etp)
+    passes = cal.elementwise_passes_compiled if compiled else cal.elementwise_passes
+    elementwise = passes * (act["attention"] + act["moe"]) * t / (spec.hbm_gbps * 1e9)
+    # TP with SP: all-gather before and reduce-scatter after the attention block and the latent
+    # projections; without SP the same volume as two all-reduces
+    tp_bytes = BF16 * t * h
+    tp_comm = 4 * ring_time(tp_bytes, tp, link_gbps(tp, per_node, spec, cal.link_efficiency))
+    # EP: dispatch and combine, each GPU sends its routed slots at the latent width
+    ep_bytes = BF16 * k * (t / tp) * hm
+    ep_comm = 2 * alltoall_time(ep_bytes, ep, ep * etp, per_node, spec, cal.link_efficiency)
+    cp_comm = 0.0
+    if cp > 1:
+        cp_span = tp * cp
+        if cp_comm_type in ("a2a", "a2a+p2p") or not full_attention:
+            a2a_bytes = BF16 * t * (2 * hq + 2 * hkv) / tp  # q, k, v in, the output back
+            cp_comm = alltoall_time(a2a_bytes, cp, cp_span, per_node, spec, cal.link_efficiency)
+        else:
+            kv_bytes = BF16 * t * 2 * hkv / tp
+            cp_comm = (cp - 1) * kv_bytes / (link_gbps(cp_span, per_node, spec, cal.link_efficiency) * 1e9)
+    return {"dense_gemm": dense, "expert_gemm": expert, "attention": attention, "elementwise": elementwise,
+            "layer_overhead": cal.layer_overhead_s + cal.expert_overhead_s * local_experts, "tp_comm": tp_comm, "ep_alltoall": ep_comm, "cp_comm": cp_comm}
+
+
+#: backward / forward time of each term (GEMMs: data and weight gradients; attention: FlashAttention's
+#: backward recomputes QK^T; SP's backward gathers the input again for the weight gradient)
+BACKWARD = {"dense_gemm": 2.0, "expert_gemm": 2.0, "attention": 2.5, "elementwise": 2.0, "layer_overhead": 2.0,
+            "tp_comm": 1.5, "ep_alltoall": 1.0, "cp_comm": 2.0}
+
+
+def recomputed_share(granularity: str, modules: list[str] | None, act: dict[str, float]) -> dict[str, float]:
+    """Which forward terms run again in the backward pass, as shares of each term. Selective
+    recompute of ``moe_act`` or ``moe`` reruns the elementwise work in proportion to the
+    activation bytes the module frees (``act``: the memory model's per-token bytes)."""
+    if granularity == "full":
+        return dict.fromkeys(BACKWARD, 1.0)
+    share: dict[str, float] = {}
+    if granularity == "selective":
+        layer_bytes = act["attention"] + act["moe"]
+        for name in modules or ["core_attn"]:
+            if name == "core_attn":
+                share["attention"] = 1.0
+            elif name == "moe_act":
+                share["elementwise"] = max(share.get("elementwise", 0.0), act["recompute_moe_act"] / layer_bytes)
+            elif name == "moe":
+                share.update({"expert_gemm": 1.0, "ep_alltoall": 1.0,
+                              "elementwise": max(share.get("elementwise", 0.0), act["recompute_moe"] / layer_bytes)})
+    return share
+
+
+def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int, stages: list[int], dp: int,
+                  edp: int | None, microbatches: int, stage_params: list[tuple[int, int]],
+                  cal: TimeCalibration | None = None, seq_lens: Sequence[int] | None = None) -> StepTime:
+    """Step time of ``recipe`` on ``world`` GPUs of ``spec``. ``stage_params``: (dense, expert)
+    trainable parameters held by one GPU of each stage (the memory plan's figures)."""
+    cal = cal or TimeCalibration()
+    lay, batch = recipe.layout, recipe.batch
+    tp, pp, cp, ep, etp = lay.tp, lay.pp, lay.cp or 1, lay.ep or 1, lay.etp
+    vpp = lay.vpp or 1
+    sp = bool(lay.sequence_parallel) or (tp > 1 and lay.sequence_parallel is None)
+    per_node = recipe.hardware.per_node
+    compiled = bool(recipe.fusions.compile_elementwise)
+    assumptions: list[str] = []
+    seq = batch.seq_length
+    tokens = batch.mbs * seq // cp
+    if seq_lens is None:
+        seq_lens = [seq] * batch.mbs
+        if batch.packed:
+            assumptions.append("attention: packed rows taken as one sequence each (an upper bound; the "
+                               "sequence lengths are the data's)")
+    types = model.resolved_layer_types
+    full_share = sum(1 for x in types if x == "full_attention") / len(types)
+    common = dict(tokens=tokens, tp=tp, cp=cp, ep=ep, etp=etp, sp=sp, compiled=compiled, seq_lens=seq_lens,
+                  cp_comm_type=lay.cp_comm_type, per_node=per_node)
+    full = layer_terms(model, spec, cal, full_attention=True, **common)
+    slide = layer_terms(model, spec, cal, full_attention=False, **common)
+    fwd = {key: full_share * full[key] + (1 - full_share) * slide[key] for key in full}
+    rec = recomputed_share(recipe.recompute.granularity or "none", recipe.recompute.modules,
+                           layer_activation_bytes_per_token(model, tp, sp, etp=etp))
+    per_layer = {key: fwd[key] * (1 + BACKWARD[key]) for key in fwd}
+    per_layer["recompute"] = sum(fwd[key] * share for key, share in rec.items())
+    # pipeline boundary: the SP-split hidden states forward, their gradient back
+    p2p_bytes = BF16 * (tokens / tp if sp else tokens) * model.hidden_size
+    stage_stride = world // pp
+    p2p = 0.0 if pp == 1 else 2 * vpp * p2p_bytes / (
+        link_gbps(stage_stride + 1, per_node, spec, cal.link_efficiency) * 1e9)
+    out_gemm = gemm_time(tokens, model.hidden_size, model.vocab_size / tp, spec, cal.gemm_efficiency_dense) * 3
+    stage_terms: list[TermTimes] = []
+    for s, n in enumerate(stages):
+        terms = {key: n * val for key, val in per_layer.items()}
+        if s == len(stages) - 1:
+            terms["dense_gemm"] += out_gemm
+        terms["pp_p2p"] = p2p if pp > 1 else 0.0
+        terms["microbatch_overhead"] = cal.microbatch_overhead_s
+        stage_terms.append(TermTimes(**terms))
+    stage_s = [st.total() for st in stage_terms]
+    slow = max(range(len(stage_s)), key=lambda j: stage_s[j])
+    steady = microbatches * stage_s[slow]
+    pipeline = (microbatches - 1) * stage_s[slow] + sum(stage_s) / vpp
+    bubble = pipeline - steady
+    # distributed optimizer over the DP group: fp32 gradient reduce-scatter, bf16 parameter all-gather
+    dense_p = max(d for d, _ in stage_params)
+    expert_p = max(x for _, x in stage_params)
+    dist_opt = lay.distributed_optimizer is not False
+    dp_span = tp * cp * dp
+    dp_gbps = link_gbps(dp_span, per_node, spec, cal.link_efficiency)
+    edp_ = edp or 1
+    edp_gbps = link_gbps(world // pp, per_node, spec, cal.link_efficiency)
+    grad_b, param_b = 4, BF16
+    if dist_opt:
+        dp_comm = (ring_time(dense_p * (grad_b + param_b), dp * cp, dp_gbps)
+                   + ring_time(expert_p * (grad_b + param_b), edp_, edp_gbps))
+        opt_params = dense_p / (dp * cp) + expert_p / edp_
+    else:
+        dp_comm = 2 * ring_time(dense_p * grad_b, dp * cp, dp_gbps) + 2 * ring_time(expert_p * grad_b, edp_, edp_gbps)
+        opt_params = dense_p + expert_p
+    optimizer = opt_params * ADAM_BYTES_PER_PARAM / (spec.hbm_gbps * 1e9) if not recipe.offload.optimizer else 0.0
+    step = pipeline + dp_comm + optimizer
+    terms_s = {key: microbatches * val for key, val in stage_terms[slow].model_dump().items()}
+    terms_s["pp_bubble"] = bubble
+    terms_s["dp_comm"] = dp_comm
+    terms_s["optimizer"] = optimizer
+    tokens_step = batch.gbs * seq
+    tps = tokens_step / step / world
+    flops = training_flops_per_token(model, seq_lens)
+    peak = spec.peak_bf16_tflops * 1e12
+    price = recipe.hardware.price_per_gpu_hour
+    return StepTime(
+        gpu=spec.name, step_s=step, tokens_per_step=tokens_step, tokens_per_s_per_gpu=tps,
+        mfu=flops["training"] * tps / peak, mfu_6n=flops["training_6n"] * tps / peak,
+        usd_per_million_tokens=price / (tps * 3600) * 1e6 if price else None,
+        terms_s=terms_s, dominant=max(terms_s, key=lambda key: terms_s[key]), stage_s=stage_s,
+        microbatches=microbatches, assumptions=assumptions, calibration=cal)

@@ -1,0 +1,236 @@
+"""The step-time model's terms, the used-memory terms, the out-of-sample validation figures the
+README prints, and `tune` (CPU only; no test times anything)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from muse_stack.hardware import GPUS
+from muse_stack.plan.cost import BACKWARD, TimeCalibration, alltoall_time, gemm_time, ring_time
+from muse_stack.plan.planner import make_plan
+from muse_stack.plan.used import UsedCalibration, nccl_groups, ring_communicator_bytes, used_memory
+from muse_stack.recipes.catalogue import load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = ROOT / "benchmarks" / "plan"
+# Each figure below is a handful of float64 multiplications and divisions of the same inputs the
+# code uses, in a different order: relative rounding error <= ~10 x 2^-53 ~ 1e-15; 1e-12 leaves
+# margin for a longer chain (sums over layers and stages) and still fails on any wrong factor.
+REL = 1e-12
+H200, B200 = GPUS["H200"], GPUS["B200"]
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(f"plan_{name}", PLAN / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- terms on small cases ------------------------------------------------------------------
+
+def test_gemm_time_is_the_roofline_over_the_efficiency():
+    # compute-bound: 8192^3 has 2 x 8192^3 FLOPs against 3 x 8192^2 x 2 bytes
+    n = 8192
+    assert gemm_time(n, n, n, H200, 0.5) == pytest.approx(2 * n**3 / 989e12 / 0.5, rel=REL)
+    # bandwidth-bound: one token through a 8192 x 8192 weight moves the weight once
+    t = gemm_time(1, n, n, H200, 0.5)
+    assert t == pytest.approx(2 * (n + n * n + n) / 4800e9 / 0.5, rel=REL)
+    assert gemm_time(0, n, n, H200, 0.5) == 0.0
+    assert gemm_time(n, n, n, H200, 0.5, count=3) == pytest.approx(3 * gemm_time(n, n, n, H200, 0.5), rel=REL)
+
+
+def test_ring_time():
+    assert ring_time(1e9, 1, 450.0) == 0.0
+    assert ring_time(1e9, 4, 450.0) == pytest.approx(0.75 * 1e9 / 450e9, rel=REL)
+
+
+def test_alltoall_inside_a_node_runs_on_nvlink_only():
+    # EP 8 on consecutive ranks of an 8-GPU node: 7 of 8 shares leave the GPU, all over NVLink
+    assert alltoall_time(8e9, 8, 8, 8, B200, 1.0) == pytest.approx(7e9 / 900e9, rel=REL)
+    assert alltoall_time(8e9, 1, 1, 8, B200, 1.0) == 0.0
+
+
+def test_alltoall_across_nodes_is_bound_by_the_scale_out_share():
+    # EP 16 over two nodes: 7 peers over NVLink, 8 over EFA at 50 GB/s; the slower sets the time
+    t = alltoall_time(16e9, 16, 16, 8, B200, 1.0)
+    assert t == pytest.approx(8e9 / 50e9, rel=REL)
+    # with ETP 2 the 8 EP peers span 16 ranks: 3 share the node, 4 do not
+    assert alltoall_time(8e9, 8, 16, 8, B200, 1.0) == pytest.approx(4e9 / 50e9, rel=REL)
+    # GB200 trays hold 4 GPUs but the NVL72 domain joins 72: all 15 peers of EP 16 are on NVLink
+    assert alltoall_time(16e9, 16, 16, 4, GPUS["GB200"], 1.0) == pytest.approx(15e9 / 900e9, rel=REL)
+    # an HGX node of 8 bounds NVLink even if a recipe states a larger node
+    assert alltoall_time(16e9, 16, 16, 16, B200, 1.0) == pytest.approx(8e9 / 50e9, rel=REL)
+
+
+def _time(name: str, overrides: list[str] | None = None):
+    plan, _ = make_plan(load_recipe(name, overrides or []), strict=False)
+    assert plan.time is not None, plan.time_unavailable
+    return plan, plan.time
+
+
+def test_terms_add_up_to_the_step_and_the_pipeline_follows_its_formula():
+    plan, t = _time("attune-b200")
+    assert sum(t.terms_s.values()) == pytest.approx(t.step_s, rel=REL)
+    m, s = t.microbatches, t.stage_s
+    pipeline = (m - 1) * max(s) + sum(s)
+    assert t.step_s == pytest.approx(pipeline + t.terms_s["dp_comm"] + t.terms_s["optimizer"], rel=REL)
+    # uneven stages 3 + 14 x 4 + 3: the first stage is faster than a middle one, the last holds the output layer
+    assert plan.stages[0] == 3 and s[0] < s[1]
+    assert t.tokens_per_s_per_gpu == pytest.approx(128 * 8192 / t.step_s / 128, rel=REL)
+
+
+def test_full_recompute_adds_one_forward_and_nothing_else():
+    _, none = _time("proxy-1gpu")
+    _, full = _time("proxy-1gpu", ["recompute.granularity=full"])
+    assert none.terms_s["recompute"] == 0.0
+    for key in BACKWARD:
+        assert full.terms_s[key] == pytest.approx(none.terms_s[key], rel=REL)
+    # the recomputed forward of a layer is its terms over (1 + backward/forward); proxy-1gpu has one
+    # stage, so the output layer's GEMM (not recomputed) is the only other part of dense_gemm
+    recomputed = sum(none.terms_s[k] / (1 + BACKWARD[k]) for k in BACKWARD if k != "dense_gemm")
+    assert recomputed < full.terms_s["recompute"] < recomputed + none.terms_s["dense_gemm"] / 3
+    assert full.step_s == pytest.approx(none.step_s + full.terms_s["recompute"], rel=REL)
+
+
+def test_parallel_terms_vanish_without_their_parallelism():
+    _, one = _time("proxy-1gpu")
+    for key in ("tp_comm", "ep_alltoall", "cp_comm", "pp_p2p", "pp_bubble", "dp_comm"):
+        assert one.terms_s[key] == pytest.approx(0.0, abs=1e-15), key
+    _, tp2 = _time("proxy-2gpu", ["layout.ep=1", "layout.tp=2"])
+    assert tp2.terms_s["tp_comm"] > 0
+    _, cp2 = _time("proxy-2gpu", ["layout.ep=1", "layout.cp=2", "layout.cp_comm_type=a2a"])
+    assert cp2.terms_s["cp_comm"] > 0
+    _, ep2 = _time("proxy-2gpu")
+    assert ep2.terms_s["ep_alltoall"] > 0
+
+
+def test_compiled_fusions_cut_the_elementwise_term():
+    _, eager = _time("slice-1gpu", ["fusions.compile_elementwise=false"])
+    _, fused = _time("slice-1gpu")
+    cal = TimeCalibration()
+    assert fused.terms_s["elementwise"] == pytest.approx(
+        eager.terms_s["elementwise"] * cal.elementwise_passes_compiled / cal.elementwise_passes, rel=REL, abs=1e-15)
+
+
+def test_sliding_attention_costs_less_than_full_at_long_sequences():
+    model = load_recipe("slice-1gpu").model_config_resolved()
+    from muse_stack.plan.cost import layer_terms
+
+    kw = dict(tokens=8192, tp=1, cp=1, ep=1, etp=1, sp=False, compiled=False, seq_lens=[8192], cp_comm_type=None,
+              per_node=8)
+    full = layer_terms(model, H200, TimeCalibration(), full_attention=True, **kw)["attention"]
+    slide = layer_terms(model, H200, TimeCalibration(), full_attention=False, **kw)["attention"]
+    # mean keys: (S + 1) / 2 = 4096.5 for full, (W(W+1)/2 + (S-W) W) / S = 1792.125 for W = 2048
+    assert slide / full == pytest.approx(1792.125 / 4096.5, rel=REL)
+    # packed: four 2048-token sequences in the row attend within themselves
+    packed = layer_terms(model, H200, TimeCalibration(), full_attention=True, **{**kw, "seq_lens": [2048] * 4})
+    assert packed["attention"] / full == pytest.approx(1024.5 / 4096.5, rel=REL)
+
+
+def test_price_and_mfu():
+    _, t = _time("attune-b200")
+    assert t.usd_per_million_tokens == pytest.approx(14.24 / (t.tokens_per_s_per_gpu * 3600) * 1e6, rel=REL)
+    assert t.mfu_6n == pytest.approx(6 * 44_432_883_712 * t.tokens_per_s_per_gpu / 2.25e15, rel=REL)
+
+
+def test_unstated_batch_gives_no_time_and_says_which_field():
+    plan, _ = make_plan(load_recipe("miles-h200-64"), strict=False)
+    assert plan.time is None and "layout.ep" in plan.time_unavailable
+
+
+# ---- used memory -----------------------------------------------------------------------------
+
+def test_nccl_buffers_per_communicator():
+    cal = UsedCalibration()
+    mib = 2**20
+    # 16 channels x 2 ring neighbours x (4 + 4.6875 + 0.5) MiB; a pair has one neighbour
+    # (every factor is a power of two or a short binary fraction: the products are exact)
+    assert ring_communicator_bytes(4, cal) == 16 * 2 * 9.1875 * mib
+    assert ring_communicator_bytes(2, cal) == 16 * 9.1875 * mib
+    assert ring_communicator_bytes(1, cal) == 0.0
+    groups = nccl_groups(tp=1, pp=1, cp=1, ep=1, etp=1, dp=1, edp=1)
+    assert groups == {}
+
+
+def test_used_is_allocated_plus_each_term():
+    u = used_memory(100.0, tp=2, pp=16, cp=1, ep=8, etp=1, dp=4, edp=4)
+    assert u.used_gib == pytest.approx(100.0 + u.allocator_reserve_gib + u.cuda_context_gib + u.workspaces_gib
+                                       + sum(u.nccl_by_group.values()), rel=REL)
+    assert set(u.nccl_by_group) >= {"tp", "dp", "ep (all-to-all)", "expert dp", "pp (send/recv)"}
+
+
+# ---- the fit and the validation the README prints ----------------------------------------
+
+def test_time_defaults_are_the_committed_fit():
+    fit = json.loads((PLAN / "fit_time.json").read_text())
+    assert fit["defaults_differ"] == []
+    cal = TimeCalibration()
+    # defaults carry 4 significant digits: relative rounding <= 5e-4
+    assert cal.layer_overhead_s == pytest.approx(fit["fitted"]["layer_overhead_s"], rel=5e-4)
+    assert cal.gemm_efficiency_expert == pytest.approx(fit["fitted"]["matmul_efficiency"], rel=5e-4)
+
+
+@pytest.fixture(scope="module")
+def validation():
+    return json.loads((PLAN / "validate.json").read_text())
+
+
+def test_record_predictions_are_the_committed_ones(validation):
+    validate = _module("validate")
+    for key, overrides in (("tuned", []), ("untuned", validate.UNTUNED)):
+        got = validate.predict(overrides)
+        assert got["tokens_per_s_per_gpu"] == pytest.approx(validation[key]["tokens_per_s_per_gpu"], rel=REL)
+        assert got["used_gib"] == pytest.approx(validation[key]["used_gib"], rel=REL)
+    ep4 = validate.predict(["layout.ep=4"])
+    assert ep4["fits"] is False and validation["ep4"]["fits"] is False
+
+
+def test_readme_prints_the_validation(validation):
+    text = (ROOT / "README.md").read_text()
+    planning = text[text.index("## Planning"):text.index("## Running")]
+    for key in ("tuned", "untuned"):
+        assert f"{validation[key]['tokens_per_s_per_gpu']:.1f}" in planning, key
+        assert f"{validation[key]['error']:+.1%}" in planning, key
+    assert f"{validation['ratio']['predicted']:.2f}" in planning
+    assert f"{validation['used']['predicted_gib']:.1f} GiB" in planning
+    assert f"{validation['ep4']['used_gib']:.1f} GiB" in planning
+    best = validation["tune"]["best"][0]
+    assert best["label"] in planning
+    assert f"{best['tokens_per_s_per_gpu']:.1f}" in planning
+    fit = json.loads((PLAN / "fit_time.json").read_text())
+    assert f"{fit['leave_one_out_single_gpu_mean_abs_error']:.0%}" in planning
+
+
+# ---- tune ----------------------------------------------------------------------------------
+
+def test_tune_returns_a_layout_that_fits_and_whose_overrides_parse(cli, tmp_path):
+    out = tmp_path / "best.txt"
+    rc, stdout, _ = cli("tune", "attune-b200", "--no-progress", "--top", "2", "--out", out)
+    assert rc == 0, stdout
+    overrides = out.read_text().split()
+    assert all(re.fullmatch(r"[a-z_.]+=\S+", o) for o in overrides)
+    plan, report = make_plan(load_recipe("attune-b200", overrides))
+    assert not report.errors and plan.fits and plan.fits_used
+    assert f"{plan.time.tokens_per_s_per_gpu:,.1f}" in stdout
+
+
+def test_tune_refuses_an_unknown_gpu(cli, tmp_path):
+    out = tmp_path / "best.txt"
+    rc, _, err = cli("tune", "attune-b200", "--gpu", "Z100", "--out", out)
+    assert rc == 2 and "--gpu" in err and not out.exists()
+
+
+def test_benchmarks_readme_prints_every_h200_point():
+    fit = json.loads((PLAN / "fit_time.json").read_text())
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    for p in fit["points"]:
+        row = (f"| {p['benchmark']} | {p['set']} | {p['gpus']} | {p['measured_s']:.3f} | {p['predicted_s']:.3f} | "
+               f"{p['error']:+.1%} |")
+        assert row in text, p["benchmark"]
+    assert {p["set"] for p in fit["points"]} == {"fitted", "checked"}
