@@ -43,6 +43,11 @@ def _xavier_normal_(tensor: torch.Tensor, name: str, seed: int, fan_in: int, fan
         tensor.copy_(values)
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """fp32, or float64 when the tensor already is (tests run the adapters in float64)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def _dropout(p: float) -> nn.Module:
     return nn.Dropout(p) if p > 0 else nn.Identity()
 
@@ -66,11 +71,11 @@ class LoRA(nn.Module):
 
     def delta_weight(self) -> torch.Tensor:
         """``s B A`` [out, in] in fp32."""
-        return self.scaling * (self.lora_B.float() @ self.lora_A.float())
+        return self.scaling * (_wide(self.lora_B) @ _wide(self.lora_A))
 
     def merged(self, weight: torch.Tensor) -> torch.Tensor:
         """The plain weight that computes what base + adapter compute (fp32)."""
-        return weight.float() + self.delta_weight()
+        return _wide(weight) + self.delta_weight()
 
     def extra_repr(self) -> str:
         r, fan_in = self.lora_A.shape
@@ -87,7 +92,7 @@ class DoRA(LoRA):
 
     def weight_norm(self, weight: torch.Tensor) -> torch.Tensor:
         """``||W + s B A||`` per output row (fp32)."""
-        return (weight.float() + self.delta_weight()).norm(p=2, dim=1)
+        return (_wide(weight) + self.delta_weight()).norm(p=2, dim=1)
 
     def forward(self, x: torch.Tensor, out: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         scale = self.lora_magnitude / self.weight_norm(weight)
@@ -96,7 +101,7 @@ class DoRA(LoRA):
         return (out + (scale - 1) * base + scale * self.update(dropped)).to(out.dtype)
 
     def merged(self, weight: torch.Tensor) -> torch.Tensor:
-        adapted = weight.float() + self.delta_weight()
+        adapted = _wide(weight) + self.delta_weight()
         return adapted * (self.lora_magnitude / adapted.norm(p=2, dim=1))[:, None]
 
     def extra_repr(self) -> str:
@@ -122,10 +127,10 @@ class ExpertLoRA(nn.Module):
 
     def delta_weight(self) -> torch.Tensor:
         """``s B_e A_e`` for every expert [E or 1, out, in] (fp32)."""
-        return self.scaling * torch.bmm(self.lora_B.float(), self.lora_A.float())
+        return self.scaling * torch.bmm(_wide(self.lora_B), _wide(self.lora_A))
 
     def merged(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight.float() + self.delta_weight()  # a shared adapter broadcasts over the experts
+        return _wide(weight) + self.delta_weight()  # a shared adapter broadcasts over the experts
 
     def extra_repr(self) -> str:
         n, r, fan_in = self.lora_A.shape

@@ -47,6 +47,10 @@ class Plan(BaseModel):
     unstated_training: list[str] = []  # optimizer values run and launch refuse until the recipe states them
     active_params: int
     total_params: int
+    #: the resolved adapters (values the recipe leaves unstated filled from the documented table)
+    peft: dict[str, Any] | None = None
+    adapter_params: int | None = None  #: adapter parameters of the whole model
+
 
     def summary(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -62,6 +66,11 @@ def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration 
         raise LayoutError("the GPU count is out of range", field="--gpus", value=gpus, rule=f"1 <= GPUs <= {MAX_GPUS:,}",
                           fix="give --gpus 1 or more (or leave it out to plan for the recipe's hardware.count)")
     model = recipe.model_config_resolved()
+    peft = None
+    if recipe.peft is not None:
+        from muse_stack.recipes.peft import adapter_params_per_layer, resolve
+
+        peft = resolve(recipe.peft, model)  # a target the model lacks is refused here, by name
     cal = calibration or Calibration()
     world = gpus if gpus is not None else recipe.hardware.count
     report = check(recipe, model, world)
@@ -110,5 +119,7 @@ def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration 
         calibration=cal, unchecked=report.unchecked, assumptions=assumptions,
         unstated_training=unstated_training_values(recipe),
         active_params=model.active_params, total_params=model.total_params,
+        peft=peft.as_dict() if peft else None,
+        adapter_params=sum(adapter_params_per_layer(peft, model)) * model.num_hidden_layers if peft else None,
     )
     return plan, report
