@@ -24,8 +24,10 @@ LATENT_TARGETS = ("mlp.pre_expert_proj", "mlp.post_expert_proj")
 #: the stacked routed experts (``[E, out, in]`` tensors)
 EXPERT_TARGETS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 TARGETS = ATTENTION_TARGETS + LATENT_TARGETS + EXPERT_TARGETS
-#: targets split over TP by rows (input) rather than columns (output)
-ROW_PARALLEL = ("self_attn.o_proj", "mlp.post_expert_proj", "mlp.experts.down_proj")
+#: targets split over TP (ETP for experts) by their input rather than their output
+ROW_PARALLEL = ("self_attn.o_proj", "mlp.experts.down_proj")
+#: targets megatron-core keeps whole on every TP rank (its latent projections are "duplicated" TELinears)
+DUPLICATED = LATENT_TARGETS
 
 #: what a recipe may leave unstated, and the value used then (Megatron-Bridge's LoRA/DoRA defaults)
 DEFAULTS: dict[str, object] = {"rank": 32, "alpha": 32.0, "dropout": 0.0}
@@ -125,14 +127,15 @@ def adapter_params_per_layer(settings: PeftSettings, model: ModelConfig, *, tp: 
     LoRA on a column-parallel linear keeps A [r, in] whole and splits B [out, r] over TP; on a
     row-parallel linear A [r, in] splits and B stays whole (as Megatron-Bridge's
     ParallelLinearAdapter); expert adapters split over ETP the same way, and each EP rank holds
-    its E / EP experts' adapters (one shared adapter when ``per_expert`` is off). DoRA adds the
-    magnitude vector [out], split with the base weight's rows.
+    its E / EP experts' adapters (one shared adapter when ``per_expert`` is off). The latent
+    projections are whole on every TP rank, and so are their adapters. DoRA adds the magnitude
+    vector [out], split with the base weight's rows.
     """
     r = settings.rank
     dense = expert = 0
     for target in settings.targets:
         fan_in, fan_out = target_shape(target, model)
-        split = etp if target in EXPERT_TARGETS else tp
+        split = etp if target in EXPERT_TARGETS else 1 if target in DUPLICATED else tp
         if target in ROW_PARALLEL:
             count = r * fan_in // split + r * fan_out
             magnitude = fan_out
