@@ -191,11 +191,12 @@ def test_merged_weights_compute_what_the_adapted_model_computes(settings, tmp_pa
 
 
 @SCHEMES
-def test_adapters_export_in_the_layout_hf_peft_loads(settings, tmp_path):
+def test_adapters_export_in_the_layout_hf_peft_loads(settings, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the base is local; peft must not look anything up
     peft = pytest.importorskip("peft")
     model = adapted(settings)
     expected = model(IDS).logits
-    paths = export_adapters_hf_peft(model, tmp_path / "hf", settings, base_model_name_or_path="tiny")
+    paths = export_adapters_hf_peft(model, tmp_path / "hf", settings)
     assert sorted(p.name for p in paths) == ["adapter_config.json", "adapter_model.safetensors"]
     loaded = peft.PeftModel.from_pretrained(MuseSparkForCausalLM(tiny_config(), seed=0), tmp_path / "hf")
     stored = load_file(tmp_path / "hf" / "adapter_model.safetensors")
