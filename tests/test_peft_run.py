@@ -54,3 +54,18 @@ def test_plan_shows_the_adapters_and_the_values_it_filled(cli):
     assert plan["adapter_params"] == 4 * (32 * 64 + 64 * 32 + 64)
     rc, _, err = cli("plan", "lora-64", "peft.targets=[self_attn.q_proj,mlp.router]")
     assert rc == 2 and "mlp.router" in err
+
+
+def test_tiny_cpu_trains_dora_on_the_attention_projections(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "dora"
+    rc, _, err = cli("run", "tiny-cpu", "peft.scheme=dora", "peft.targets=[self_attn.q_proj,self_attn.v_proj]",
+                     "peft.rank=4", "batch.gbs=2", "optimizer.warmup_steps=0", "--steps", "2", "--out", out,
+                     "--no-progress")
+    assert rc == 0, err
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "completed"
+    # the filled values are the ones the engine trained with
+    assert results["engine_info"]["peft"]["filled"] == ["peft.alpha = 32.0", "peft.dropout = 0.0"]
+    # 4 layers x (q: 64 -> 64, v: 64 -> 2 KV heads x 16 = 32), each A [4, in] + B [out, 4] + magnitude [out]
+    assert results["engine_info"]["trainable_parameters"] == 4 * ((4 * 64 + 64 * 4 + 64) + (4 * 64 + 32 * 4 + 32))
