@@ -56,6 +56,7 @@ def test_plan_shows_the_adapters_and_the_values_it_filled(cli):
     assert rc == 2 and "mlp.router" in err
 
 
+@pytest.mark.slow
 def test_tiny_cpu_trains_dora_on_the_attention_projections(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "dora"
