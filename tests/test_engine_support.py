@@ -9,7 +9,7 @@ from muse_stack.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 
 RUNNABLE = ["attune-b200", "pretrain-192", "pretrain-256", "sft-192", "sft-256", "sft-192-32k",
-            "sft-192-coderforge-64k", "sft-192-mm", "proxy-1gpu", "proxy-2gpu", "proxy-8gpu", "proxy-8gpu-pp2",
+            "sft-192-coderforge-64k", "proxy-1gpu", "proxy-2gpu", "proxy-8gpu", "proxy-8gpu-pp2",
             "slice-1gpu", "tiny-cpu"]
 
 
@@ -53,7 +53,11 @@ def test_each_unstated_training_value_is_refused_by_name(field, cli, tmp_path):
 
 @pytest.mark.parametrize("name, overrides, field", [
     ("lora-64", [], "peft"),
-    ("lora-16-mm", ["layout.cp=1"], "peft"),
+    ("lora-16-mm", ["layout.cp=1"], "data.kind"),
+    ("sft-192-mm", [], "data.kind"),
+    ("lora-64", ["peft.targets=[self_attn.q_proj,self_attn.qkv_proj]"], "peft.targets"),
+    ("tiny-cpu", ["peft.scheme=lora"], "peft.targets"),
+    ("tiny-cpu", ["frozen=[base]"], "frozen"),
     ("miles-h200-64", [], "offload.optimizer"),
     ("sft-192", ["frozen=[model.language_model.embed_tokens]"], "frozen"),
     ("proxy-2gpu", ["layout.ep=1", "layout.pp=2", "layout.vpp=2"], "layout.vpp"),
@@ -83,3 +87,13 @@ def test_run_refuses_an_adapter_recipe_and_writes_nothing(tmp_path, cli):
     rc, _, err = cli("run", "lora-64", "--out", out, "--no-progress")
     assert rc == 2 and not out.exists()
     assert "peft" in err and "frozen: [base]" in err  # rich markup in messages is printed as written
+
+
+def test_multimodal_is_refused_naming_the_unpublished_towers(cli, tmp_path):
+    for name, extra in (("lora-16-mm", ["layout.cp=1"]), ("sft-192-mm", [])):
+        with pytest.raises(RecipeError) as exc:
+            check_recipe(load_recipe(name, extra))
+        assert "vision and audio towers" in exc.value.message and "not published" in exc.value.message
+    out = tmp_path / "mm"
+    rc, _, err = cli("run", "sft-192-mm", *STATE_ALL, "--out", out, "--no-progress")
+    assert rc == 2 and "towers" in err and not out.exists()

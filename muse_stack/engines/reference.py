@@ -78,7 +78,18 @@ class ReferenceEngine:
         self.model = MuseSparkForCausalLM(ctx.model, seed=seed).to(self.device)
         if ctx.pretrained_checkpoint:
             load_weights_into(self.model, ctx.pretrained_checkpoint)
-        frozen = [f for f in recipe.frozen if f not in TOWERS]
+        self.peft = None
+        if recipe.peft is not None:
+            # after the base weights load (DoRA's magnitude starts from them), before DDP
+            from muse_stack.model.peft import apply_peft
+            from muse_stack.model.peft_io import base_identity
+            from muse_stack.recipes.peft import resolve
+
+            self.peft = resolve(recipe.peft, ctx.model)
+            self.base = base_identity(self.model, path=ctx.pretrained_checkpoint, revision=recipe.model.revision,
+                                      hf_id=recipe.model.hf_id, init_seed=seed)
+            apply_peft(self.model, self.peft, seed=seed)
+        frozen = [f for f in recipe.frozen if f not in TOWERS and not (self.peft and f == "base")]
         if frozen:
             freeze(self.model, frozen)
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda and recipe.precision == "bf16"
@@ -167,19 +178,25 @@ class ReferenceEngine:
         n_params = sum(p.numel() for p in self.model.parameters())
         n_train = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         return {"engine": self.name, "device": self.device, "parameters": n_params, "trainable_parameters": n_train,
-                "micro_batches_per_step": self.micro_batches, "torch_threads": torch.get_num_threads(),
+                "micro_batches_per_step": self.micro_batches,
+                "peft": self.peft.as_dict() if self.peft is not None else None, "torch_threads": torch.get_num_threads(),
                 "peak_memory_kind": "max allocated (CUDA)" if self.device.startswith("cuda")
                 else "peak resident set of the process (host)"}
 
     # -- checkpoints ----------------------------------------------------------------------
     def save(self, directory: Path, step: int) -> None:
-        """Model weights as an HF-style checkpoint (its names and config.json) plus the optimizer
-        and RNG state, written by rank 0 into ``directory`` (made by the checkpoint manager)."""
+        """Model weights as an HF-style checkpoint (with adapters: only the adapter tensors and the
+        base's identity) plus optimizer and trainer state (rank 0)."""
         from muse_stack.model import save_checkpoint
 
         if self.ctx.rank != 0:
             return
-        save_checkpoint(self.model, directory)
+        if self.peft is not None:  # the adapters and the base's identity; the frozen base is not copied
+            from muse_stack.model.peft_io import save_adapters
+
+            save_adapters(self.model, directory, self.base, self.peft)
+        else:
+            save_checkpoint(self.model, directory)
         atomic.write_bytes(directory / "optimizer.pt", _torch_bytes(
             {"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()}))
 
@@ -189,7 +206,12 @@ class ReferenceEngine:
         from muse_stack.engines.base import checkpoint_step, corrupt_checkpoint
 
         step = checkpoint_step(directory, self.ctx.total_steps)
-        load_weights_into(self.model, directory)
+        if self.peft is not None:
+            from muse_stack.model.peft_io import load_adapters
+
+            load_adapters(self.model, directory)  # refuses adapters trained on another base
+        else:
+            load_weights_into(self.model, directory)
         try:  # weights_only: a checkpoint is data, never code to unpickle
             state = torch.load(directory / "optimizer.pt", map_location=self.device, weights_only=True)
             self.optimizer.load_state_dict(state["optimizer"])

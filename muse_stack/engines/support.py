@@ -50,10 +50,26 @@ def check_recipe_values(recipe: Recipe) -> None:
 
 def check_recipe(recipe: Recipe) -> None:
     """Raise a RecipeError for anything the recipe's engine would not train as written."""
+    if recipe.data.kind == "multimodal":
+        raise RecipeError("multimodal training is refused: the vision and audio towers' architecture is not "
+                          "published (the seeds state no tower shapes, no projector into the decoder and no "
+                          "image/audio token layout), and both engines build the text decoder only",
+                          field="data.kind", value="multimodal",
+                          fix="`muse-stack plan` still checks the layout; to train, use text data (data.kind: sft) "
+                              "until the towers' architecture is published")
     if recipe.peft is not None:
-        raise RecipeError(f"neither engine trains {recipe.peft.scheme.upper()} adapters yet; this recipe can be "
-                          "planned but not run", field="peft", value=recipe.peft.scheme,
-                          fix="`muse-stack plan` it; to train, drop peft and frozen: [base] (full fine-tuning)")
+        from muse_stack.recipes.peft import resolve
+
+        resolve(recipe.peft, recipe.model_config_resolved())
+        if recipe.engine == "megatron":
+            raise RecipeError("the megatron engine does not train adapters yet: its LoRA layers "
+                              "(muse_stack/engines/mcore/peft.py) have CPU tests of their sharding but no GPU "
+                              "parity run", field="peft", value=recipe.peft.scheme,
+                              fix="`muse-stack plan` it; train adapters with engine: reference (CPU or one GPU), "
+                                  "or drop peft and frozen: [base] for full fine-tuning")
+    elif "base" in recipe.frozen:
+        raise RecipeError("frozen: [base] freezes the whole model, which leaves nothing to train without adapters",
+                          field="frozen", value=recipe.frozen, fix="add a peft block, or drop base from frozen")
     for part in ("optimizer", "activations"):
         if getattr(recipe.offload, part):
             raise RecipeError(f"neither engine offloads: the {part} stays on the device", field=f"offload.{part}",

@@ -14,16 +14,26 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
-class Projection(nn.Module):
-    """A bias-free ``nn.Linear``-shaped projection whose matmul follows :func:`linear`."""
+class Projection(nn.Linear):
+    """A bias-free ``nn.Linear`` whose matmul follows :func:`linear`.
+
+    It is an ``nn.Linear`` (same ``weight`` [out, in], ``bias`` None) so that libraries that
+    adapt linear layers, such as Hugging Face ``peft``, recognise it. ``adapter`` (None unless
+    :func:`muse_stack.model.peft.apply_peft` sets one) adds a LoRA or DoRA update to the output.
+    """
 
     def __init__(self, in_features: int, out_features: int) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # no nn.Linear init: the weights are initialised by init_weights or loaded
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.register_parameter("bias", None)
+        self.adapter: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight)
+        out = linear(x, self.weight)
+        if self.adapter is not None:
+            return self.adapter(x, out, self.weight)
+        return out
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias=False"

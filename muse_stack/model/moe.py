@@ -32,11 +32,21 @@ class MuseSparkExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * inter, latent))
         self.down_proj = nn.Parameter(torch.empty(experts, latent, inter))
         self.post_expert_norm = GainFirstRMSNorm(latent, config.post_norm_eps)
+        #: per-target expert adapters ("gate_up_proj", "down_proj"), set by muse_stack.model.peft
+        self.adapters: nn.ModuleDict | None = None
+
+    def project(self, name: str, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert ``index``'s projection ``name`` (``gate_up_proj`` or ``down_proj``) of ``x``,
+        plus its adapter's update when it has one."""
+        out = linear(x, getattr(self, name)[index])
+        if self.adapters is not None and name in self.adapters:
+            out = out + self.adapters[name](index, x)
+        return out
 
     def expert(self, index: int, h: torch.Tensor) -> torch.Tensor:
         """Output of expert ``index`` on ``h`` [n, Hm], post-expert norm included (fp32)."""
-        gate, up = linear(h, self.gate_up_proj[index]).split(self.intermediate_size, dim=-1)
-        y = linear(F.silu(gate) * up, self.down_proj[index])
+        gate, up = self.project("gate_up_proj", index, h).split(self.intermediate_size, dim=-1)
+        y = self.project("down_proj", index, F.silu(gate) * up)
         return self.post_expert_norm(y)
 
     def forward(self, h: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

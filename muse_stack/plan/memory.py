@@ -13,6 +13,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from muse_stack.model_config import ModelConfig
+from muse_stack.recipes.peft import adapter_params_per_layer
 from muse_stack.recipes.schema import Recipe
 
 GIB = 2**30
@@ -101,6 +102,9 @@ def layer_activation_bytes_per_token(m: ModelConfig, tp: int, sp: bool, act_byte
         # selective recompute: what each module no longer keeps (TE's fused attention core keeps
         # only q, k, v, its output and the softmax statistics, which its neighbours hold anyway)
         "recompute_core_attn": 0.0,
+        # the routed slots' inputs of the two expert GEMMs (dispatched latent, SwiGLU product):
+        # kept only for weight gradients, so a frozen base without expert adapters drops them
+        "moe_expert_inputs": k * b * (hm * etp + i) / seq_div,
         "recompute_moe_act": moe_act,
         "recompute_moe": moe - moe_input,
     }
@@ -136,7 +140,7 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
         opt_bytes = 0 if recipe.precision == "fp32" else 4
     dist_opt = lay.distributed_optimizer if lay.distributed_optimizer is not None else assume_distributed_optimizer
     offload_opt = bool(recipe.offload.optimizer)
-    base_frozen = "base" in recipe.frozen or recipe.task == "peft"
+    base_frozen = "base" in recipe.frozen or recipe.task == "peft" or recipe.peft is not None
 
     dense_layer = (m_attn := model.attention_params) // tp + model.latent_projection_params // tp + model.router_params
     del m_attn
@@ -145,23 +149,26 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
     vocab_part = model.vocab_size * model.hidden_size // tp
 
     lora_dense = lora_expert = 0
+    adapter_act = 0.0  # activation bytes per token and layer that the adapters add (or the frozen base drops)
     if recipe.peft is not None:
-        r = recipe.peft.rank
-        h, hm, i = model.hidden_size, model.moe_hidden_size, model.moe_intermediate_size
-        hq, hkv = model.num_attention_heads * model.head_dim, model.num_key_value_heads * model.head_dim
-        shapes = {"self_attn.q_proj": (h, hq), "self_attn.k_proj": (h, hkv), "self_attn.v_proj": (h, hkv),
-                  "self_attn.o_proj": (hq, h), "self_attn.gate_proj": (h, hq), "mlp.pre_expert_proj": (h, hm),
-                  "mlp.post_expert_proj": (hm, h)}
-        for target in recipe.peft.targets:
-            if target in shapes:
-                a, c = shapes[target]
-                lora_dense += r * (a + c) // tp
-            elif target == "mlp.experts.gate_up_proj":
-                lora_expert += experts_local * r * (hm + 2 * i)
-            elif target == "mlp.experts.down_proj":
-                lora_expert += experts_local * r * (i + hm)
+        from muse_stack.recipes.peft import EXPERT_TARGETS, resolve, target_shape
+
+        settings = resolve(recipe.peft, model)
+        lora_dense, lora_expert = adapter_params_per_layer(settings, model, tp=tp, ep=ep, etp=etp)
+        k = model.num_experts_per_tok
+        for target in settings.targets:
+            slots = k if target in EXPERT_TARGETS else 1
+            # A's output [tokens, r] for B's gradient; the dropped input when dropout is on
+            adapter_act += slots * w_bytes * settings.rank
+            if settings.dropout:
+                adapter_act += slots * (w_bytes + 1) * target_shape(target, model)[0] / (tp if target not in
+                                                                                          EXPERT_TARGETS else etp)
 
     act = layer_activation_bytes_per_token(model, tp, sp, act_bytes=w_bytes, etp=etp)
+    if recipe.peft is not None:
+        if not settings.expert_targets:
+            adapter_act -= act["moe_expert_inputs"]
+        act = {**act, "moe": act["moe"] + adapter_act}
     freed, recomputed = selective_bytes_per_token(act, recipe.recompute.modules)
     tokens = (batch.mbs * batch.seq_length // cp) if batch.mbs and batch.seq_length else None
     granularity = recipe.recompute.granularity or "none"

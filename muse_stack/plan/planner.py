@@ -59,6 +59,9 @@ class Plan(BaseModel):
         if self.used is None or self.gpu_memory_gib is None:
             return None
         return self.used.used_gib <= self.gpu_memory_gib
+    #: the resolved adapters (values the recipe leaves unstated filled from the documented table)
+    peft: dict[str, Any] | None = None
+    adapter_params: int | None = None  #: adapter parameters of the whole model
 
     def summary(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -75,6 +78,11 @@ def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration 
         raise LayoutError("the GPU count is out of range", field="--gpus", value=gpus, rule=f"1 <= GPUs <= {MAX_GPUS:,}",
                           fix="give --gpus 1 or more (or leave it out to plan for the recipe's hardware.count)")
     model = recipe.model_config_resolved()
+    peft = None
+    if recipe.peft is not None:
+        from muse_stack.recipes.peft import adapter_params_per_layer, resolve
+
+        peft = resolve(recipe.peft, model)  # a target the model lacks is refused here, by name
     cal = calibration or Calibration()
     world = gpus if gpus is not None else recipe.hardware.count
     report = check(recipe, model, world)
@@ -123,6 +131,8 @@ def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration 
         calibration=cal, unchecked=report.unchecked, assumptions=assumptions,
         unstated_training=unstated_training_values(recipe),
         active_params=model.active_params, total_params=model.total_params,
+        peft=peft.as_dict() if peft else None,
+        adapter_params=sum(adapter_params_per_layer(peft, model)) * model.num_hidden_layers if peft else None,
     )
     if peak is not None and dp and edp:
         plan.used = used_memory(peak, tp=lay.tp, pp=lay.pp, cp=lay.cp or 1, ep=lay.ep or 1, etp=lay.etp, dp=dp, edp=edp)

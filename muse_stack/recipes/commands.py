@@ -52,6 +52,14 @@ def print_plan(plan: Plan) -> None:
     t.add_row("experts per EP rank", f"{plan.experts_per_ep_rank:g}" if plan.experts_per_ep_rank else "unknown")
     t.add_row("pack alignment", str(plan.pack_alignment))
     t.add_row("parameters", f"{plan.total_params:,} total, {plan.active_params:,} active per token")
+    if plan.peft is not None:
+        p = plan.peft
+        experts = [t for t in p["targets"] if t.startswith("mlp.experts.")]
+        t.add_row("adapters", f"{p['scheme'].upper()} rank {p['rank']} alpha {p['alpha']:g} dropout {p['dropout']:g} "
+                              f"on {', '.join(p['targets'])}"
+                              + (f" ({'one per expert' if p['per_expert'] else 'one shared by all experts'})"
+                                 if experts else "")
+                              + f"; {plan.adapter_params:,} adapter parameters, base frozen")
     console.print(t)
     if plan.memory:
         m = Table(title="memory per GPU (GiB), by pipeline stage", title_justify="left", box=box.SIMPLE_HEAD,
@@ -86,6 +94,15 @@ def print_plan(plan: Plan) -> None:
     print_time(plan)
     for a in plan.assumptions:
         console.print(f"[yellow]assumed:[/] {a}")
+    if plan.peft is not None and plan.peft["filled"]:
+        from muse_stack.recipes.peft import DEFAULTS_SOURCE, INIT
+
+        console.print(f"[yellow]filled:[/] {', '.join(plan.peft['filled'])} (not stated by the recipe; "
+                      f"{DEFAULTS_SOURCE})")
+    if plan.peft is not None:
+        from muse_stack.recipes.peft import INIT
+
+        console.print(f"adapter init: {INIT}")
     for u in plan.unchecked:
         console.print(f"[yellow]not checked:[/] {u}")
     if plan.unstated_training:

@@ -260,11 +260,18 @@ class Data(_Strict):
 
 
 class Peft(_Strict):
+    """Adapters on a frozen base. Targets are checkpoint (HF) module names inside a decoder layer
+    (``self_attn.q_proj``, ``mlp.experts.gate_up_proj``, ...); :mod:`muse_stack.recipes.peft`
+    checks them against the model. A null rank, alpha, dropout or per_expert is filled from
+    :data:`muse_stack.recipes.peft.DEFAULTS` (Megatron-Bridge's LoRA/DoRA defaults), and
+    ``muse-stack plan`` shows each filled value."""
+
     scheme: Literal["lora", "dora"]
-    rank: int = Field(ge=1, le=1 << 16)
-    alpha: float = Field(gt=0)
-    targets: list[str]
-    per_expert: bool = False
+    rank: int | None = Field(None, ge=1, le=1 << 16, description="adapter rank r")
+    alpha: float | None = Field(None, gt=0, le=1 << 20, description="scaling numerator: the update is alpha / r x B A")
+    dropout: float | None = Field(None, ge=0, lt=1, description="dropout on the adapter's input")
+    targets: list[str] | None = Field(None, max_length=64, description="module names inside a decoder layer")
+    per_expert: bool | None = Field(None, description="expert targets: one adapter per routed expert (else one shared)")
 
 
 class Wandb(_Strict):

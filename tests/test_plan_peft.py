@@ -1,0 +1,44 @@
+"""The planner's memory for adapters: adapter weights, gradients and optimizer state only (the
+frozen base has none), and the routed expert inputs only when the experts carry adapters."""
+
+from __future__ import annotations
+
+from muse_stack.plan.memory import GIB, layer_activation_bytes_per_token
+from muse_stack.plan.planner import make_plan
+from muse_stack.recipes.catalogue import load_recipe
+from muse_stack.recipes.peft import adapter_params_per_layer, resolve
+
+
+def test_lora_64_counts_adapter_state_and_no_base_gradients():
+    recipe = load_recipe("lora-64")
+    plan, _ = make_plan(recipe)
+    model = recipe.model_config_resolved()
+    settings = resolve(recipe.peft, model)
+    dense, expert = adapter_params_per_layer(settings, model, tp=4, ep=16, etp=1)
+    for stage in plan.memory:
+        n = stage.layers
+        assert stage.trainable_params == n * (dense + expert)
+        # fp32 gradients of the adapters only; Adam's 12 B sharded over DP 4 (dense) and expert DP 1
+        assert abs(stage.grads_gib - n * (dense + expert) * 4 / GIB) < 1e-9
+        assert abs(stage.optimizer_gib - (n * dense * 12 / 4 + n * expert * 12 / 1) / GIB) < 1e-9
+        # bf16 base weights plus bf16 adapters
+        assert abs(stage.weights_gib - (stage.params + n * (dense + expert)) * 2 / GIB) < 1e-9
+    assert plan.peft["per_expert"] and plan.adapter_params == sum(adapter_params_per_layer(settings, model)) * 62
+
+
+def test_expert_adapters_keep_the_routed_expert_inputs():
+    with_experts, _ = make_plan(load_recipe("lora-64"))
+    attention_only, _ = make_plan(load_recipe("lora-64", ["peft.targets=[self_attn.q_proj,self_attn.k_proj,"
+                                                          "self_attn.v_proj,self_attn.o_proj]"]))
+    recipe = load_recipe("lora-64")
+    model = recipe.model_config_resolved()
+    act = layer_activation_bytes_per_token(model, 4, True, act_bytes=2)
+    k, r = model.num_experts_per_tok, 32
+    # per token and layer: the experts' inputs, plus A's rank-r outputs of the four extra targets
+    # (two latent projections once per token, two expert GEMMs once per routed slot)
+    extra = act["moe_expert_inputs"] + 2 * r * (1 + 1) + 2 * r * (k + k)
+    tokens = 4096
+    for a, b in zip(with_experts.memory, attention_only.memory):
+        want = a.layers * extra * tokens * a.microbatches_in_flight / GIB
+        assert abs((a.activations_gib - b.activations_gib) - want) < 1e-9
+        assert a.activations_gib > b.activations_gib and a.grads_gib > b.grads_gib
