@@ -3,6 +3,7 @@ logging section and the W&B mode choice."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -92,3 +93,21 @@ def test_wandb_sink_logs_offline_under_the_run_directory(tmp_path, monkeypatch):
     sink.on_end({"final_loss": 2.5})
     sink.close()
     assert any((tmp_path / "run" / "wandb").rglob("*.wandb"))
+
+
+def test_a_run_writes_its_steps_and_results_to_tensorboard(tmp_path, monkeypatch):
+    """The runner calls the logger at start, every step and the end: `tensorboard --logdir RUN/tensorboard`."""
+    from muse_stack.run.pipeline import run
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = run("tiny-cpu", overrides=["batch.gbs=2", "training.measure_warmup_steps=1"], steps=3,
+              out=tmp_path / "tb", progress=False)
+    assert out.status == "completed"
+    acc = EventAccumulator(str(out.path / TENSORBOARD_DIR))
+    acc.Reload()
+    losses = [json.loads(line)["loss"] for line in (out.path / "metrics.jsonl").read_text().splitlines()]
+    # float32 in the event file: each value within float32 rounding (2^-24 relative) of the float64 metric
+    got = [e.value for e in acc.Scalars("train/loss")]
+    assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3]
+    assert all(abs(g - w) <= abs(w) * 2**-23 for g, w in zip(got, losses))
+    assert acc.Tags()["tensors"] or acc.Tags().get("text", [])  # the recipe and stack summary as text

@@ -80,6 +80,7 @@ class Trainer:
         self.engine = None
         self.checkpoints: CheckpointManager | None = None
         self.sinks: list[MetricSink] = []
+        self.loggers: list[Any] = []  # TensorBoard / W&B (the recipe's logging section), rank 0
         self.rank_peaks: list[float | None] | None = None
         self.peak_tflops, self.peak_source = None, "not measured"
         self.changes: list[dict[str, Any]] = []
@@ -154,6 +155,25 @@ class Trainer:
         self.sinks = sinks_for(self.path, recipe.name, rank=env.rank, progress=self.progress, console=console)
         for sink in self.sinks:
             sink.open(history, self.total)
+        self._open_loggers()
+
+    def _open_loggers(self) -> None:
+        """The recipe's experiment loggers (TensorBoard by default), given the resolved recipe and
+        the stack as fingerprinted; rank 0 only."""
+        from muse_stack.run.tensorboard import sinks_for as loggers_for
+
+        self.loggers = loggers_for(self.recipe, self.path, self.env.rank)
+        if not self.loggers:
+            return
+        recipe_text = (self.path / rundir.RECIPE).read_text() if (self.path / rundir.RECIPE).is_file() else ""
+        try:
+            fp = json.loads((self.path / rundir.FINGERPRINT).read_text())
+            stack = {k: v.get("version") for k, v in (fp.get("frameworks") or {}).items() if isinstance(v, dict)}
+            stack["python"] = (fp.get("python") or {}).get("version")
+        except (OSError, ValueError, AttributeError):
+            stack = {}
+        for logger in self.loggers:
+            logger.on_start(recipe_text, stack)
 
     def _check_stop(self) -> None:
         """Between setup phases, on every rank at once: stop when any rank was signalled."""
@@ -235,6 +255,8 @@ class Trainer:
             self.metrics.append(row)
             for sink in self.sinks:
                 sink.log(row)
+            for logger in self.loggers:
+                logger.on_step(row["step"], row)
             self.step = step
             faults.point("after-step", step)
             if self._decide(step):
@@ -311,6 +333,10 @@ class Trainer:
         if self.changes:
             results["changes"] = self.changes
         atomic.write_json(self.path / rundir.RESULTS, results)
+        for logger in self.loggers:
+            logger.on_end(results)
+            logger.close()
+        self.loggers = []
         if metrics:
             loss_plot(metrics, self.path / "loss.png", f"{recipe.name}: loss")
             throughput_plot(metrics, self.path / "throughput.png", f"{recipe.name}: tokens/s per GPU",
