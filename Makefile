@@ -12,7 +12,7 @@ help:
 	@echo "make demo   # set up, then run the tiny-cpu recipe end to end on this CPU"
 	@echo "make test   # set up, then run the test suite and the cpu image test"
 	@echo "make build-check   # only the build checks: a flash-attn kernel and a TE torch-extension unit compiled against the b200 lock's torch"
-	@echo "make image gpu=gb200|b200|h200|cpu   # build a pinned image (see README 'Images')"
+	@echo "make image gpu=gb200|b200|h200|cpu   # build a pinned image (see docs/images.md)"
 
 setup: $(VENV)/.installed
 
@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(VENV)/bin/muse-stack run tiny-cpu --out runs/demo-$$(date +%Y%m%d-%H%M%S)
-	@echo; echo "Outputs: the run directory printed above (recipe.yaml, fingerprint.json, metrics.jsonl, results.json, loss.png, throughput.png, run.log, checkpoints/)."
+	@echo; echo "Outputs: the run directory printed above (recipe.yaml, fingerprint.json, metrics.jsonl, results.json, loss.png, throughput.png, run.log, checkpoints/, tensorboard/). View it: .venv/bin/tensorboard --logdir runs"
 
 unit: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -3,7 +3,7 @@
   # (containers/locks/<target>.toml, read by containers/nix/lock.nix) and the same hash-pinned
   # wheel sets (containers/locks/pylock.<target>.toml, read by containers/nix/wheelset.nix).
   #   nix flake lock                                         (first, on a networked machine)
-  #   nix build .#image-b200 && ./result | docker load      (one build per system; see README "Images")
+  #   nix build .#image-b200 && ./result | docker load      (one build per system; see docs/images.md)
   #   nix build .#wheelset-b200                             (the wheel set alone, in a venv)
   #   nix develop .#cpu
   # Every Python package is a fixed-output fetch of the wheel set's url and sha256 (the bytes
@@ -13,7 +13,7 @@
   description = "muse-stack: reproducible training stack for Muse Spark Open (pinned images)";
 
   # a fixed nixpkgs commit (the stable NixOS channel of 2026-05-10): the interpreter, nvcc and the image
-  # tools. Its narHash is written by `nix flake lock` into flake.lock (README "Images", Nix).
+  # tools. Its narHash is written by `nix flake lock` into flake.lock (docs/images.md, Nix).
   inputs.nixpkgs.url = "github:NixOS/nixpkgs/8fd9daa3db09ced9700431c5b7ad0e8ba199b575";
 
   outputs = { self, nixpkgs }:

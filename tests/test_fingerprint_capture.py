@@ -104,7 +104,7 @@ def test_environment_allow_list_and_secrets(doc):
 
 
 def test_cli_never_prints_secrets(tmp_path):
-    # (how long a capture takes is a measurement, not a test: see README "Comparing runs")
+    # (how long a capture takes is a measurement, not a test: see docs/comparing.md)
     env = dict(os.environ, HF_TOKEN=SECRET, MY_API_KEY=API_SECRET, WANDB_API_KEY=API_SECRET + "w")
     out = tmp_path / "fp.json"
     proc = subprocess.run([sys.executable, "-m", "muse_stack.cli", "fingerprint", "-o", str(out)],

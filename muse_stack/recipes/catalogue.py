@@ -37,8 +37,8 @@ def format_validation_error(exc: ValidationError, source: str) -> RecipeError:
     loc = ".".join(str(p) for p in first["loc"]) or "(recipe)"
     value = first.get("input")
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    fix = "remove the key (see the recipe format in README.md)" if first["type"] == "extra_forbidden" \
-        else "correct the value (see the recipe format in README.md)"
+    fix = "remove the key (see the recipe format in docs/recipes.md)" if first["type"] == "extra_forbidden" \
+        else "correct the value (see the recipe format in docs/recipes.md)"
     return RecipeError(f"{source}: {first['msg'].removeprefix('Value error, ')}{more}", field=loc,
                        value=value if not isinstance(value, dict) else "{...}", fix=fix)
 

@@ -54,7 +54,7 @@ def check_record(record: Any, source: str = "record") -> None:
     missing = [key for key in ("schema_version", "model", "gpu", "layout", "workload") if key not in record]
     if missing:
         raise InputError(f"{source}: the record lacks {', '.join(missing)}", field=missing[0], value=None,
-                         fix="add the field (see the OpenRecipes format in README.md)")
+                         fix="add the field (see the OpenRecipes format in docs/recipes.md)")
     if record["schema_version"] != SCHEMA_VERSION:
         raise InputError(f"{source}: unsupported record schema", field="schema_version",
                          value=record["schema_version"], fix=f"convert the record to schema_version {SCHEMA_VERSION}")

@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
                           f"{r['step_time_cv_percent']:.1f}%{mfu}")
         console.print(f"run directory: {outcome.path}")
         for f in ("recipe.yaml", "fingerprint.json", "metrics.jsonl", "results.json", "loss.png", "throughput.png",
-                  "run.log", "checkpoints"):
+                  "run.log", "checkpoints", "tensorboard"):
             if (outcome.path / f).exists():
                 console.print(f"  {outcome.path / f}")
         if outcome.status != "completed":
