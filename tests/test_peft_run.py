@@ -32,9 +32,10 @@ def test_tiny_cpu_trains_lora_and_resumes_from_an_adapter_checkpoint(cli, tmp_pa
 
     rc, _, _ = cli("run", "tiny-cpu", *PEFT, "--steps", "4", "--stop-after", "2", "--out", part, "--no-progress")
     assert rc == 1
-    ckpt = part / "checkpoint"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["adapters.json", "adapters.safetensors", "optimizer.pt",
-                                                       "trainer_state.json"]
+    ckpt = part / "checkpoints" / json.loads((part / "checkpoints" / "latest").read_text())["folder"]
+    # the engine's files (adapters only, no base weights) plus the checkpoint manager's recipe and metrics copies
+    assert sorted(p.name for p in ckpt.iterdir()) == ["adapters.json", "adapters.safetensors", "metrics.jsonl",
+                                                       "optimizer.pt", "recipe.yaml", "trainer_state.json"]
     stored = load_file(ckpt / "adapters.safetensors")
     assert stored and all(is_adapter_key(k) for k in stored)
     base = json.loads((ckpt / "adapters.json").read_text())["base"]
