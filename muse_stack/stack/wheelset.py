@@ -150,8 +150,9 @@ def resolve_text(loaded: LoadedLock) -> str:
             "--index-url", str(inp["index_url"]),
             "--exclude-newer", str(inp["exclude_newer"]),
             "--generate-hashes", "--format", "pylock.toml", "--no-header", "--quiet",
-            "--no-config", "-o", str(out),
+            "--no-config", "--refresh", "-o", str(out),
         ]  # fmt: skip
+        # --refresh: the registry as it is now (as of exclude_newer), never a stale local index cache
         for link in inp["find_links"]:  # type: ignore[union-attr]
             cmd += ["--find-links", str(link)]
         env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1")
