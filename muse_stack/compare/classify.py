@@ -180,7 +180,8 @@ RULES: list[tuple[str, str]] = [
     *((f"recipe.env.{p}", NUMERICS) for p in NUMERICS_ENV),
     *((f"recipe.{p}", PERFORMANCE) for p in (
         "recompute", "recompute.*", "offload", "offload.*", "hardware", "hardware.*", "env", "env.*",
-        "training.checkpoint_interval")),
+        "training.checkpoint_interval", "training.keep_checkpoints", "training.final_checkpoint",
+        "training.async_checkpoint")),
     ("recipe", NUMERICS),
     ("recipe.*", NUMERICS),
     # what was trained on

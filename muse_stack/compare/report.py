@@ -94,6 +94,10 @@ def render_compare(report: CompareReport, console: Console) -> None:
         table.add_row(c.name, Text(verdict, style="green" if c.passed else "bold red"),
                       c.rule, c.detail)
     console.print(table)
+    if report.bitwise.get("identical"):
+        console.print(Text(f"bitwise identical: {report.bitwise['detail']}", style="bold green"))
+    elif report.bitwise:
+        console.print(f"not bitwise identical: {report.bitwise.get('detail', '')}")
 
     perf = Table(title="performance (results.json, measurement window)", title_justify="left")
     perf.add_column("metric")

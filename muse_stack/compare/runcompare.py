@@ -39,6 +39,7 @@ class CompareReport:
     gates: list[dict[str, Any]] = field(default_factory=list)
     fingerprint: dict[str, Any] = field(default_factory=dict)
     plot: str | None = None
+    bitwise: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -54,12 +55,34 @@ class CompareReport:
             "candidate": self.candidate,
             "passed": self.passed,
             "exit_code": self.exit_code,
+            "bitwise": self.bitwise,
             "convergence": self.convergence.as_dict(),
             "performance": self.performance,
             "gates": self.gates,
             "fingerprint_diff": self.fingerprint,
             "plot": self.plot,
         }
+
+
+def bitwise(golden, candidate) -> dict[str, Any]:
+    """Whether the two runs' loss and grad norm are the same floats at every step (as written in
+    metrics.jsonl, which keeps each float's shortest round-trip repr: equal text, equal bits)."""
+    g = {r.step: (r.loss, r.grad_norm) for r in golden.steps}
+    c = {r.step: (r.loss, r.grad_norm) for r in candidate.steps}
+    out: dict[str, Any] = {"identical": False, "steps": len(g)}
+    if not g or set(g) != set(c):
+        out["detail"] = "the runs do not have the same steps" if g else "no steps"
+        return out
+    for step in sorted(g):
+        for i, name in enumerate(("loss", "grad_norm")):
+            a, b = g[step][i], c[step][i]
+            if not (a == b or (a != a and b != b)):  # NaN equals NaN here: both wrote the same non-number
+                out["first_difference"] = {"step": step, "field": name, "golden": a, "candidate": b}
+                out["detail"] = f"differ first at step {step} ({name}: {a!r} vs {b!r})"
+                return out
+    out["identical"] = True
+    out["detail"] = f"loss and grad norm equal bit for bit at all {len(g)} steps"
+    return out
 
 
 def _metric(results: dict[str, Any] | None, run: Path, key: str) -> Any:
@@ -152,6 +175,7 @@ def compare_runs(
         performance=perf,
         gates=_gates(perf, gates or Gates()),
         fingerprint=fingerprint_summary(ref_run, cand_run),
+        bitwise=bitwise(golden, cand),
     )
     if make_plot:
         ref_name = ref_run.resolve().name

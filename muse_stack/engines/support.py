@@ -50,6 +50,9 @@ def check_recipe_values(recipe: Recipe) -> None:
 
 def check_recipe(recipe: Recipe) -> None:
     """Raise a RecipeError for anything the recipe's engine would not train as written."""
+    from muse_stack.run import numerics
+
+    numerics.check(recipe)
     if recipe.data.kind == "multimodal":
         raise RecipeError("multimodal training is refused: the vision and audio towers' architecture is not "
                           "published (the seeds state no tower shapes, no projector into the decoder and no "

@@ -174,6 +174,11 @@ class Fusions(_Strict):
         None, description="megatron engine: fuse the norm / gate / residual / softcap chains with torch.compile")
 
 
+class Numerics(_Strict):
+    deterministic: bool = Field(False, description="two runs of the recipe on the same stack and GPU type repeat bit "
+                                                   "for bit (deterministic kernels; slower): muse_stack/run/numerics.py")
+
+
 class Offload(_Strict):
     optimizer: bool | None = None
     activations: bool | None = None
@@ -234,6 +239,8 @@ class Training(_Strict):
     checkpoint_interval: int | None = Field(None, ge=1, le=MAX_STEPS, description="steps between checkpoints (unset: "
                                                                                   "only the final one and one on interrupt)")
     keep_checkpoints: int | None = Field(None, ge=1, le=MAX_STEPS, description="newest complete checkpoints kept (unset: all)")
+    final_checkpoint: bool = Field(True, description="write a checkpoint when the run completes (false: a throughput "
+                                                     "measurement that keeps no weights; interrupts still save)")
     async_checkpoint: bool = Field(False, description="megatron engine: write dist-checkpoints in the background "
                                                       "(megatron-core async save), completed at step boundaries")
 
@@ -346,6 +353,7 @@ class Recipe(_Strict):
     recompute: Recompute = Field(default_factory=Recompute)
     offload: Offload = Field(default_factory=Offload)
     fusions: Fusions = Field(default_factory=Fusions)
+    numerics: Numerics = Field(default_factory=Numerics)
     precision: Literal["bf16", "fp32", "fp8"] | None = "bf16"
     optimizer: Optimizer = Field(default_factory=Optimizer)
     training: Training = Field(default_factory=Training)

@@ -126,12 +126,13 @@ class CheckpointManager:
     """
 
     def __init__(self, run_dir: Path, engine: Any, *, interval: int | None, keep: int | None,
-                 rank: int = 0) -> None:
+                 rank: int = 0, final: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.root = self.run_dir / ROOT
         self.engine = engine
         self.interval = interval
         self.keep = keep
+        self.final = final
         self.rank0 = rank == 0
         self.last_step: int | None = None  #: step of the newest complete checkpoint
         self._pending: tuple[Path, int, dict[str, str]] | None = None
@@ -145,10 +146,10 @@ class CheckpointManager:
 
     # -- decisions ------------------------------------------------------------------------
     def due(self, step: int, total: int) -> bool:
-        """A save at this step: on the interval, and at the last step."""
+        """A save at this step: on the interval, and at the last step (unless ``final`` is off)."""
         if step == self.last_step:
             return False
-        return step >= total or bool(self.interval and step % self.interval == 0)
+        return (self.final and step >= total) or bool(self.interval and step % self.interval == 0)
 
     # -- resume ---------------------------------------------------------------------------
     def discard_untrusted(self) -> None:

@@ -135,11 +135,15 @@ class Trainer:
         # the weights to start from; a resumed run with a checkpoint takes them from the checkpoint
         start = None if self.resuming and checkpoints_latest(self.path) is not None \
             else recipe.model.pretrained_checkpoint
+        from muse_stack.run import numerics
+
+        self.numerics = numerics.apply(recipe)  # before the engine touches the GPU
         ctx = TrainContext(recipe=recipe, model=self.model_cfg, data=data, total_steps=self.total, rank=env.rank,
                            world_size=env.world_size, local_rank=env.local_rank, pretrained_checkpoint=start)
         self.engine = get_engine(recipe.engine)(ctx)
         self.checkpoints = CheckpointManager(self.path, self.engine, interval=recipe.training.checkpoint_interval,
-                                             keep=recipe.training.keep_checkpoints, rank=env.rank)
+                                             keep=recipe.training.keep_checkpoints, rank=env.rank,
+                                             final=recipe.training.final_checkpoint)
         history: list[dict[str, Any]] = []
         if self.resuming:
             self.checkpoints.discard_untrusted()
@@ -205,7 +209,9 @@ class Trainer:
         from muse_stack.fingerprint import capture, merge_ranks
 
         fp = capture(recipe_sha256=recipe_sha256(self.recipe), rows_sha256=data.rows_sha256,
-                     extra={"recipe": self.recipe.name, "engine": self.engine.describe()})
+                     extra={"recipe": self.recipe.name, "engine": self.engine.describe(),
+                            "numerics": {"deterministic": bool(self.recipe.numerics.deterministic),
+                                         "set": getattr(self, "numerics", {})}})
         all_fps = dist.gather(fp)
         if not self.rank0:
             return

@@ -138,6 +138,7 @@ def transformer_config_kwargs(recipe: Recipe, model: ModelConfig) -> dict[str, A
         apply_rope_fusion=True,
         gradient_accumulation_fusion=True,
         variable_seq_lengths=False,
+        deterministic_mode=bool(recipe.numerics.deterministic),
     )
     if kwargs["recompute_modules"] is None:
         kwargs.pop("recompute_modules")
