@@ -238,3 +238,24 @@ def test_attached_adapters_compute_the_reference_on_every_stage_and_expert_rank(
                         got, _ = module(x)
                         want = proj(x)
                     torch.testing.assert_close(got, want, **TOL)
+
+
+@pytest.mark.parametrize("settings", [LORA, PeftSettings("lora", 4, 8.0, 0.0, TARGETS, False), DORA],
+                         ids=["lora-per-expert", "lora-shared", "dora"])
+def test_the_engine_starts_from_the_reference_engines_initial_adapters(settings):
+    """The megatron engine's initial adapters are the reference's, value for value (A drawn on
+    the CPU from the seed and the tensor's name, B zero): both engines start from one state."""
+    from muse_stack.engines.mcore.peft import initial_adapters
+
+    cfg = tiny_config()
+    model = MuseSparkForCausalLM(cfg, seed=0)
+    apply_peft(model, settings, seed=5)
+    expected = {k: v for k, v in adapter_state_dict(model).items() if not k.endswith("lora_magnitude")}
+    got = initial_adapters(settings, cfg, 5, range(cfg.num_hidden_layers))
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        assert torch.equal(got[key].to(value.dtype), value), key
+    # one pipeline stage's layers only
+    stage = initial_adapters(settings, cfg, 5, range(1, 2))
+    assert stage and all(".layers.1." in k for k in stage)
+    assert all(torch.equal(stage[k], got[k]) for k in stage)

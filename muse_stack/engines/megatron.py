@@ -42,7 +42,11 @@ def _init_process_group(ctx: TrainContext) -> None:
 class MegatronEngine:
     name = "megatron"
 
-    def __init__(self, ctx: TrainContext, *, load_state: dict[str, torch.Tensor] | None = None) -> None:
+    def __init__(self, ctx: TrainContext, *, load_state: dict[str, torch.Tensor] | None = None,
+                 load_adapter_state: dict[str, torch.Tensor] | None = None) -> None:
+        from muse_stack.run import numerics
+
+        numerics.apply(ctx.recipe)  # deterministic mode: before any kernel runs (idempotent)
         require_megatron()
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
@@ -88,6 +92,25 @@ class MegatronEngine:
         elif ctx.pretrained_checkpoint:
             load_hf_weights(model, checkpoint_getter(ctx.pretrained_checkpoint), **self.load_kwargs)
 
+        self.peft = None
+        if recipe.peft is not None:  # adapters on the frozen base, before DDP: only they reach the optimizer
+            from muse_stack.engines.mcore import peft as mpeft
+            from muse_stack.recipes.peft import resolve
+
+            self.peft = resolve(recipe.peft, ctx.model)
+            self.adapter_names = mpeft.attach_adapters(
+                model, self.peft, ctx.model, tp_size=ps.get_tensor_model_parallel_world_size(),
+                tp_group=ps.get_tensor_model_parallel_group(), sequence_parallel=self.config.sequence_parallel,
+                ep_size=ep, etp_size=ps.get_expert_tensor_parallel_world_size())
+            first = model.decoder.layer_offset
+            source = load_adapter_state if load_adapter_state is not None else mpeft.initial_adapters(
+                self.peft, ctx.model, seed, range(first, first + len(model.decoder.layers)))
+            mpeft.load_reference_adapters(model, source, layer_offset=first,
+                                          expert_offset=self.load_kwargs["expert_offset"],
+                                          tp_rank=self.load_kwargs["tp_rank"], tp_size=self.load_kwargs["tp_size"],
+                                          magnitudes_required=False)
+            if self.peft.scheme == "dora" and not any(k.endswith("lora_magnitude") for k in source):
+                mpeft.init_magnitudes(model)
         dist_opt = lay.distributed_optimizer if lay.distributed_optimizer is not None else True
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                    use_distributed_optimizer=dist_opt, check_for_nan_in_grad=False)
@@ -248,8 +271,11 @@ class MegatronEngine:
         from muse_stack.engines.mcore import fuse
 
         local = sum(p.numel() for p in self.model.module.parameters())
+        trainable = sum(p.numel() for p in self.model.module.parameters() if p.requires_grad)
         lay = self.ctx.recipe.layout
         return {"engine": self.name, "device": self.device, "local_parameters": local,
+                "local_trainable_parameters": trainable,
+                "adapters": self.peft.as_dict() if self.peft is not None else None,
                 "micro_batches_per_step": self.micro_batches,
                 "parallel": {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp or 1, "ep": lay.ep or 1, "etp": lay.etp,
                              "dp": self.dp_size, "sequence_parallel": self.config.sequence_parallel,

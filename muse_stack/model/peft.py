@@ -37,8 +37,9 @@ def is_adapter_key(name: str) -> bool:
 
 def _xavier_normal_(tensor: torch.Tensor, name: str, seed: int, fan_in: int, fan_out: int) -> None:
     std = math.sqrt(2.0 / (fan_in + fan_out))
-    values = torch.empty(tensor.shape, dtype=torch.float32, device=tensor.device)
-    values.normal_(0.0, std, generator=_generator(seed, name, tensor.device))
+    # drawn on the CPU whatever the tensor's device: the same values on every machine and engine
+    values = torch.empty(tensor.shape, dtype=torch.float32)
+    values.normal_(0.0, std, generator=_generator(seed, name, torch.device("cpu")))
     with torch.no_grad():
         tensor.copy_(values)
 

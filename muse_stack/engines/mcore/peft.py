@@ -1,11 +1,12 @@
 """LoRA and DoRA on the megatron-core Muse Spark layers: tensor-parallel shards, grouped
 per-expert adapters under EP, and the latent projections.
 
-**Not run on a GPU yet.** The mapping and sharding math below (the pure functions) is tested
-on the CPU against the reference adapters (``tests/test_mcore_peft_mapping.py``): every TP, EP
-and PP split, recombined, gives the reference adapter's output, gradients and names. The
-module transform (:func:`attach_adapters`) needs megatron-core + TE and has not had its GPU
-parity run; ``muse-stack run`` refuses PEFT on the megatron engine until it has.
+The mapping and sharding math below (the pure functions) is tested on the CPU against the
+reference adapters (``tests/test_mcore_peft_mapping.py``): every TP, EP and PP split,
+recombined, gives the reference adapter's output, gradients and names. The module transform
+(:func:`attach_adapters`) needs megatron-core + TE; its parity with the reference engine at
+TP 1 is ``python -m muse_stack.engines.mcore.peft_parity`` on a GPU (``benchmarks/peft/``).
+The engine starts from the reference's own initial adapters (:func:`initial_adapters`).
 
 How each target is split (checkpoint name -> megatron-core module, as :mod:`.weights`):
 
@@ -284,9 +285,50 @@ def attach_adapters(model: torch.nn.Module, settings: PeftSettings, muse, *, tp_
     return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
+def initial_adapters(settings: PeftSettings, muse, seed: int, layers: range) -> dict[str, torch.Tensor]:
+    """The reference model's initial adapter tensors (:func:`muse_stack.model.peft.apply_peft`:
+    A Xavier-normal seeded per tensor name on the CPU, B zero) of the global ``layers``, by the
+    reference names, in fp32. DoRA's magnitude is not here: it is the base weight's row norms,
+    taken from the loaded weights on each rank."""
+    from muse_stack.model.peft import _xavier_normal_
+    from muse_stack.recipes.peft import target_shape
+
+    out: dict[str, torch.Tensor] = {}
+    r = settings.rank
+    for layer in layers:
+        prefix = f"{LM}layers.{layer}."
+        for target in settings.targets:
+            fan_in, fan_out = target_shape(target, muse)
+            if target in EXPERT_TARGETS:
+                n = muse.num_local_experts if settings.per_expert else 1
+                key = f"{prefix}mlp.experts.adapters.{target.rsplit('.', 1)[1]}."
+                a = torch.empty(n, r, fan_in)
+                _xavier_normal_(a, key + "lora_A", seed, fan_in, r)
+                out[key + "lora_A"], out[key + "lora_B"] = a, torch.zeros(n, fan_out, r)
+                continue
+            key = f"{prefix}{target}.adapter."
+            a = torch.empty(r, fan_in)
+            _xavier_normal_(a, key + "lora_A", seed, fan_in, r)
+            out[key + "lora_A"], out[key + "lora_B"] = a, torch.zeros(fan_out, r)
+    return out
+
+
+@torch.no_grad()
+def init_magnitudes(model: torch.nn.Module) -> int:
+    """DoRA: each magnitude from its base weight's row norms (B = 0, so ``||W + s B A|| = ||W||``;
+    a row-parallel weight's rows are summed over TP); returns the magnitudes set."""
+    count = 0
+    for module in model.modules():
+        adapter = getattr(module, "adapter", None)
+        if isinstance(adapter, ParallelLoRA) and adapter.lora_magnitude is not None:
+            adapter.lora_magnitude.copy_(adapter.row_norm(module.weight))
+            count += 1
+    return count
+
+
 @torch.no_grad()
 def load_reference_adapters(model: torch.nn.Module, reference: dict[str, torch.Tensor], *, layer_offset: int,
-                            expert_offset: int, tp_rank: int, tp_size: int) -> int:
+                            expert_offset: int, tp_rank: int, tp_size: int, magnitudes_required: bool = True) -> int:
     """Copy the reference model's adapter tensors (:func:`muse_stack.model.peft.adapter_state_dict`)
     into this stage / rank's adapters; returns the tensors copied. Every adapter tensor of the
     stage must find its source."""
@@ -295,6 +337,8 @@ def load_reference_adapters(model: torch.nn.Module, reference: dict[str, torch.T
         if ".adapter." not in name:
             continue
         where = mcore_to_reference(name, layer_offset=layer_offset, expert_offset=expert_offset)
+        if where.factor == "lora_magnitude" and where.hf_name not in reference and not magnitudes_required:
+            continue  # set from the base weights (init_magnitudes)
         full = reference[where.hf_name]
         if where.expert is not None:
             full = full[where.expert if full.shape[0] > 1 else 0]

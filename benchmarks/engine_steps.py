@@ -1,0 +1,99 @@
+"""Throughput of the megatron engine's training step, with or without adapters, in one process.
+
+For a recipe with a ``peft`` block (which ``muse-stack run`` does not yet run on the megatron
+engine: its adapter checkpoints are not written) this drives the engine's own ``train_step``
+exactly as the runner does, and times each step with a CUDA synchronisation.
+
+Model FLOPs per token (the runner's formula, :mod:`muse_stack.flops`, with N the active
+parameters and A the attention FLOPs of the forward pass):
+  full training:  3 x (2N + A)                     (forward, backward to inputs and to weights)
+  adapters:       2 x 2N + 3 x A + 6 x N_adapter   (the frozen base's forward and its backward to
+                  inputs, no weight gradients; attention has no weights, so its whole backward
+                  runs; N_adapter = the adapter parameters a token passes through: all dense
+                  adapters and top-k / E of the expert adapters)
+
+    PYTHONPATH=. python benchmarks/engine_steps.py slice-1gpu [overrides...] --steps 30 --warmup 10 --out x.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("recipe")
+    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    from muse_stack.data import build_for_recipe
+    from muse_stack.engines.base import TrainContext
+    from muse_stack.engines.megatron import MegatronEngine
+    from muse_stack.flops import training_flops_per_token
+    from muse_stack.recipes.catalogue import load_recipe
+    from muse_stack.recipes.peft import adapter_params_per_layer, resolve
+    from muse_stack.run.peak import peak_for
+
+    recipe = load_recipe(args.recipe, [*args.overrides, f"training.steps={args.steps}"])
+    cfg = recipe.model_config_resolved()
+    data = build_for_recipe(recipe, progress=False)
+    engine = MegatronEngine(TrainContext(recipe=recipe, model=cfg, data=data, total_steps=args.steps))
+    rows = []
+    for step in range(1, args.steps + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        stats = engine.train_step(step)
+        torch.cuda.synchronize()
+        rows.append({"step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "tokens": stats.tokens,
+                     "step_time_s": time.perf_counter() - t0})
+    window = rows[args.warmup:]
+    tps = sum(r["tokens"] for r in window) / sum(r["step_time_s"] for r in window)
+    flops = training_flops_per_token(cfg, engine.seq_lens())
+    matmul, attention = flops["matmul_forward"], flops["attention_forward"]
+    adapter_active = 0.0
+    if recipe.peft is not None:
+        settings = resolve(recipe.peft, cfg)
+        dense, expert = adapter_params_per_layer(settings, cfg)
+        adapter_active = cfg.num_hidden_layers * (dense + expert * cfg.num_experts_per_tok / cfg.num_local_experts)
+        per_token = 2 * matmul + 3 * attention + 6 * adapter_active
+        formula = "2 x 2N + 3 x A + 6 x N_adapter (frozen base: forward and backward to inputs)"
+    else:
+        per_token = flops["training"]
+        formula = "3 x (2N + A)"
+    peak, source = peak_for(recipe.hardware.gpu)
+    describe = engine.describe()
+    result = {
+        "recipe": args.recipe, "overrides": args.overrides, "device": torch.cuda.get_device_name(),
+        "method": f"{args.steps} steps, window steps {args.warmup + 1}-{args.steps}; each step bracketed by "
+                  "torch.cuda.synchronize()",
+        "tokens_per_s_per_gpu": tps, "step_time_mean_s": statistics.fmean(r["step_time_s"] for r in window),
+        "flops_per_token": per_token, "flops_formula": formula, "adapter_active_params_per_token": adapter_active,
+        "model_tflops_per_gpu": per_token * tps / 1e12, "peak_tflops": peak, "peak_source": source,
+        "mfu": per_token * tps / 1e12 / peak if peak else None,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "local_parameters": describe["local_parameters"],
+        "local_trainable_parameters": describe["local_trainable_parameters"], "adapters": describe["adapters"],
+        "first_loss": rows[0]["loss"], "final_loss": rows[-1]["loss"], "steps": rows,
+    }
+    print(json.dumps({k: v for k, v in result.items() if k != "steps"}), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
