@@ -5,6 +5,7 @@
 #   usage: bash benchmarks/h200.sh STEP...   (default: smoke)
 #   all of benchmarks/: fingerprint parity proxy1 slice slice2 slicee slicee2 overhead proxy2 proxy2c
 #                       parity2 tp2 parity3 pp2 cp2 etp2 packed packedcp recompute resume resumectl ckptsave
+#                       export peftparity peftslice strict det profile
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
 set -uo pipefail
@@ -21,6 +22,9 @@ PACKED="data.kind=sft data.builder=packed data.files=[data/tiny-chat.jsonl] data
 # the elementwise chains fused by torch.compile (the slice's own setting), or not
 FUSED="fusions.compile_elementwise=true" EAGER="fusions.compile_elementwise=false"
 SMALL="model.overrides.num_local_experts=8 model.overrides.num_experts_per_tok=2"
+# lora-64's adapters (its peft block) on the slice
+LORA64="peft.scheme=lora peft.rank=32 peft.alpha=32 peft.dropout=0.0 peft.per_expert=true
+  peft.targets=[self_attn.q_proj,self_attn.k_proj,self_attn.v_proj,self_attn.o_proj,mlp.experts.gate_up_proj,mlp.experts.down_proj,mlp.pre_expert_proj,mlp.post_expert_proj]"
 T=${STEP_TIMEOUT:-900}  # seconds any one command may take (a hung collective must not eat the call)
 one() { CUDA_VISIBLE_DEVICES=${GPU:-0} timeout "$T" "$@"; }  # GPU=1 MASTER_PORT=29600: a second one beside
 two() { timeout "$T" torchrun --standalone --nproc-per-node 2 "$@"; }
@@ -63,13 +67,40 @@ for what in "${@:-smoke}"; do
     two -m muse_stack.engines.mcore.parity --cp 2 --packed --train-steps 3 --out "$OUT/parity/parity-cp2-packed.json"
     two -m muse_stack.engines.mcore.parity --etp 2 --train-steps 3 --out "$OUT/parity/parity-etp2.json"
     two -m muse_stack.engines.mcore.parity --tp 2 --packed --train-steps 3 --out "$OUT/parity/parity-tp2-packed.json" ;;
-  ckptsave) # step-time cost of a dist-checkpoint save on slice-1gpu, synchronous then asynchronous: results.json's
-    # checkpoint_saves (blocking_s: the loop waited; complete_s: the folder complete) and the steps after each save
-    for mode in sync async; do
-      rm -rf runs/ckpt-$mode
-      one $MS run slice-1gpu --steps 12 training.checkpoint_interval=4 training.keep_checkpoints=1 \
-        training.async_checkpoint=$([ $mode = async ] && echo true || echo false) --out runs/ckpt-$mode --no-progress
-      keep ckpt-save-$mode runs/ckpt-$mode
+  ckptsave) # step-time cost of a dist-checkpoint save on slice-1gpu, synchronous then asynchronous, through the
+    # runner's checkpoint manager (benchmarks/ckpt_save.py); the checkpoints go to CKPT_DIR (one at a time)
+    df -h "${CKPT_DIR:-/tmp}" /dev/shm; free -g
+    rm -rf "${CKPT_DIR:-/tmp}/ckpt-bench"
+    one python3 benchmarks/ckpt_save.py slice-1gpu --dir "${CKPT_DIR:-/tmp}/ckpt-bench" --out "$OUT/ckpt-save.json" ;;
+  export) # export round trip of a megatron-engine run (EP 1, PP 1): dist-checkpoint -> HF safetensors -> back
+    rm -rf runs/export-src runs/export-hf
+    one $MS run proxy-1gpu $SMALL --steps 4 training.measure_warmup_steps=1 --out runs/export-src --no-progress
+    $MS export runs/export-src --hf runs/export-hf
+    one python3 benchmarks/export_roundtrip.py runs/export-src runs/export-hf --out "$OUT/export-roundtrip.json"
+    keep export-src runs/export-src ;;
+  peftparity) # adapters on the megatron engine against the reference engine, TP 1 (fp32 grads, bf16 training)
+    one python3 -m muse_stack.engines.mcore.peft_parity --scheme lora --out "$OUT/peft-parity-lora.json"
+    one python3 -m muse_stack.engines.mcore.peft_parity --scheme dora --out "$OUT/peft-parity-dora.json" ;;
+  peftslice) # slice-1gpu with lora-64's adapters (rank 32), against full SFT of the same slice, same process kind
+    one python3 benchmarks/engine_steps.py slice-1gpu $LORA64 --steps 30 --warmup 10 --out "$OUT/slice-lora64.json"
+    one python3 benchmarks/engine_steps.py slice-1gpu --steps 30 --warmup 10 --out "$OUT/slice-full.json" ;;
+  profile) # one slice-1gpu step by class of GPU work (benchmarks/profile_step.py)
+    one python3 benchmarks/profile_step.py slice-1gpu --warmup 5 --steps 2 --out "$OUT/profile.json" \
+      --trace "$OUT/profile-trace.json.gz" ;;
+  strict) # parity that can fail: fp32 engine vs fp32 reference at trained weights, negative controls, bf16 floor
+    one python3 -m muse_stack.engines.mcore.parity_strict --out "$OUT/parity-strict.json" ;;
+  det|det-proxy|det-slice) # numerics.deterministic: two runs each, bitwise compare, cost against the default mode
+    recs=(proxy-1gpu slice-1gpu); [ "$what" = det-proxy ] && recs=(proxy-1gpu); [ "$what" = det-slice ] && recs=(slice-1gpu)
+    for r in "${recs[@]}"; do
+      for tag in det-a det-b default-a default-b; do
+        [ $r = slice-1gpu ] && [ $tag = default-b ] && continue  # the slice's default spread is in benchmarks/ already
+        ov=""; [ "${tag%-?}" = det ] && ov="numerics.deterministic=true"
+        rm -rf runs/$r-$tag
+        one $MS run $r $ov training.final_checkpoint=false --steps 20 --out runs/$r-$tag --no-progress
+        keep det/$r-$tag runs/$r-$tag
+      done
+      $MS compare runs/$r-det-a runs/$r-det-b --json --no-plot > "$OUT/det/$r-det-compare.json"
+      [ -d runs/$r-default-b ] && $MS compare runs/$r-default-a runs/$r-default-b --json --no-plot > "$OUT/det/$r-default-compare.json"
     done ;;
   resume|resume-ep2|resume-pp2) # dist-checkpoint round trip: interrupted at step 3 and resumed == uninterrupted
     lays=("layout.ep=2" "layout.ep=1 layout.pp=2 layout.pp_layers=[1,3]")

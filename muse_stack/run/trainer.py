@@ -324,6 +324,11 @@ class Trainer:
             results["peak_memory_gib_by_rank"] = self.rank_peaks
         if engine is not None:
             results["engine_info"] = engine.describe()
+            from muse_stack.run.devmem import cuda_memory
+
+            memory = cuda_memory(engine.device)
+            if memory is not None:
+                results["device_memory"] = memory
         last = self.checkpoints.last_step if self.checkpoints is not None else None
         results["checkpoint"] = ({"step": last, "path": f"checkpoints/step-{last:08d}"} if last is not None
                                  else None)

@@ -1,0 +1,55 @@
+"""The step profile's kernel classes and idle time, on a hand-made trace."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("profile_step", Path(__file__).parents[1] / "benchmarks/profile_step.py")
+profile_step = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(profile_step)
+
+
+def _trace():
+    ev = []
+
+    def op(tid, ts, dur, name):
+        ev.append({"ph": "X", "cat": "cpu_op", "tid": tid, "ts": ts, "dur": dur, "name": name})
+
+    def kernel(corr, tid, launch_ts, ts, dur, name):
+        ev.append({"ph": "X", "cat": "cuda_runtime", "tid": tid, "ts": launch_ts, "dur": 1, "name": "cudaLaunchKernel",
+                   "args": {"correlation": corr}})
+        ev.append({"ph": "X", "cat": "kernel", "tid": 7, "ts": ts, "dur": dur, "name": name,
+                   "args": {"correlation": corr}})
+
+    op(1, 0, 100, "_GroupedLinear")
+    kernel(1, 1, 10, 200, 50, "nvjet_tst_128x256_64x4")  # grouped GEMM: GEMM under GroupedLinear
+    op(1, 100, 50, "aten::mm")
+    kernel(2, 1, 110, 260, 40, "sm90_xmma_gemm_bf16")  # dense
+    kernel(3, 1, 120, 400, 30, "ncclDevKernel_AllReduce")  # communication; 250-260 and 300-400 idle
+    op(2, 130, 20, "autograd::engine::evaluate_function: FusedAttnFuncBackward")
+    kernel(4, 2, 135, 430, 20, "cudnn_generated_fort_native_sdpa")
+    kernel(5, 1, 140, 450, 10, "triton_poi_fused_mul_0")
+    return {"traceEvents": ev}
+
+
+#: microseconds x 1e-6 in float64: a few roundings of 2^-53 each; 1e-12 leaves a wide margin
+REL = 1e-12
+
+
+def test_kernels_are_classed_by_name_and_launching_operator():
+    got = {r["class"]: r["seconds_per_step"] for r in profile_step.summarise_trace(_trace(), steps=1)["classes"]}
+    assert got["grouped expert GEMM"] == pytest.approx(50e-6, rel=REL)
+    assert got["dense GEMM"] == pytest.approx(40e-6, rel=REL)
+    assert got["communication"] == pytest.approx(30e-6, rel=REL)
+    assert got["attention"] == pytest.approx(20e-6, rel=REL)
+    assert got["norms and elementwise"] == pytest.approx(10e-6, rel=REL)
+
+
+def test_idle_is_the_span_without_any_kernel():
+    out = profile_step.summarise_trace(_trace(), steps=1)
+    # kernels cover 200-250, 260-300 and 400-460 of the span 200-460: 150 busy, 110 idle (microseconds)
+    assert out["busy_seconds_per_step"] == pytest.approx(150e-6, rel=REL)
+    assert out["idle_seconds_per_step"] == pytest.approx(110e-6, rel=REL)
