@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from muse_stack.engines.base import TrainContext
     from muse_stack.engines.megatron import MegatronEngine
     from muse_stack.recipes.catalogue import load_recipe
+    from muse_stack.run.devmem import cuda_memory
     from muse_stack.run.checkpoints import CheckpointManager
 
     run_dir = Path(args.dir)
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                   "steps_after_s": after_async,
                   "step_time_cost_s": async_entry["blocking_s"] + excess(during) + excess(after_async)},
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "device_memory": cuda_memory(f"cuda:{torch.cuda.current_device()}"),
     }
     print(json.dumps({k: v for k, v in result.items() if not k.endswith("steps_s")}, default=str), flush=True)
     if args.out:

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from muse_stack.engines.megatron import MegatronEngine
     from muse_stack.flops import training_flops_per_token
     from muse_stack.recipes.catalogue import load_recipe
+    from muse_stack.run.devmem import cuda_memory
     from muse_stack.recipes.peft import adapter_params_per_layer, resolve
     from muse_stack.run.peak import peak_for
 
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         "model_tflops_per_gpu": per_token * tps / 1e12, "peak_tflops": peak, "peak_source": source,
         "mfu": per_token * tps / 1e12 / peak if peak else None,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "device_memory": cuda_memory(f"cuda:{torch.cuda.current_device()}"),
         "local_parameters": describe["local_parameters"],
         "local_trainable_parameters": describe["local_trainable_parameters"], "adapters": describe["adapters"],
         "first_loss": rows[0]["loss"], "final_loss": rows[-1]["loss"], "steps": rows,
