@@ -63,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     data = build_for_recipe(sync_recipe, progress=False)
     ctx = TrainContext(recipe=sync_recipe, model=sync_recipe.model_config_resolved(), data=data, total_steps=total)
     engine = MegatronEngine(ctx)
+    # a dist-checkpoint holds the bf16 weights (2 B), the fp32 main copy and both Adam moments (3 x 4 B) per
+    # trainable parameter: refuse before writing when the file system cannot hold one
+    params = sum(p.numel() for p in engine.model.module.parameters())
+    needed = 14 * params
+    free = shutil.disk_usage(run_dir.parent).free
+    if free < 1.1 * needed:
+        raise SystemExit(f"{run_dir.parent} has {free / 2**30:.1f} GiB free; one checkpoint needs about "
+                         f"{needed / 2**30:.1f} GiB: give --dir on a larger file system")
     manager = CheckpointManager(run_dir, engine, interval=None, keep=1)
     step = 0
 
@@ -125,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                   "mean_excess_during_write_s": (excess(during) / len(during)) if during else 0.0,
                   "steps_after_s": after_async,
                   "step_time_cost_s": async_entry["blocking_s"] + excess(during) + excess(after_async)},
+        "checkpoint_bytes_estimated": needed, "filesystem_free_bytes_before": free,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
         "device_memory": cuda_memory(f"cuda:{torch.cuda.current_device()}"),
     }
