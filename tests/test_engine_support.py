@@ -52,7 +52,7 @@ def test_each_unstated_training_value_is_refused_by_name(field, cli, tmp_path):
 
 
 @pytest.mark.parametrize("name, overrides, field", [
-    ("lora-64", [], "peft"),
+    ("lora-64", ["layout.etp=2"], "layout.etp"),  # expert adapters are whole on every ETP rank
     ("lora-16-mm", ["layout.cp=1"], "data.kind"),
     ("sft-192-mm", [], "data.kind"),
     ("lora-64", ["peft.targets=[self_attn.q_proj,self_attn.qkv_proj]"], "peft.targets"),
@@ -82,11 +82,11 @@ def test_the_reference_engine_freezes_by_parameter_name():
     check_recipe(load_recipe("tiny-cpu", ["frozen=[model.language_model.embed_tokens]"]))
 
 
-def test_run_refuses_an_adapter_recipe_and_writes_nothing(tmp_path, cli):
+def test_run_refuses_an_adapter_recipe_it_cannot_train_and_writes_nothing(tmp_path, cli):
     out = tmp_path / "lora"
-    rc, _, err = cli("run", "lora-64", "--out", out, "--no-progress")
+    rc, _, err = cli("run", "lora-64", "layout.etp=2", "--out", out, "--no-progress")
     assert rc == 2 and not out.exists()
-    assert "peft" in err and "frozen: [base]" in err  # rich markup in messages is printed as written
+    assert "layout.etp" in err and "peft.targets" in err  # names the field and both fixes
 
 
 def test_multimodal_is_refused_naming_the_unpublished_towers(cli, tmp_path):

@@ -8,7 +8,9 @@ optimizer. Each optimizer step runs megatron-core's pipeline schedule
 (``get_forward_backward_func``) over GBS / (MBS x DP) micro-batches, with the loss summed per
 token and divided by the global supervised-token count (``calculate_per_token_loss``), so the
 loss and gradients are those of the reference engine. The LR of every step is
-:func:`muse_stack.run.schedule.lr_at`. Checkpoints are megatron-core dist-checkpoints.
+:func:`muse_stack.run.schedule.lr_at`. Checkpoints are megatron-core dist-checkpoints; with
+``recipe.peft`` they hold the adapter tensors and their optimizer state only, plus the base's
+identity (:mod:`muse_stack.engines.mcore.peft_checkpoint`).
 """
 
 from __future__ import annotations
@@ -111,6 +113,11 @@ class MegatronEngine:
                                           magnitudes_required=False)
             if self.peft.scheme == "dora" and not any(k.endswith("lora_magnitude") for k in source):
                 mpeft.init_magnitudes(model)
+            from muse_stack.engines.mcore.peft_checkpoint import base_identity
+
+            self.base = base_identity(pretrained_checkpoint=ctx.pretrained_checkpoint, revision=recipe.model.revision,
+                                      hf_id=recipe.model.hf_id, hf_config=ctx.model.to_hf_config(), init_seed=seed,
+                                      layout={"tp": lay.tp, "pp": lay.pp, "ep": lay.ep or 1, "etp": lay.etp})
         dist_opt = lay.distributed_optimizer if lay.distributed_optimizer is not None else True
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                    use_distributed_optimizer=dist_opt, check_for_nan_in_grad=False)
@@ -300,9 +307,41 @@ class MegatronEngine:
                                     "dp_cp_group": ps.get_data_parallel_group(with_context_parallel=True)}
         if self.opt_config.use_distributed_optimizer:
             metadata["distrib_optim_sharding_type"] = "dp_reshardable"
-        state: dict[str, Any] = {"model": self.model.module.sharded_state_dict(metadata=dict(metadata))}
+        if self.peft is not None:  # the adapter tensors only: the frozen base is not copied
+            state = {"model": self._adapter_sharded_state()}
+        else:
+            state = {"model": self.model.module.sharded_state_dict(metadata=dict(metadata))}
         state["optimizer"] = self.optimizer.sharded_state_dict(state, is_loading=is_loading, metadata=dict(metadata))
         return state
+
+    def _adapter_sharded_state(self) -> dict[str, Any]:
+        """Each adapter parameter of this rank as a ShardedTensor of its global reference-named
+        tensor (:func:`.mcore.peft_checkpoint.placement`); the data are the parameters themselves,
+        so the optimizer's sharded state finds them and a load can copy back in place."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.dist_checkpointing import ShardedTensor
+
+        from muse_stack.engines.mcore.peft_checkpoint import is_adapter_param, placement
+
+        kw = self.load_kwargs
+        out: dict[str, Any] = {}
+        self._adapter_params: dict[str, torch.nn.Parameter] = {}
+        for name, param in self.model.module.named_parameters():
+            if not is_adapter_param(name):
+                continue
+            where = placement(name, layer_offset=kw["layer_offset"], expert_offset=kw["expert_offset"],
+                              num_experts=self.ctx.model.num_local_experts, per_expert=self.peft.per_expert,
+                              tp_rank=kw["tp_rank"], tp_size=kw["tp_size"],
+                              ep_rank=ps.get_expert_model_parallel_rank(),
+                              dp_rank=ps.get_data_parallel_rank(with_context_parallel=True),
+                              expert_dp_rank=ps.get_expert_data_parallel_rank())
+            if where.key in out:
+                raise RuntimeError(f"two adapter parameters of one rank map to {where.key}")
+            out[where.key] = ShardedTensor.from_rank_offsets(where.key, param, *where.rank_offsets,
+                                                             replica_id=where.replica_id,
+                                                             prepend_axis_num=where.prepend_axis_num)
+            self._adapter_params[where.key] = param
+        return out
 
     def save(self, directory: Path, step: int) -> None:
         """Every rank writes its shards into ``directory`` (made by the checkpoint manager).
@@ -313,6 +352,12 @@ class MegatronEngine:
         from megatron.core import dist_checkpointing
 
         state = self._sharded_state(is_loading=False)
+        if self.peft is not None and self.ctx.rank == 0:  # what base the adapters sit on, before the shards
+            from muse_stack import atomic
+            from muse_stack.engines.mcore.peft_checkpoint import ADAPTER_BASE, FORMAT
+
+            atomic.write_json(Path(directory) / ADAPTER_BASE, {"format": FORMAT, "peft": self.peft.as_dict(),
+                                                               "base": self.base, "tensors": len(state["model"])})
         if not self.ctx.recipe.training.async_checkpoint:
             dist_checkpointing.save(state, str(directory))
             return
@@ -339,11 +384,20 @@ class MegatronEngine:
         # No autograd: the fp32 parameters' optimizer shards are views of the parameters themselves,
         # and the load copies into them in place.
         from muse_stack.engines.base import corrupt_checkpoint
+        from muse_stack.engines.mcore.peft_checkpoint import check_resume, read_meta
 
+        # adapters / full model, settings and base as this run's, before any tensor is read
+        check_resume(Path(directory), read_meta(Path(directory)),
+                     settings=self.peft.as_dict() if self.peft is not None else None,
+                     ours=getattr(self, "base", None))
         with torch.no_grad():
             try:
                 state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(directory))
-                self.model.module.load_state_dict(state["model"])
+                if self.peft is not None:  # the adapter parameters, by their checkpoint keys
+                    for key, param in self._adapter_params.items():
+                        param.copy_(state["model"][key])
+                else:
+                    self.model.module.load_state_dict(state["model"])
                 self.optimizer.load_state_dict(state["optimizer"])
             except Exception as exc:  # megatron-core's checkpoint errors have no common base class
                 raise corrupt_checkpoint(Path(directory), "dist-checkpoint", exc) from exc

@@ -63,13 +63,12 @@ def check_recipe(recipe: Recipe) -> None:
     if recipe.peft is not None:
         from muse_stack.recipes.peft import resolve
 
-        resolve(recipe.peft, recipe.model_config_resolved())
-        if recipe.engine == "megatron":
-            raise RecipeError("the megatron engine does not train adapters yet: its LoRA layers "
-                              "(muse_stack/engines/mcore/peft.py) have CPU tests of their sharding but no GPU "
-                              "parity run", field="peft", value=recipe.peft.scheme,
-                              fix="`muse-stack plan` it; train adapters with engine: reference (CPU or one GPU), "
-                                  "or drop peft and frozen: [base] for full fine-tuning")
+        settings = resolve(recipe.peft, recipe.model_config_resolved())
+        if recipe.engine == "megatron" and settings.expert_targets and recipe.layout.etp > 1:
+            raise RecipeError("the megatron engine's expert adapters are whole on every expert-tensor-parallel "
+                              "rank; it does not split them over ETP", field="layout.etp", value=recipe.layout.etp,
+                              fix="set layout.etp=1 (and raise layout.ep), or drop "
+                                  + ", ".join(settings.expert_targets) + " from peft.targets")
     elif "base" in recipe.frozen:
         raise RecipeError("frozen: [base] freezes the whole model, which leaves nothing to train without adapters",
                           field="frozen", value=recipe.frozen, fix="add a peft block, or drop base from frozen")
@@ -98,7 +97,8 @@ def check_recipe(recipe: Recipe) -> None:
         from muse_stack.engines.mcore.config import transformer_config_kwargs
 
         transformer_config_kwargs(recipe, recipe.model_config_resolved())
-        frozen = [f for f in recipe.frozen if f not in TOWERS]
+        # with adapters the whole base is frozen (frozen: [base]); the engine freezes nothing else
+        frozen = [f for f in recipe.frozen if f not in TOWERS and not (recipe.peft is not None and f == "base")]
         if frozen:
             raise RecipeError("the megatron engine trains every decoder parameter; it does not freeze modules",
                               field="frozen", value=frozen,

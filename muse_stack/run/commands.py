@@ -81,9 +81,13 @@ def register(app: typer.Typer) -> None:
         hf: Path = typer.Option(..., "--hf", help="new directory for the Hugging Face checkpoint"),
         max_shard_mb: float = typer.Option(5000.0, "--max-shard-mb", min=0.01,
                                            help="largest safetensors shard in MB (Hugging Face's default, 5 GB)"),
+        merge: bool = typer.Option(False, "--merge", help="adapter runs: the base with the adapters folded in"),
+        adapters_only: bool = typer.Option(False, "--adapters-only",
+                                           help="adapter runs: the adapters in the Hugging Face peft layout"),
     ) -> None:
         """Write the run's latest checkpoint as a Hugging Face checkpoint (safetensors shards + config.json)."""
         from muse_stack.run.export import export_run
 
-        out, step, count = export_run(run_dir, hf, max_shard_bytes=int(max_shard_mb * 10**6), progress=True)
+        out, step, count = export_run(run_dir, hf, max_shard_bytes=int(max_shard_mb * 10**6), progress=True,
+                                      merge=merge, adapters_only=adapters_only)
         console.print(f"exported step {step}: {count} tensors to {out}")

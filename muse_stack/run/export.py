@@ -10,6 +10,12 @@ Hugging Face loaders read. Both engines' checkpoints export:
   its global name, whatever TP/PP/EP/ETP/DP layout wrote it, so each tensor is read whole
   with ``torch.distributed.checkpoint`` and renamed through :mod:`muse_stack.engines.mcore.weights`.
 
+An adapter checkpoint (a peft run, either engine) exports with ``--adapters-only`` (the Hugging
+Face ``peft`` layout, :func:`muse_stack.model.peft_io.export_adapters_hf_peft`) or ``--merge``
+(the base, rebuilt from the checkpoint or seed it names and checked against the saved identity,
+with the adapters folded in); a megatron base initialised from the seed is not on disk, so
+``--merge`` of it is refused.
+
 Tensors are read one shard's worth at a time, so host memory stays near one shard. The
 export is written to a private folder renamed to OUT only when complete; an existing OUT is
 refused.
@@ -203,10 +209,142 @@ def write_hf(out: Path, config: ModelConfig, specs: list[Spec], get: Getter, *,
     return out
 
 
+# ---- adapter checkpoints (LoRA / DoRA) ---------------------------------------------------
+def adapter_meta(folder: Path, engine: str) -> dict | None:
+    """The adapter settings and base identity of a step folder, or None for a full checkpoint."""
+    if engine == "megatron":
+        from muse_stack.engines.mcore.peft_checkpoint import read_meta
+
+        return read_meta(folder)
+    from muse_stack.model.peft_io import ADAPTER_META, read_adapter_meta
+
+    return read_adapter_meta(folder) if (folder / ADAPTER_META).exists() else None
+
+
+def adapter_tensors(folder: Path, engine: str) -> dict[str, torch.Tensor]:
+    """The adapter tensors of a step folder by their reference names, whole (a megatron
+    dist-checkpoint stores them so: :mod:`muse_stack.engines.mcore.peft_checkpoint`)."""
+    if engine != "megatron":
+        from safetensors.torch import load_file
+
+        from muse_stack.model.peft_io import ADAPTER_FILE
+
+        return load_file(str(folder / ADAPTER_FILE))
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from muse_stack.engines.mcore.peft_checkpoint import adapter_keys
+
+    try:
+        meta = dcp.FileSystemReader(str(folder)).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - any unreadable metadata is the same user error
+        raise InputError(f"cannot read the dist-checkpoint's metadata ({exc})", field="checkpoint",
+                         value=str(folder), fix="the checkpoint is incomplete or not a torch_dist checkpoint") from exc
+    entries = meta.state_dict_metadata
+    box = {k: torch.empty(tuple(entries[k].size), dtype=entries[k].properties.dtype)
+           for k in adapter_keys(entries) if isinstance(entries[k], TensorStorageMetadata)}
+    if not box:
+        raise InputError("the dist-checkpoint holds no adapter tensors", field="checkpoint", value=str(folder),
+                         fix="export a checkpoint written by a peft run of this version of muse-stack")
+    dcp.load(box, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
+    return box
+
+
+def _adapted_model(config: ModelConfig, settings, tensors: dict[str, torch.Tensor], *, base: torch.nn.Module | None):
+    """A reference model with ``settings``' adapters holding ``tensors``: on the meta device
+    (adapters only real) when ``base`` is None, else ``base`` itself with the adapters attached."""
+    from muse_stack.model import MuseSparkForCausalLM
+    from muse_stack.model.peft import adapter_state_dict, apply_peft
+
+    if base is None:
+        with torch.device("meta"):
+            base = MuseSparkForCausalLM(config, seed=None)
+    apply_peft(base, settings, seed=0)  # initial values are replaced below
+    wanted = adapter_state_dict(base)
+    missing, extra = sorted(set(wanted) - set(tensors)), sorted(set(tensors) - set(wanted))
+    shaped = [k for k in wanted if k in tensors and tuple(tensors[k].shape) != tuple(wanted[k].shape)]
+    if missing or extra or shaped:
+        what = (f"missing {missing[:3]}" if missing else f"unexpected {extra[:3]}" if extra
+                else f"wrong shape {shaped[:3]}")
+        raise InputError(f"the checkpoint's adapters do not match its recipe's peft settings: {what}",
+                         field="checkpoint", value=len(tensors), fix="export a checkpoint written by this version")
+    meta_device = next(base.parameters()).device.type == "meta"
+    with torch.no_grad():
+        if meta_device:
+            base.load_state_dict({k: tensors[k].to(wanted[k].dtype) for k in wanted}, strict=False, assign=True)
+        else:
+            for k, t in wanted.items():
+                t.copy_(tensors[k])
+    return base
+
+
+def _merge_base(config: ModelConfig, engine: str, base_id: dict, folder: Path) -> torch.nn.Module:
+    """The base model the adapters sit on, on the CPU, checked against the saved identity."""
+    from muse_stack.model import MuseSparkForCausalLM, load_weights_into
+
+    path = base_id.get("path")
+    if path and not Path(path).is_dir():
+        raise InputError(f"--merge needs the base checkpoint the adapters sit on; {path} is not a directory here",
+                         field="--merge", value=path,
+                         fix="run the export where that checkpoint is, or use --adapters-only")
+    if not path and engine == "megatron":
+        raise InputError("--merge needs the base weights, but this run's megatron base was initialised from seed "
+                         f"{base_id.get('init_seed')} on the GPU and its weights are not on disk",
+                         field="--merge", value=str(folder),
+                         fix="use --adapters-only, or train with model.pretrained_checkpoint set to an HF checkpoint")
+    model = MuseSparkForCausalLM(config, seed=base_id.get("init_seed") if not path else 0)
+    if path:
+        load_weights_into(model, path)
+    if engine == "megatron":
+        from muse_stack.engines.mcore.peft_checkpoint import safetensors_headers_sha256
+
+        ours = safetensors_headers_sha256(path)
+        if ours != base_id.get("headers_sha256"):
+            raise InputError(f"the base checkpoint {path} is not the one the adapters were trained on "
+                             f"(headers sha256 {ours[:12]}, saved {str(base_id.get('headers_sha256'))[:12]})",
+                             field="--merge", value=path, fix="restore that checkpoint, or use --adapters-only")
+    else:
+        from muse_stack.model.peft_io import base_sha256
+
+        ours = base_sha256(model)
+        if ours != base_id.get("sha256"):
+            raise InputError(f"the base model rebuilt here is not the one the adapters were trained on "
+                             f"(sha256 {ours[:12]}, saved {str(base_id.get('sha256'))[:12]})",
+                             field="--merge", value=path or f"seed {base_id.get('init_seed')}",
+                             fix="restore the base checkpoint the run used, or use --adapters-only")
+    return model
+
+
+def export_adapter_run(folder: Path, engine: str, config: ModelConfig, meta: dict, out: Path, *,
+                       merge: bool) -> int:
+    """--adapters-only (the ``peft`` layout) or --merge (base + folded adapters, HF checkpoint)."""
+    from muse_stack.model.peft_io import export_adapters_hf_peft, export_merged
+    from muse_stack.recipes.peft import PeftSettings
+
+    p = meta["peft"]
+    settings = PeftSettings(scheme=p["scheme"], rank=p["rank"], alpha=p["alpha"], dropout=p["dropout"],
+                            targets=tuple(p["targets"]), per_expert=p["per_expert"])
+    base_id = meta.get("base") or {}
+    base = _merge_base(config, engine, base_id, folder) if merge else None  # refusals before any tensor is read
+    tensors = adapter_tensors(folder, engine)
+    model = _adapted_model(config, settings, tensors, base=base)
+    if merge:
+        export_merged(model, out)
+    else:
+        export_adapters_hf_peft(model, out, settings, base_model_name_or_path=base_id.get("hf_id") or base_id.get("path"),
+                                revision=base_id.get("revision"))
+    return len(tensors)
+
+
 def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
-               max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, progress: bool = False) -> tuple[Path, int, int]:
-    """Export the latest checkpoint of ``run_dir`` to ``out``; returns (out, step, tensors)."""
+               max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, progress: bool = False,
+               merge: bool = False, adapters_only: bool = False) -> tuple[Path, int, int]:
+    """Export the latest checkpoint of ``run_dir`` to ``out``; returns (out, step, tensors).
+    An adapter checkpoint needs ``merge`` (base + folded adapters) or ``adapters_only``."""
     run_dir, out = Path(run_dir), Path(out)
+    if merge and adapters_only:
+        raise InputError("--merge and --adapters-only exclude each other", field="--merge", value=True,
+                         fix="pass one: --merge (a plain HF checkpoint) or --adapters-only (the peft layout)")
     if out.exists():
         raise InputError("the export directory already exists; an export never overwrites", field="--hf",
                          value=str(out), fix="choose a new directory")
@@ -220,6 +358,19 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
                          fix="export a checkpoint written by muse-stack run")
     recipe = parse_recipe(yaml.safe_load(text), str(current.path / checkpoints.RECIPE))
     config = recipe.model_config_resolved()
+    meta = adapter_meta(current.path, recipe.engine)
+    if meta is None and (merge or adapters_only):
+        flag = "--merge" if merge else "--adapters-only"
+        raise InputError(f"{flag} exports adapters, but the checkpoint holds a full model", field=flag, value=True,
+                         fix=f"drop {flag}: the full model exports as it is")
+    if meta is not None:
+        if not (merge or adapters_only):
+            raise InputError("the checkpoint holds adapters only (the base is not copied)", field="--hf",
+                             value=str(current.path),
+                             fix="pass --adapters-only (the Hugging Face peft layout) or --merge (the base with "
+                                 "the adapters folded in, as a plain HF checkpoint)")
+        count = export_adapter_run(current.path, recipe.engine, config, meta, out, merge=merge)
+        return out, current.step, count
     if recipe.engine == "megatron":
         specs, get = megatron_source(current.path)
     else:
