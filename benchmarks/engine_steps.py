@@ -1,16 +1,11 @@
 """Throughput of the megatron engine's training step, with or without adapters, in one process.
 
-For a recipe with a ``peft`` block (which ``muse-stack run`` does not yet run on the megatron
-engine: its adapter checkpoints are not written) this drives the engine's own ``train_step``
-exactly as the runner does, and times each step with a CUDA synchronisation.
+This drives the engine's own ``train_step`` exactly as the runner does, with no checkpoints,
+logging or fingerprint around it, and times each step with a CUDA synchronisation: the same
+measurement for full training and for adapters on a frozen base.
 
-Model FLOPs per token (the runner's formula, :mod:`muse_stack.flops`, with N the active
-parameters and A the attention FLOPs of the forward pass):
-  full training:  3 x (2N + A)                     (forward, backward to inputs and to weights)
-  adapters:       2 x 2N + 3 x A + 6 x N_adapter   (the frozen base's forward and its backward to
-                  inputs, no weight gradients; attention has no weights, so its whole backward
-                  runs; N_adapter = the adapter parameters a token passes through: all dense
-                  adapters and top-k / E of the expert adapters)
+Model FLOPs per token: the runner's formula (:mod:`muse_stack.flops`), with the adapter form
+for a frozen base (forward and backward to inputs of the base, the adapters' full training).
 
     PYTHONPATH=. python benchmarks/engine_steps.py slice-1gpu [overrides...] --steps 30 --warmup 10 --out x.json
 """
@@ -38,10 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     from muse_stack.data import build_for_recipe
     from muse_stack.engines.base import TrainContext
     from muse_stack.engines.megatron import MegatronEngine
-    from muse_stack.flops import training_flops_per_token
+    from muse_stack.flops import FORMULA, PEFT_FORMULA, training_flops_per_token
     from muse_stack.recipes.catalogue import load_recipe
     from muse_stack.run.devmem import cuda_memory
-    from muse_stack.recipes.peft import adapter_params_per_layer, resolve
+    from muse_stack.recipes.peft import resolve
     from muse_stack.run.peak import peak_for
 
     recipe = load_recipe(args.recipe, [*args.overrides, f"training.steps={args.steps}"])
@@ -58,18 +53,11 @@ def main(argv: list[str] | None = None) -> int:
                      "step_time_s": time.perf_counter() - t0})
     window = rows[args.warmup:]
     tps = sum(r["tokens"] for r in window) / sum(r["step_time_s"] for r in window)
-    flops = training_flops_per_token(cfg, engine.seq_lens())
-    matmul, attention = flops["matmul_forward"], flops["attention_forward"]
-    adapter_active = 0.0
-    if recipe.peft is not None:
-        settings = resolve(recipe.peft, cfg)
-        dense, expert = adapter_params_per_layer(settings, cfg)
-        adapter_active = cfg.num_hidden_layers * (dense + expert * cfg.num_experts_per_tok / cfg.num_local_experts)
-        per_token = 2 * matmul + 3 * attention + 6 * adapter_active
-        formula = "2 x 2N + 3 x A + 6 x N_adapter (frozen base: forward and backward to inputs)"
-    else:
-        per_token = flops["training"]
-        formula = "3 x (2N + A)"
+    settings = resolve(recipe.peft, cfg) if recipe.peft is not None else None
+    flops = training_flops_per_token(cfg, engine.seq_lens(), peft=settings)
+    per_token = flops["training"]
+    adapter_active = flops.get("adapter_params_per_token", 0.0)
+    formula = PEFT_FORMULA if settings is not None else FORMULA
     peak, source = peak_for(recipe.hardware.gpu)
     describe = engine.describe()
     result = {

@@ -5,7 +5,7 @@
 #   usage: bash benchmarks/h200.sh STEP...   (default: smoke)
 #   all of benchmarks/: fingerprint parity proxy1 slice slice2 slicee slicee2 overhead proxy2 proxy2c
 #                       parity2 tp2 parity3 pp2 cp2 etp2 packed packedcp recompute resume resumectl ckptsave
-#                       export peftparity peftslice strict det profile
+#                       export peftparity peftslice strict det profile peftrun
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
 set -uo pipefail
@@ -84,6 +84,19 @@ for what in "${@:-smoke}"; do
   peftslice) # slice-1gpu with lora-64's adapters (rank 32), against full SFT of the same slice, same process kind
     one python3 benchmarks/engine_steps.py slice-1gpu $LORA64 --steps 30 --warmup 10 --out "$OUT/slice-lora64.json"
     one python3 benchmarks/engine_steps.py slice-1gpu --steps 30 --warmup 10 --out "$OUT/slice-full.json" ;;
+  peftrun) # muse-stack run with lora-64's adapters on the slice: train, interrupt + resume, export the adapters
+    rm -rf runs/peft-full runs/peft-part runs/peft-export
+    one $MS run slice-1gpu $LORA64 "frozen=[base]" training.checkpoint_interval=10 --steps 20 --out runs/peft-full --no-progress
+    keep peft/full runs/peft-full
+    one $MS run slice-1gpu $LORA64 "frozen=[base]" training.checkpoint_interval=10 --steps 20 --stop-after 10 \
+      --out runs/peft-part --no-progress; echo "stop-after rc=$? (1: interrupted)"
+    ls -la runs/peft-part/checkpoints/*/; cat runs/peft-part/checkpoints/step-00000010/adapter_base.json
+    one $MS run --resume runs/peft-part --no-progress
+    keep peft/part runs/peft-part
+    $MS compare runs/peft-full runs/peft-part --json --no-plot > "$OUT/peft/resume-compare.json"
+    $MS export runs/peft-full --hf runs/peft-export --adapters-only && ls -la runs/peft-export && \
+      cp runs/peft-export/adapter_config.json "$OUT/peft/"
+    $MS export runs/peft-full --hf runs/peft-merged --merge; echo "merge rc=$? (2: refused, a seeded base is not on disk)" ;;
   profile) # one slice-1gpu step by class of GPU work (benchmarks/profile_step.py)
     one python3 benchmarks/profile_step.py slice-1gpu --warmup 5 --steps 2 --out "$OUT/profile.json" \
       --trace "$OUT/profile-trace.json.gz" ;;

@@ -10,6 +10,13 @@ Per token, forward:
             (counting the query) gives the mean of min(p + 1, W) over positions p.
 Training = forward + backward = 3 x forward. With packed rows C_l is taken per sequence.
 
+With adapters (LoRA / DoRA on a frozen base) the base computes its forward and its backward to
+the inputs, but no weight gradients: 2 x 2 x N_active for the matmuls; attention has no weights,
+so its whole backward runs: 3 x attention; the adapters train in full: 6 x N_adapter, where
+N_adapter is the adapter parameters one token passes through (every dense adapter; of the
+expert adapters, top-k of E when each expert has its own, k passes through a shared one).
+The 6N form becomes 4 x N_active + 6 x N_adapter.
+
 MFU = model FLOP/s per GPU / peak FLOP/s per GPU. The 6N form, 6 x N_active x tokens/s /
 peak, leaves attention out; it is reported beside MFU so numbers compare with records
 that use it.
@@ -48,9 +55,26 @@ def attention_flops_per_token(cfg: ModelConfig, seq_lens: Sequence[int]) -> floa
     return flops / total_tokens
 
 
-def training_flops_per_token(cfg: ModelConfig, seq_lens: Sequence[int]) -> dict[str, float]:
+def adapter_params_per_token(settings, cfg: ModelConfig) -> float:
+    """N_adapter: the adapter parameters one token passes through (see the module docstring)."""
+    from muse_stack.recipes.peft import adapter_params_per_layer
+
+    dense, expert = adapter_params_per_layer(settings, cfg)
+    k = cfg.num_experts_per_tok
+    per_token_expert = expert * k / cfg.num_local_experts if settings.per_expert else expert * k
+    return float(cfg.num_hidden_layers * (dense + per_token_expert))
+
+
+def training_flops_per_token(cfg: ModelConfig, seq_lens: Sequence[int], peft=None) -> dict[str, float]:
+    """Per-token FLOPs; ``peft`` (resolved adapter settings) for a frozen base with adapters."""
     matmul = 2 * cfg.active_params
     attention = attention_flops_per_token(cfg, seq_lens)
+    if peft is not None:
+        adapters = adapter_params_per_token(peft, cfg)
+        return {"matmul_forward": float(matmul), "attention_forward": attention,
+                "adapter_params_per_token": adapters,
+                "training": 2 * matmul + 3 * attention + 6 * adapters,
+                "training_6n": 4.0 * cfg.active_params + 6 * adapters}
     return {
         "matmul_forward": float(matmul),
         "attention_forward": attention,
@@ -59,5 +83,7 @@ def training_flops_per_token(cfg: ModelConfig, seq_lens: Sequence[int]) -> dict[
     }
 
 
+PEFT_FORMULA = ("model FLOPs/token with adapters on a frozen base = 2 x 2 x N_active (forward, backward to inputs) "
+                "+ 3 x attention + 6 x N_adapter (adapter parameters a token passes through)")
 FORMULA = ("model FLOPs/token = 3 x (2 x N_active + sum over layers of 4 x heads x head_dim x mean keys per query); "
            "mean keys = (S+1)/2 for full attention, mean of min(p+1, W) for sliding layers")

@@ -42,3 +42,27 @@ def test_expert_adapters_keep_the_routed_expert_inputs():
         want = a.layers * extra * tokens * a.microbatches_in_flight / GIB
         assert abs((a.activations_gib - b.activations_gib) - want) < 1e-9
         assert a.activations_gib > b.activations_gib and a.grads_gib > b.grads_gib
+
+
+def test_adapter_flops_count_the_frozen_base_without_weight_gradients():
+    """2 x 2N + 3 x attention + 6 x N_adapter, N_adapter the adapter parameters a token passes
+    through: k of E per-expert adapters, k passes through one shared adapter (exact integers:
+    every term is a product of integers below 2^53, so the float sums are exact)."""
+    from muse_stack.flops import training_flops_per_token
+    from muse_stack.recipes.catalogue import load_recipe
+    from muse_stack.recipes.peft import adapter_params_per_layer, resolve
+
+    targets = "peft.targets=[self_attn.q_proj,mlp.experts.gate_up_proj]"
+    for per_expert in (True, False):
+        recipe = load_recipe("tiny-cpu", ["peft.scheme=lora", targets, f"peft.per_expert={str(per_expert).lower()}",
+                                          "peft.rank=4", "peft.alpha=8"])
+        cfg = recipe.model_config_resolved()
+        settings = resolve(recipe.peft, cfg)
+        full = training_flops_per_token(cfg, [64])
+        got = training_flops_per_token(cfg, [64], peft=settings)
+        dense, expert = adapter_params_per_layer(settings, cfg)
+        k, e = cfg.num_experts_per_tok, cfg.num_local_experts
+        per_token = cfg.num_hidden_layers * (dense + (expert * k / e if per_expert else expert * k))
+        assert got["adapter_params_per_token"] == per_token
+        assert got["training"] == 2 * full["matmul_forward"] + 3 * full["attention_forward"] + 6 * per_token
+        assert got["training"] < full["training"]

@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import Any
 
-from muse_stack.flops import FORMULA, training_flops_per_token
+from muse_stack.flops import FORMULA, PEFT_FORMULA, training_flops_per_token
 from muse_stack.model_config import ModelConfig
 
 
@@ -20,12 +20,12 @@ def measurement_window(steps_completed: int, warmup: int) -> tuple[int, int] | N
 
 def summarise(metrics: list[dict[str, Any]], *, model: ModelConfig, world_size: int, seq_lens: list[int],
               warmup: int, peak_tflops: float | None, peak_source: str, price_per_gpu_hour: float | None,
-              wall_seconds: float, status: str, device: str, engine: str) -> dict[str, Any]:
+              wall_seconds: float, status: str, device: str, engine: str, peft=None) -> dict[str, Any]:
     """Everything results.json reports. tokens/s per GPU is Σ tokens / Σ step time / GPUs over
     the window (the time-weighted mean of the per-step values in metrics.jsonl)."""
     done = len(metrics)
     window = measurement_window(done, warmup)
-    flops = training_flops_per_token(model, seq_lens)
+    flops = training_flops_per_token(model, seq_lens, peft=peft)
     out: dict[str, Any] = {
         "status": status,
         "steps_completed": done,
@@ -36,7 +36,7 @@ def summarise(metrics: list[dict[str, Any]], *, model: ModelConfig, world_size: 
         "engine": engine,
         "active_params": model.active_params,
         "flops_per_token": flops,
-        "flops_formula": FORMULA,
+        "flops_formula": PEFT_FORMULA if peft is not None else FORMULA,
         "peak_tflops": peak_tflops,
         "peak_source": peak_source,
         "wall_seconds": wall_seconds,

@@ -318,7 +318,8 @@ class Trainer:
                             price_per_gpu_hour=recipe.hardware.price_per_gpu_hour,
                             wall_seconds=self.prior_wall + time.time() - self.started, status=self.status,
                             device=engine.device if engine is not None else "unknown",
-                            engine=engine.name if engine is not None else recipe.engine)
+                            engine=engine.name if engine is not None else recipe.engine,
+                            peft=getattr(engine, "peft", None))
         results["recipe"] = recipe.name
         if self.rank_peaks is not None and self.env.world_size > 1:
             results["peak_memory_gib_by_rank"] = self.rank_peaks
