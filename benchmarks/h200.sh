@@ -5,7 +5,7 @@
 #   usage: bash benchmarks/h200.sh STEP...   (default: smoke)
 #   all of benchmarks/: fingerprint parity proxy1 slice slice2 slicee slicee2 overhead proxy2 proxy2c
 #                       parity2 tp2 parity3 pp2 cp2 etp2 packed packedcp recompute resume resumectl ckptsave
-#                       export peftparity peftslice strict det profile peftrun
+#                       export peftparity peftslice strict det profile peftrun detprobe
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
 set -uo pipefail
@@ -97,6 +97,9 @@ for what in "${@:-smoke}"; do
     $MS export runs/peft-full --hf runs/peft-export --adapters-only && ls -la runs/peft-export && \
       cp runs/peft-export/adapter_config.json "$OUT/peft/"
     $MS export runs/peft-full --hf runs/peft-merged --merge; echo "merge rc=$? (2: refused, a seeded base is not on disk)" ;;
+  detprobe) # where two deterministic runs part ways: weights, each module's forward output, each gradient
+    for k in a b; do one python3 benchmarks/det_probe.py proxy-1gpu numerics.deterministic=true --out "$OUT/probe-$k.json"; done
+    python3 benchmarks/det_probe.py --diff "$OUT/probe-a.json" "$OUT/probe-b.json" | tee "$OUT/probe-diff.json" ;;
   profile) # one slice-1gpu step by class of GPU work (benchmarks/profile_step.py)
     one python3 benchmarks/profile_step.py slice-1gpu --warmup 5 --steps 2 --out "$OUT/profile.json" \
       --trace "$OUT/profile-trace.json.gz" ;;

@@ -335,12 +335,12 @@ class MegatronEngine:
                               ep_rank=ps.get_expert_model_parallel_rank(),
                               dp_rank=ps.get_data_parallel_rank(with_context_parallel=True),
                               expert_dp_rank=ps.get_expert_data_parallel_rank())
-            if where.key in out:
-                raise RuntimeError(f"two adapter parameters of one rank map to {where.key}")
-            out[where.key] = ShardedTensor.from_rank_offsets(where.key, param, *where.rank_offsets,
-                                                             replica_id=where.replica_id,
-                                                             prepend_axis_num=where.prepend_axis_num)
-            self._adapter_params[where.key] = param
+            # keyed by the local parameter: a rank's local experts are several shards (at their
+            # global expert offsets) of one stacked checkpoint tensor, ``where.key``
+            out[name] = ShardedTensor.from_rank_offsets(where.key, param, *where.rank_offsets,
+                                                        replica_id=where.replica_id,
+                                                        prepend_axis_num=where.prepend_axis_num)
+            self._adapter_params[name] = param
         return out
 
     def save(self, directory: Path, step: int) -> None:
@@ -394,8 +394,8 @@ class MegatronEngine:
             try:
                 state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(directory))
                 if self.peft is not None:  # the adapter parameters, by their checkpoint keys
-                    for key, param in self._adapter_params.items():
-                        param.copy_(state["model"][key])
+                    for name, param in self._adapter_params.items():
+                        param.copy_(state["model"][name])
                 else:
                     self.model.module.load_state_dict(state["model"])
                 self.optimizer.load_state_dict(state["optimizer"])

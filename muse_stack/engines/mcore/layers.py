@@ -20,8 +20,9 @@ Composed from megatron-core and Transformer Engine modules (see :mod:`.spec`):
 * :class:`MuseSparkBlock` -- the layers of one pipeline stage (uneven first/last stages via
   megatron-core's layer offsets), full recompute, the final norm.
 
-Norms follow :mod:`muse_stack.model.norms` exactly; they run in fp32 and hand bf16 to the
-matmuls. The recipe's ``fusions.compile_elementwise`` fuses the elementwise chains with
+Norms follow :mod:`muse_stack.model.norms` exactly; they run in fp32 and hand the parameters'
+dtype to the matmuls (bf16; fp32 with ``precision: fp32``, :func:`set_matmul_dtype`). The
+recipe's ``fusions.compile_elementwise`` fuses the elementwise chains with
 ``torch.compile`` (:mod:`muse_stack.engines.mcore.fuse`).
 """
 
@@ -50,10 +51,21 @@ from muse_stack.model_config import ModelConfig
 
 
 # ---- elementwise math (fp32; the weightless rms is the reference model's) ----------------
+class _Matmul:
+    """The dtype the norms and gates hand to the matmuls: the parameters' dtype."""
+
+    dtype = torch.bfloat16
+
+
+def set_matmul_dtype(dtype: torch.dtype) -> None:
+    """bf16 (``precision: bf16``) or fp32 (``precision: fp32``); set before the model runs."""
+    _Matmul.dtype = dtype
+
+
 @elementwise
 def centered_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """rms(x) * (1 + w) in bf16 (the pre-norms and the pre-expert norm)."""
-    return (_rms(x, eps) * (1.0 + w.float())).to(torch.bfloat16)
+    """rms(x) * (1 + w) in the matmul dtype (the pre-norms and the pre-expert norm)."""
+    return (_rms(x, eps) * (1.0 + w.float())).to(_Matmul.dtype)
 
 
 @elementwise
@@ -80,13 +92,13 @@ def post_attention_residual(stream: torch.Tensor, attn: torch.Tensor, gate: torc
 
 @elementwise
 def qk_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return _rms(x, eps).to(torch.bfloat16)
+    return _rms(x, eps).to(_Matmul.dtype)
 
 
 @elementwise
 def output_gate(o: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
-    """rms(o) per head x sigmoid(g), bf16."""
-    return (_rms(o, eps) * torch.sigmoid(g.float())).to(torch.bfloat16)
+    """rms(o) per head x sigmoid(g), in the matmul dtype."""
+    return (_rms(o, eps) * torch.sigmoid(g.float())).to(_Matmul.dtype)
 
 
 @elementwise
@@ -103,8 +115,8 @@ def _fp32_param(size: int, value: float, sequence_parallel: bool) -> torch.nn.Pa
 
 
 def stored_gain_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """rms(x) * w in bf16 (the final norm)."""
-    return (_rms(x, eps) * w).to(torch.bfloat16)
+    """rms(x) * w in the matmul dtype (the final norm)."""
+    return (_rms(x, eps) * w).to(_Matmul.dtype)
 
 
 class _Norm(torch.nn.Module):
@@ -393,4 +405,4 @@ class MuseSparkBlock(MegatronModule):
 
 
 __all__ = ["MuseSparkAttention", "MuseSparkBlock", "MuseSparkExperts", "MuseSparkLayer", "MuseSparkMoE",
-           "MuseSparkRouter", "softcap_logits"]
+           "MuseSparkRouter", "softcap_logits", "set_matmul_dtype"]

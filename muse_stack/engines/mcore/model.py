@@ -86,6 +86,9 @@ class MuseSparkMCore(MegatronModule):
 def build_model(config, muse: ModelConfig, seq_length: int, pg_collection=None) -> MuseSparkMCore:
     from megatron.core import parallel_state as ps
 
+    from muse_stack.engines.mcore.layers import set_matmul_dtype
+
+    set_matmul_dtype(config.params_dtype)  # bf16, or fp32 under precision: fp32
     pp_rank = ps.get_pipeline_model_parallel_rank()
     return MuseSparkMCore(config, muse, seq_length=seq_length,
                           pre_process=ps.is_pipeline_first_stage(ignore_virtual=True),
