@@ -66,7 +66,9 @@ def test_committed_parity_results_within_tolerance():
                                   "slice-1gpu-eager", "slice-1gpu-mbs2-eager", "pp2", "cp2", "etp2", "tp2-recompute",
                                   "recompute/none", "recompute/full", "recompute/core-attn",
                                   "recompute/moe-act", "recompute/moe", *(f"resume/{t}-{k}" for t in ("ep2", "pp2")
-                                                                         for k in ("full", "part", "again"))])
+                                                                         for k in ("full", "part", "again")),
+                                  "det/proxy-1gpu-det-a", "det/proxy-1gpu-det-b", "det/proxy-1gpu-default-a",
+                                  "det/slice-1gpu-det-a", "det/slice-1gpu-det-b", "export-roundtrip/run"])
 def test_committed_results_follow_from_their_metrics(name):
     """results.json of each benchmark is what the run pipeline computes from its metrics.jsonl."""
     folder = BENCH / name

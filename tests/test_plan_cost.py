@@ -160,12 +160,23 @@ def test_nccl_buffers_per_communicator():
 
 def test_used_is_allocated_plus_each_term():
     u = used_memory(100.0, tp=2, pp=16, cp=1, ep=8, etp=1, dp=4, edp=4)
-    assert u.used_gib == pytest.approx(100.0 + u.allocator_reserve_gib + u.cuda_context_gib + u.workspaces_gib
+    assert u.used_gib == pytest.approx(100.0 + u.allocator_reserve_gib + u.outside_allocator_gib
                                        + sum(u.nccl_by_group.values()), rel=REL)
     assert set(u.nccl_by_group) >= {"tp", "dp", "ep (all-to-all)", "expert dp", "pp (send/recv)"}
 
 
 # ---- the fit and the validation the README prints ----------------------------------------
+
+def test_used_defaults_are_the_committed_measurement():
+    """The used-memory terms are fit_used.json's measurements (defaults rounded to 3 significant
+    digits: relative rounding <= 5e-3), and fit_used.json is what its script computes from the
+    committed benchmark files."""
+    fit = json.loads((PLAN / "fit_used.json").read_text())
+    assert _module("fit_used").measure() == fit
+    cal = UsedCalibration()
+    assert cal.allocator_reserve_fraction == pytest.approx(fit["allocator_reserve_fraction"], rel=5e-3)
+    assert cal.outside_allocator_gib == pytest.approx(fit["outside_allocator_gib"], rel=5e-3)
+
 
 def test_time_defaults_are_the_committed_fit():
     fit = json.loads((PLAN / "fit_time.json").read_text())

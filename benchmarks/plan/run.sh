@@ -3,8 +3,10 @@
 # Calibration) to the peak allocated memory of every uncompiled GPU run in benchmarks/, and print
 # each run's estimate with the fitted and the current defaults. fit.json is its output.
 # Then fit the step-time model's efficiencies (muse_stack/plan/cost.py, TimeCalibration) to the
-# runs' step times; fit_time.json is its output. Then time `muse-stack tune` on the B200 record.
+# runs' step times; fit_time.json is its output. fit_used.json: the allocator reserve and the memory
+# outside the allocator, measured on the runs that recorded device memory. Then the B200 record check and tune.
 set -euo pipefail
 python benchmarks/plan/fit.py --json benchmarks/plan/fit.json
 python benchmarks/plan/fit_time.py --json benchmarks/plan/fit_time.json
+python benchmarks/plan/fit_used.py --json benchmarks/plan/fit_used.json
 python benchmarks/plan/validate.py --json benchmarks/plan/validate.json

@@ -6,3 +6,4 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONPATH=/tmp/site:.
 CUDA_VISIBLE_DEVICES=0 python3 -m muse_stack.cli run slice-1gpu --out runs/slice-1gpu --no-progress
 # (measured as `slice-1gpu fusions.compile_elementwise=true`, which is the recipe's own setting)
+# profile.json / profile.md (a lent 1 x H200, the same stack): OUT=benchmarks/slice-1gpu bash benchmarks/h200.sh profile

@@ -85,10 +85,10 @@ def print_plan(plan: Plan) -> None:
                           f"runtime buffers {plan.calibration.runtime_overhead_gib} GiB)")
     if plan.used is not None:
         u = plan.used
-        reserve = (f"allocator reserve {u.allocator_reserve_gib:.1f}"
-                   if u.calibration.allocator_reserve_fraction else "allocator reserve not measured (0)")
+        reserve = (f"allocator reserve {u.allocator_reserve_gib:.1f} "
+                   f"({u.calibration.allocator_reserve_fraction:.1%}, measured)")
         console.print(f"expected used (nvidia-smi) {u.used_gib:.1f} GiB = allocated {u.allocated_gib:.1f} + {reserve} "
-                      f"+ CUDA context {u.cuda_context_gib:.2f} + workspaces {u.workspaces_gib:.2f} "
+                      f"+ outside the allocator {u.outside_allocator_gib:.2f} (context, kernels, workspaces; measured) "
                       f"+ NCCL buffers {u.nccl_gib:.2f} ({', '.join(f'{k} {v:.2f}' for k, v in u.nccl_by_group.items())})"
                       + ("" if plan.fits_used is not False else " [red]exceeds the GPU[/]"))
     print_time(plan)
