@@ -24,7 +24,6 @@ the baseline, and the total cost of each mode in seconds of training time
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -137,14 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
         "device_memory": cuda_memory(f"cuda:{torch.cuda.current_device()}"),
     }
-    print(json.dumps({k: v for k, v in result.items() if not k.endswith("steps_s")}, default=str), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-    import torch.distributed as dist
+    from muse_stack.benchio import finish
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    finish(result, args.out, omit=lambda k: k.endswith("steps_s"))
     return 0
 
 

@@ -13,7 +13,6 @@ for a frozen base (forward and backward to inputs of the base, the adapters' ful
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -74,14 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         "local_trainable_parameters": describe["local_trainable_parameters"], "adapters": describe["adapters"],
         "first_loss": rows[0]["loss"], "final_loss": rows[-1]["loss"], "steps": rows,
     }
-    print(json.dumps({k: v for k, v in result.items() if k != "steps"}), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-    import torch.distributed as dist
+    from muse_stack.benchio import finish
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    finish(result, args.out, omit=lambda k: k == "steps")
     return 0
 
 

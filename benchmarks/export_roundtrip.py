@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -100,14 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         "criterion": "tensors all bitwise equal; engine logits within 1.5x the reference's bf16 noise floor",
     }
     result["passed"] = not mismatched and engine_vs_fp32 <= 1.5 * floor
-    print(json.dumps({k: v for k, v in result.items() if k != "mismatched"}), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-    import torch.distributed as dist
+    from muse_stack.benchio import finish
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    finish(result, args.out, omit=lambda k: k == "mismatched")
     return 0 if result["passed"] else 1
 
 

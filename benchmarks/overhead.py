@@ -13,7 +13,6 @@ data iterator and host-to-device copies, and the loss/token reduction. Steps alt
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -80,14 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         "target_percent": 3.0, "device": torch.cuda.get_device_name(),
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
     }
-    print(json.dumps({k: v for k, v in result.items() if not k.endswith("step_s")}), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-    import torch.distributed as dist
+    from muse_stack.benchio import finish
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    finish(result, args.out, omit=lambda k: k.endswith("step_s"))
     return 0
 
 

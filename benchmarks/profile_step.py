@@ -172,16 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     result = {"recipe": args.recipe, "overrides": args.overrides, "device": torch.cuda.get_device_name(),
               "method": f"{args.warmup} warm-up steps, then {args.steps} steps under torch.profiler (CPU + CUDA)",
               "wall_seconds_per_step_profiled": wall, **summarise_trace(trace, args.steps)}
-    print(json.dumps({k: v for k, v in result.items() if k != "classes"}), flush=True)
     for row in result["classes"]:
         print(f"{row['class']:<24} {row['seconds_per_step']:8.4f} s  {100 * row['share_of_kernel_time']:5.1f}%")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-    import torch.distributed as dist
+    from muse_stack.benchio import finish
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    finish(result, args.out, omit=lambda k: k == "classes")
     return 0
 
 

@@ -15,7 +15,6 @@ identity (:mod:`muse_stack.engines.mcore.peft_checkpoint`).
 
 from __future__ import annotations
 
-import json
 import os
 from functools import partial
 from pathlib import Path
