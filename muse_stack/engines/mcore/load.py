@@ -9,6 +9,7 @@ columns it keeps (the GLU's gate and up halves as two row ranges), never the who
 
 from __future__ import annotations
 
+import abc
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,18 +23,21 @@ from muse_stack.errors import InputError
 Index = tuple[Any, ...]
 
 
-class Slices:
-    """Part-reads of named tensors, with a count of the bytes read."""
+class Slices(abc.ABC):
+    """Part-reads of named tensors, with a count of the bytes read (a checkpoint's or a state
+    dict's: the subclasses below)."""
 
     def __init__(self) -> None:
         self.bytes_read = 0
         self.reads = 0
 
+    @abc.abstractmethod
     def shape(self, name: str) -> tuple[int, ...]:
-        raise NotImplementedError
+        """The whole tensor's shape."""
 
+    @abc.abstractmethod
     def _read(self, name: str, index: Index) -> torch.Tensor:
-        raise NotImplementedError
+        """The part ``index`` of the tensor, read alone."""
 
     def read(self, name: str, index: Index = ()) -> torch.Tensor:
         t = self._read(name, index)

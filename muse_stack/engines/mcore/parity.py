@@ -135,6 +135,19 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
     return out
 
 
+def engine_forward_backward(engine, batch: dict[str, Any]) -> tuple[torch.Tensor, float]:
+    """The engine's logits and mean token loss on one batch (TP 1, PP 1), then one backward
+    with fresh gradient buffers: every trainable parameter's ``main_grad`` holds its gradient."""
+    logits = engine.eval_logits(batch)
+    prepared = engine._prepare(batch)
+    engine.model.zero_grad_buffer()
+    out = engine.model(prepared["input_ids"], labels=prepared["labels"], loss_mask=prepared["loss_mask"])
+    mask = (prepared["labels"] != -100) & prepared["loss_mask"].to(torch.bool)
+    loss = out.sum() / mask.sum()
+    loss.backward()
+    return logits, float(loss)
+
+
 def _train(engine, recipe, cfg, batch, steps: int, local: int) -> dict[str, Any]:
     from muse_stack.engines.reference import ReferenceEngine
 

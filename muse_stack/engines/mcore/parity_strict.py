@@ -427,13 +427,9 @@ def engine_fp32_pass(engine, batch, ref_grads: dict[str, torch.Tensor]):
     megatron-core's DDP), in the reference's names and shapes (expert weights stacked)."""
     from muse_stack.engines.mcore.weights import local_to_global, mcore_to_hf
 
-    logits = engine.eval_logits(batch)
-    prepared = engine._prepare(batch)
-    engine.model.zero_grad_buffer()
-    out = engine.model(prepared["input_ids"], labels=prepared["labels"], loss_mask=prepared["loss_mask"])
-    mask = (prepared["labels"] != -100) & prepared["loss_mask"].to(torch.bool)
-    loss = out.sum() / mask.sum()
-    loss.backward()
+    from muse_stack.engines.mcore.parity import engine_forward_backward
+
+    logits, loss = engine_forward_backward(engine, batch)
     off = engine.load_kwargs
     grads: dict[str, torch.Tensor] = {}
     unmapped: list[str] = []
@@ -452,7 +448,7 @@ def engine_fp32_pass(engine, batch, ref_grads: dict[str, torch.Tensor]):
             ref = ref_grads[target.hf_name]
             full = grads.setdefault(target.hf_name, torch.full(ref.shape, float("nan"), device=g.device))
             full[target.expert] = g
-    return logits, float(loss), grads, unmapped
+    return logits, loss, grads, unmapped
 
 
 def compare_fp32(cfg, recipe32, state, batch, device) -> dict[str, Any]:
@@ -593,10 +589,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     result = run(train_steps=args.train_steps, bf16=not args.skip_bf16)
-    print(json.dumps(summary(result)), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    from muse_stack.benchio import finish
+
+    finish(result, args.out, summary=summary(result))
     return 0 if result["passed"] else 1
 
 

@@ -24,7 +24,6 @@ expert; DoRA: attention). Three checks:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -90,13 +89,9 @@ def _engine_adapter_grads(engine, batch) -> tuple[torch.Tensor, float, dict[str,
     """The engine's loss and adapter gradients (main_grad of megatron-core's DDP) on ``batch``."""
     from muse_stack.engines.mcore.peft import mcore_to_reference
 
-    logits = engine.eval_logits(batch)
-    prepared = engine._prepare(batch)
-    engine.model.zero_grad_buffer()
-    out = engine.model(prepared["input_ids"], labels=prepared["labels"], loss_mask=prepared["loss_mask"])
-    mask = (prepared["labels"] != -100) & prepared["loss_mask"].to(torch.bool)
-    loss = out.sum() / mask.sum()
-    loss.backward()
+    from muse_stack.engines.mcore.parity import engine_forward_backward
+
+    logits, loss = engine_forward_backward(engine, batch)
     grads: dict[str, torch.Tensor] = {}
     off = engine.load_kwargs
     for name, p in engine.model.module.named_parameters():
@@ -106,7 +101,7 @@ def _engine_adapter_grads(engine, batch) -> tuple[torch.Tensor, float, dict[str,
         g = g if g is not None else p.grad
         where = mcore_to_reference(name, layer_offset=off["layer_offset"], expert_offset=off["expert_offset"])
         grads[name] = (where, g.detach().float().clone())
-    return logits, float(loss), grads
+    return logits, loss, grads
 
 
 def _stack_engine_grads(engine_grads, reference_grads) -> dict[str, torch.Tensor]:
@@ -204,10 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     result = run(args.scheme, train_steps=args.train_steps)
-    print(json.dumps({k: v for k, v in result.items() if k != "adapter_gradients"}), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    from muse_stack.benchio import finish
+
+    finish(result, args.out, omit=lambda k: k == "adapter_gradients")
     return 0 if result["passed"] else 1
 
 
