@@ -259,3 +259,34 @@ def test_the_engine_starts_from_the_reference_engines_initial_adapters(settings)
     stage = initial_adapters(settings, cfg, 5, range(1, 2))
     assert stage and all(".layers.1." in k for k in stage)
     assert all(torch.equal(stage[k], got[k]) for k in stage)
+
+
+def test_te_dtype_check_sees_only_the_linears_own_parameters():
+    """TE refuses a forward whose input dtype differs from any parameter under the module; DoRA's
+    float32 magnitude beside bf16 weights must not trip it, and the adapter stays attached."""
+    from muse_stack.engines.mcore.peft import _AdaptedLinear
+
+    class TEish(nn.Module):  # TE's check, as TransformerEngineBaseModule.set_activation_dtype does it
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.zeros(4, 4, dtype=torch.bfloat16))
+
+        def set_activation_dtype(self, inp):
+            for name, p in self.named_parameters():
+                if p.dtype != inp.dtype:
+                    raise TypeError(f"{name}: {p.dtype} vs {inp.dtype}")
+
+    plain = TEish()
+    plain.adapter = nn.Module()
+    plain.adapter.lora_magnitude = nn.Parameter(torch.ones(4))
+    x = torch.zeros(2, 4, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="lora_magnitude"):
+        plain.set_activation_dtype(x)  # the check this guards against
+    adapted = TEish()
+    adapted.adapter = plain.adapter
+    adapted.__class__ = type("AdaptedTEish", (_AdaptedLinear, TEish), {})
+    adapted.set_activation_dtype(x)
+    assert adapted.adapter is plain.adapter
+    with pytest.raises(TypeError, match="weight"):  # TE's own parameters are still checked
+        adapted.set_activation_dtype(x.float())
+    assert "adapter.lora_magnitude" in dict(adapted.named_parameters())

@@ -75,6 +75,16 @@ class MegatronEngine:
                 expert_model_parallel_size=lay.ep or 1, expert_tensor_parallel_size=lay.etp)
         seed = recipe.training.seed if recipe.training.seed is not None else 0
         model_parallel_cuda_manual_seed(seed)
+        # the CPU generator too: megatron-core draws the router weights on the CPU, and whatever a
+        # process did with that generator before (imports, data setup) must not move them. Offset
+        # per pipeline stage as megatron's own training loop seeds (seed + 100 x PP rank).
+        torch.default_generator.manual_seed(seed + 100 * ps.get_pipeline_model_parallel_rank())  # CPU only
+        #: TE's GEMMs rerouted to exact float32 under precision: fp32 (TE computes fp32 in TF32)
+        self.fp32_gemms: list[str] = []
+        if recipe.precision == "fp32":
+            from muse_stack.engines.mcore import fp32_gemm
+
+            self.fp32_gemms = fp32_gemm.install()
         self.config = transformer_config(recipe, ctx.model)
         fuse.configure(bool(recipe.fusions.compile_elementwise))
         self.pg = ProcessGroupCollection.use_mpu_process_groups()
@@ -293,6 +303,8 @@ class MegatronEngine:
                 "optimizer_positions_realigned": getattr(self, "reordered_optimizer_params", 0),
                 "attention": "TEDotProductAttention" + (" (THD packed)" if self.thd else ""), "experts": "TEGroupedMLP (grouped GEMM)",
                 "torch_compile_elementwise": fuse.enabled(),
+                "fp32_gemms": "torch float32, TF32 off (" + ", ".join(self.fp32_gemms) + ")" if self.fp32_gemms
+                else "transformer engine",
                 "peak_memory_kind": "max allocated (CUDA)"}
 
     # -- checkpoints (megatron-core dist-checkpointing) -----------------------------------

@@ -157,6 +157,16 @@ class _AdaptedLinear:
         out, bias = super().forward(x, *args, **kwargs)
         return out + self.adapter(x, out, self).to(out.dtype), bias
 
+    def set_activation_dtype(self, inp: torch.Tensor) -> None:
+        """TE checks that every parameter under the module has the input's dtype, the adapter's
+        included; those never enter TE's GEMM (DoRA's magnitude stays float32 beside bf16
+        weights), so the check runs with the adapter detached: TE's own parameters only."""
+        adapter = self._modules.pop("adapter")
+        try:
+            super().set_activation_dtype(inp)
+        finally:
+            self._modules["adapter"] = adapter
+
 
 class _AdaptedGroupedLinear:
     """Mixed into a TE grouped linear: per-local-expert adapters on the token groups ``m_splits``."""
