@@ -11,7 +11,6 @@ import stat
 import subprocess
 from pathlib import Path
 
-import pytest
 
 from muse_stack.stack import pylock, selfcheck, wheelset
 from muse_stack.stack.lock import load

@@ -8,7 +8,6 @@ they fall in.
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import sys

@@ -95,7 +95,7 @@ def print_plan(plan: Plan) -> None:
     for a in plan.assumptions:
         console.print(f"[yellow]assumed:[/] {a}")
     if plan.peft is not None and plan.peft["filled"]:
-        from muse_stack.recipes.peft import DEFAULTS_SOURCE, INIT
+        from muse_stack.recipes.peft import DEFAULTS_SOURCE
 
         console.print(f"[yellow]filled:[/] {', '.join(plan.peft['filled'])} (not stated by the recipe; "
                       f"{DEFAULTS_SOURCE})")
