@@ -50,7 +50,8 @@ def test_same_weights_same_loss_packed_rows():
 
 
 def test_committed_parity_results_within_tolerance():
-    names = sorted(p.name for p in (BENCH / "parity").glob("parity-*.json"))
+    # the loss-level parity runs (parity-strict*.json: the strict check, tested with the determinism results)
+    names = sorted(p.name for p in (BENCH / "parity").glob("parity-*.json") if not p.name.startswith("parity-strict"))
     assert {"parity-tp1.json", "parity-tp2.json", "parity-ep2.json"} <= set(names)
     for name in names:
         doc = json.loads((BENCH / "parity" / name).read_text())

@@ -14,3 +14,10 @@ torchrun --standalone --nproc-per-node 2 -m muse_stack.engines.mcore.parity --cp
 torchrun --standalone --nproc-per-node 2 -m muse_stack.engines.mcore.parity --cp 2 --packed --train-steps 3 --out parity-cp2-packed.json
 torchrun --standalone --nproc-per-node 2 -m muse_stack.engines.mcore.parity --etp 2 --train-steps 3 --out parity-etp2.json
 torchrun --standalone --nproc-per-node 2 -m muse_stack.engines.mcore.parity --tp 2 --packed --train-steps 3 --out parity-tp2-packed.json
+# on a lent 1 x H200 (the stack of ../det/proxy-1gpu-det-a/fingerprint.json, same lease):
+# strict float32 parity with negative controls and the bf16 floor; adapters against the reference engine
+CUDA_VISIBLE_DEVICES=0 python3 -m muse_stack.engines.mcore.parity_strict --out parity-strict.json
+CUDA_VISIBLE_DEVICES=0 python3 -m muse_stack.engines.mcore.peft_parity --scheme lora --out peft-parity-lora.json
+CUDA_VISIBLE_DEVICES=0 python3 -m muse_stack.engines.mcore.peft_parity --scheme dora --out peft-parity-dora.json
+# (parity-strict-te-tf32.json and peft-parity-lora-te-tf32.json: the same commands before precision: fp32
+#  ran TE's GEMMs in float32, kept as the measured effect of TE's TF32)
