@@ -203,6 +203,14 @@ def test_record_predictions_are_the_committed_ones(validation):
 
 
 def test_readme_prints_the_validation(validation):
+    readme = (ROOT / "README.md").read_text()
+    for key in ("tuned", "untuned"):
+        row = validation[key]
+        assert f"| {row['tokens_per_s_per_gpu']:.1f} | {row['measured']} | {row['error']:+.1%} |" in readme, key
+    assert f"| {validation['ratio']['predicted']:.2f} | {validation['ratio']['measured']:.2f} |" in readme
+    assert f"| {validation['used']['predicted_gib']:.1f} GiB | {validation['used']['measured_gib']} GiB |" in readme
+    assert f"{validation['ep4']['used_gib']:.1f} GiB: does not fit" in readme
+    assert validation["tune"]["best"][0]["label"] in readme
     planning = (ROOT / "docs" / "planning.md").read_text()
     for key in ("tuned", "untuned"):
         assert f"{validation[key]['tokens_per_s_per_gpu']:.1f}" in planning, key
