@@ -66,3 +66,38 @@ def test_adapter_flops_count_the_frozen_base_without_weight_gradients():
         assert got["adapter_params_per_token"] == per_token
         assert got["training"] == 2 * full["matmul_forward"] + 3 * full["attention_forward"] + 6 * per_token
         assert got["training"] < full["training"]
+
+
+#: lora-64's peft block, as benchmarks/h200.sh passes it to slice-1gpu (LORA64 there)
+LORA64_ON_SLICE = ["peft.scheme=lora", "peft.rank=32", "peft.alpha=32", "peft.dropout=0.0", "peft.per_expert=true",
+                   "peft.targets=[self_attn.q_proj,self_attn.k_proj,self_attn.v_proj,self_attn.o_proj,"
+                   "mlp.experts.gate_up_proj,mlp.experts.down_proj,mlp.pre_expert_proj,mlp.post_expert_proj]",
+                   "frozen=[base]"]
+
+
+def test_lora_64_scaled_to_one_gpu_is_the_measured_slice_run():
+    """recipes/overrides/lora-64-1gpu.txt scales lora-64 to one H200; what it trains is what the
+    committed adapter benchmark ran (slice-1gpu with lora-64's adapters): same model, layout,
+    batch, adapters, optimizer, seeds, data and numerics, so the same memory plan."""
+    from pathlib import Path
+
+    scale = (Path(__file__).resolve().parent.parent / "recipes" / "overrides" / "lora-64-1gpu.txt").read_text().split()
+    scaled = load_recipe("lora-64", scale)
+    slice_run = load_recipe("slice-1gpu", LORA64_ON_SLICE)
+    assert scaled.model_config_resolved() == slice_run.model_config_resolved()
+    for part in ("layout", "batch", "recompute", "fusions", "optimizer", "numerics", "hardware"):
+        a, b = getattr(scaled, part).model_dump(), getattr(slice_run, part).model_dump()
+        # descriptive fields of a layout (label, summary) and the price are not training settings
+        for k in ("label", "summary", "highlights", "instance", "price_per_gpu_hour"):
+            a.pop(k, None), b.pop(k, None)
+        assert a == b, part
+    # the same adapters; lora-64 leaves the dropout to the documented table (0.0), the slice run states it
+    mine, theirs = (resolve(r.peft, r.model_config_resolved()).as_dict() for r in (scaled, slice_run))
+    assert mine.pop("filled") == ["peft.dropout = 0.0"] and theirs.pop("filled") == []
+    assert mine == theirs
+    assert scaled.frozen == slice_run.frozen == ["base"] and scaled.precision == slice_run.precision
+    assert (scaled.training.seed, scaled.training.steps) == (slice_run.training.seed, slice_run.training.steps)
+    assert (scaled.data.kind, scaled.data.builder, scaled.data.seed) == ("synthetic", "synthetic", slice_run.data.seed)
+    a, _ = make_plan(scaled)
+    b, _ = make_plan(slice_run)
+    assert a.peak_memory_gib == b.peak_memory_gib and a.fits
