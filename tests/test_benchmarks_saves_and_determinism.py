@@ -34,6 +34,13 @@ def test_deterministic_verdict_follows_from_the_metrics(recipe):
         assert '"deterministic": true' in fp and '"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"' in fp
 
 
+def test_runs_before_the_seed_fix_differ_from_step_1():
+    folder = BENCH / "det" / "before-seed-fix"
+    again = compare_runs(folder / "proxy-1gpu-det-a", folder / "proxy-1gpu-det-b", make_plot=False).bitwise
+    assert again == json.loads((folder / "proxy-1gpu-det-compare.json").read_text())["bitwise"]
+    assert again["identical"] is False and again["first_difference"]["step"] == 1
+
+
 def test_deterministic_cost_table_restates_the_runs():
     rows = {}
     for run in ("det-a", "det-b", "default-a"):

@@ -27,11 +27,11 @@ BENCH = Path(__file__).resolve().parents[1]
 
 #: (folder or file under benchmarks/, what ran, counted in the reserve fit)
 RUNS = [
-    ("det/proxy-1gpu-default-a/results.json", "proxy-1gpu, default numerics, 20 steps", True),
+    ("det/before-seed-fix/proxy-1gpu-default-a/results.json", "proxy-1gpu, default numerics, 20 steps", True),
     ("ckpt-save/ckpt-save.json", "slice-1gpu, default numerics, 72 steps with two checkpoint saves", True),
-    ("det/proxy-1gpu-det-a/results.json", "proxy-1gpu, numerics.deterministic", False),
+    ("det/before-seed-fix/proxy-1gpu-det-a/results.json", "proxy-1gpu, numerics.deterministic", False),
     ("det/slice-1gpu-det-a/results.json", "slice-1gpu, numerics.deterministic", False),
-    ("peft-lora-slice/full/results.json", "slice-1gpu with lora-64's adapters, 10 steps", False),
+    ("peft-lora-slice/full/results.json", "slice-1gpu with lora-64's adapters, 20 steps", False),
 ]
 
 
