@@ -101,3 +101,31 @@ def test_lora_64_scaled_to_one_gpu_is_the_measured_slice_run():
     a, _ = make_plan(scaled)
     b, _ = make_plan(slice_run)
     assert a.peak_memory_gib == b.peak_memory_gib and a.fits
+
+
+def test_step_time_of_a_frozen_base_drops_the_weight_gradients():
+    """With adapters the base GEMMs' backward is data gradients only: per micro-batch, the base
+    GEMM terms are 2x their forward instead of 3x, plus the adapters' GEMMs 3x theirs."""
+    from muse_stack.hardware import gpu_spec
+    from muse_stack.plan.cost import TimeCalibration, adapter_terms
+
+    full_recipe = load_recipe("slice-1gpu")
+    peft_recipe = load_recipe("slice-1gpu", LORA64_ON_SLICE)
+    full, _ = make_plan(full_recipe)
+    peft, _ = make_plan(peft_recipe)
+    model = peft_recipe.model_config_resolved()
+    spec = gpu_spec("H200")
+    adapters = adapter_terms(resolve(peft_recipe.peft, model), model, spec, TimeCalibration(),
+                             tokens=peft_recipe.batch.seq_length, tp=1, ep=1, etp=1)
+    layers, micro = model.num_hidden_layers, peft.time.microbatches
+    assert adapters["dense_gemm"] > 0 and adapters["expert_gemm"] > 0
+    # the identity is exact up to float rounding
+    # (a handful of additions of numbers of one magnitude: relative 1e-12 is far above 1e-16 x terms)
+    want = full.time.terms_s["expert_gemm"] * 2 / 3 + 3 * adapters["expert_gemm"] * layers * micro
+    assert abs(peft.time.terms_s["expert_gemm"] - want) <= 1e-12 * want
+    # dense GEMMs likewise, the (frozen) output layer included
+    want = full.time.terms_s["dense_gemm"] * 2 / 3 + 3 * adapters["dense_gemm"] * layers * micro
+    assert abs(peft.time.terms_s["dense_gemm"] - want) <= 1e-12 * want
+    assert peft.time.step_s < full.time.step_s
+    # the MFU counts the adapter FLOPs: 2 x 2N + 3A + 6 N_adapter per token
+    assert peft.time.mfu < full.time.mfu

@@ -25,6 +25,11 @@ forward for GEMMs and elementwise work, 2.5 x for attention, which recomputes QK
   bound for GPUs of the same NVLink domain over NVLink, the rest over the scale-out network;
 * the CP exchange (A2A: q, k, v and the output; P2P: the K/V ring of full-attention layers).
 
+Adapters on a frozen base (a ``peft`` block): the base GEMMs' backward computes data gradients
+only (1 x the forward instead of 2 x: no weight gradients), and the adapters' own GEMMs (``x A^T``
+then ``h B^T``, rank r; per local expert for expert targets) run forward, with both gradients in
+the backward, on the same roofline.
+
 A 1F1B pipeline of ``m`` micro-batches over stages of per-micro-batch time ``t_s`` (including the
 point-to-point send of the boundary activations) takes ``(m - 1) x max t_s + sum t_s / VPP``: the
 slowest stage sets the steady state, the fill and drain pass every stage once (uneven first and
@@ -206,6 +211,35 @@ BACKWARD = {"dense_gemm": 2.0, "expert_gemm": 2.0, "attention": 2.5, "elementwis
             "tp_comm": 1.5, "ep_alltoall": 1.0, "cp_comm": 2.0}
 
 
+#: backward / forward of the base GEMMs under a frozen base: data gradients only
+FROZEN_BACKWARD = {"dense_gemm": 1.0, "expert_gemm": 1.0, "tp_comm": 1.0}
+
+
+def adapter_terms(settings, model: ModelConfig, spec: GpuSpec, cal: TimeCalibration, *, tokens: int, tp: int,
+                  ep: int, etp: int) -> dict[str, float]:
+    """Forward seconds of one decoder layer's adapter GEMMs for one micro-batch: dense targets on
+    the layer's tokens (A whole and B split over TP on column-parallel linears, A split and B whole
+    on row-parallel ones, whole on the latent projections), expert targets on each local expert's
+    routed slots (balanced routing)."""
+    from muse_stack.recipes.peft import DUPLICATED, EXPERT_TARGETS, ROW_PARALLEL, target_shape
+
+    r = settings.rank
+    local = model.num_local_experts / ep
+    per_expert = model.num_experts_per_tok * (tokens / tp) * etp / local
+    dense = expert = 0.0
+    for target in settings.targets:
+        fan_in, fan_out = target_shape(target, model)
+        split = etp if target in EXPERT_TARGETS else 1 if target in DUPLICATED else tp
+        k_in, n_out = (fan_in / split, fan_out) if target in ROW_PARALLEL else (fan_in, fan_out / split)
+        if target in EXPERT_TARGETS:
+            expert += (gemm_time(per_expert, k_in, r, spec, cal.gemm_efficiency_expert, local)
+                       + gemm_time(per_expert, r, n_out, spec, cal.gemm_efficiency_expert, local))
+        else:
+            dense += (gemm_time(tokens, k_in, r, spec, cal.gemm_efficiency_dense)
+                      + gemm_time(tokens, r, n_out, spec, cal.gemm_efficiency_dense))
+    return {"dense_gemm": dense, "expert_gemm": expert}
+
+
 def recomputed_share(granularity: str, modules: list[str] | None, act: dict[str, float]) -> dict[str, float]:
     """Which forward terms run again in the backward pass, as shares of each term. Selective
     recompute of ``moe_act`` or ``moe`` reruns the elementwise work in proportion to the
@@ -255,14 +289,25 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     fwd = {key: full_share * full[key] + (1 - full_share) * slide[key] for key in full}
     rec = recomputed_share(recipe.recompute.granularity or "none", recipe.recompute.modules,
                            layer_activation_bytes_per_token(model, tp, sp, etp=etp))
-    per_layer = {key: fwd[key] * (1 + BACKWARD[key]) for key in fwd}
-    per_layer["recompute"] = sum(fwd[key] * share for key, share in rec.items())
+    settings = None
+    backward = dict(BACKWARD)
+    adapters = dict.fromkeys(("dense_gemm", "expert_gemm"), 0.0)
+    if recipe.peft is not None:
+        from muse_stack.recipes.peft import resolve
+
+        settings = resolve(recipe.peft, model)
+        backward.update(FROZEN_BACKWARD)
+        adapters = adapter_terms(settings, model, spec, cal, tokens=tokens, tp=tp, ep=ep, etp=etp)
+    # the adapters' backward computes both their weight and their input gradients: 2 x the forward
+    per_layer = {key: fwd[key] * (1 + backward[key]) + 3 * adapters.get(key, 0.0) for key in fwd}
+    per_layer["recompute"] = sum((fwd[key] + adapters.get(key, 0.0)) * share for key, share in rec.items())
     # pipeline boundary: the SP-split hidden states forward, their gradient back
     p2p_bytes = BF16 * (tokens / tp if sp else tokens) * model.hidden_size
     stage_stride = world // pp
     p2p = 0.0 if pp == 1 else 2 * vpp * p2p_bytes / (
         link_gbps(stage_stride + 1, per_node, spec, cal.link_efficiency) * 1e9)
-    out_gemm = gemm_time(tokens, model.hidden_size, model.vocab_size / tp, spec, cal.gemm_efficiency_dense) * 3
+    out_gemm = gemm_time(tokens, model.hidden_size, model.vocab_size / tp, spec, cal.gemm_efficiency_dense) * (
+        1 + backward["dense_gemm"])  # the output layer: frozen too under adapters
     stage_terms: list[TermTimes] = []
     for s, n in enumerate(stages):
         terms = {key: n * val for key, val in per_layer.items()}
@@ -300,7 +345,7 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     terms_s["optimizer"] = optimizer
     tokens_step = batch.gbs * seq
     tps = tokens_step / step / world
-    flops = training_flops_per_token(model, seq_lens)
+    flops = training_flops_per_token(model, seq_lens, peft=settings)
     peak = spec.peak_bf16_tflops * 1e12
     price = recipe.hardware.price_per_gpu_hour
     return StepTime(
