@@ -5,7 +5,7 @@
 #   usage: bash benchmarks/h200.sh STEP...   (default: smoke)
 #   all of benchmarks/: fingerprint parity proxy1 slice slice2 slicee slicee2 overhead proxy2 proxy2c
 #                       parity2 tp2 parity3 pp2 cp2 etp2 packed packedcp recompute resume resumectl ckptsave
-#                       export peftparity peftslice strict det profile peftrun detprobe
+#                       export peftparity peftslice strict det profile peftrun detprobe levers
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
 set -uo pipefail
@@ -97,6 +97,14 @@ for what in "${@:-smoke}"; do
     $MS export runs/peft-full --hf runs/peft-export --adapters-only && ls -la runs/peft-export && \
       cp runs/peft-export/adapter_config.json "$OUT/peft/"
     $MS export runs/peft-full --hf runs/peft-merged --merge; echo "merge rc=$? (2: refused, a seeded base is not on disk)" ;;
+  levers) # slice-1gpu step time under candidate settings not yet recipe fields (environment only), 30 steps each:
+    # TE's CUTLASS grouped GEMM for the experts, more hardware queues for TE's multi-stream grouped GEMM, MBS 2
+    one python3 benchmarks/engine_steps.py slice-1gpu --steps 30 --warmup 10 --out "$OUT/lever-base.json"
+    NVTE_USE_CUTLASS_GROUPED_GEMM=1 NVTE_CUTLASS_GROUPED_GEMM_WARN_FALLBACK=1 \
+      one python3 benchmarks/engine_steps.py slice-1gpu --steps 30 --warmup 10 --out "$OUT/lever-cutlass.json"
+    CUDA_DEVICE_MAX_CONNECTIONS=8 one python3 benchmarks/engine_steps.py slice-1gpu --steps 30 --warmup 10 \
+      --out "$OUT/lever-connections8.json"
+    one python3 benchmarks/engine_steps.py slice-1gpu batch.mbs=2 --steps 30 --warmup 10 --out "$OUT/lever-mbs2.json" ;;
   detprobe) # where two deterministic runs part ways: weights, each module's forward output, each gradient
     for k in a b; do one python3 benchmarks/det_probe.py proxy-1gpu numerics.deterministic=true --out "$OUT/probe-$k.json"; done
     python3 benchmarks/det_probe.py --diff "$OUT/probe-a.json" "$OUT/probe-b.json" | tee "$OUT/probe-diff.json" ;;
