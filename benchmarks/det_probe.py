@@ -16,6 +16,8 @@ import hashlib
 import json
 import sys
 
+from muse_stack.benchio import megatron_engine
+
 
 def _digest(t) -> str:
     """sha256 of the tensor's bytes (its dtype reinterpreted as bytes: equal digests, equal bits)."""
@@ -28,14 +30,7 @@ def _digest(t) -> str:
 def probe(recipe_name: str, overrides: list[str]) -> dict:
     import torch
 
-    from muse_stack.data import build_for_recipe
-    from muse_stack.engines.base import TrainContext
-    from muse_stack.engines.megatron import MegatronEngine
-    from muse_stack.recipes.catalogue import load_recipe
-
-    recipe = load_recipe(recipe_name, [*overrides, "training.steps=2"])
-    engine = MegatronEngine(TrainContext(recipe=recipe, model=recipe.model_config_resolved(),
-                                         data=build_for_recipe(recipe, progress=False), total_steps=2))
+    _, engine = megatron_engine(recipe_name, overrides, 2)
     module = engine.model.module
     weights = {n: _digest(p) for n, p in module.named_parameters()}
     outputs: list[list[str]] = []

@@ -12,36 +12,25 @@ for a frozen base (forward and backward to inputs of the base, the adapters' ful
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 
 import torch
 
+from muse_stack.benchio import finish, megatron_engine, recipe_args
+
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("recipe")
-    ap.add_argument("overrides", nargs="*")
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    args = recipe_args(steps=30, warmup=10).parse_args(argv)
 
-    from muse_stack.data import build_for_recipe
-    from muse_stack.engines.base import TrainContext
-    from muse_stack.engines.megatron import MegatronEngine
     from muse_stack.flops import FORMULA, PEFT_FORMULA, training_flops_per_token
-    from muse_stack.recipes.catalogue import load_recipe
     from muse_stack.run.devmem import cuda_memory
     from muse_stack.recipes.peft import resolve
     from muse_stack.run.peak import peak_for
 
-    recipe = load_recipe(args.recipe, [*args.overrides, f"training.steps={args.steps}"])
+    recipe, engine = megatron_engine(args.recipe, args.overrides, args.steps)
     cfg = recipe.model_config_resolved()
-    data = build_for_recipe(recipe, progress=False)
-    engine = MegatronEngine(TrainContext(recipe=recipe, model=cfg, data=data, total_steps=args.steps))
     rows = []
     for step in range(1, args.steps + 1):
         torch.cuda.synchronize()
@@ -73,8 +62,6 @@ def main(argv: list[str] | None = None) -> int:
         "local_trainable_parameters": describe["local_trainable_parameters"], "adapters": describe["adapters"],
         "first_loss": rows[0]["loss"], "final_loss": rows[-1]["loss"], "steps": rows,
     }
-    from muse_stack.benchio import finish
-
     finish(result, args.out, omit=lambda k: k == "steps")
     return 0
 

@@ -12,35 +12,22 @@ data iterator and host-to-device copies, and the loss/token reduction. Steps alt
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 
 import torch
 
+from muse_stack.benchio import finish, megatron_engine, recipe_args
+
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("recipe")
-    ap.add_argument("overrides", nargs="*")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    args = recipe_args(steps=10, warmup=3).parse_args(argv)
 
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from muse_stack.data import build_for_recipe
-    from muse_stack.engines.base import TrainContext
-    from muse_stack.engines.megatron import MegatronEngine
-    from muse_stack.recipes.catalogue import load_recipe
-
     total = 2 * (args.steps + args.warmup)
-    recipe = load_recipe(args.recipe, [*args.overrides, f"training.steps={total}"])
-    data = build_for_recipe(recipe, progress=False)
-    model_cfg = recipe.model_config_resolved()
-    engine = MegatronEngine(TrainContext(recipe=recipe, model=model_cfg, data=data, total_steps=total))
+    recipe, engine = megatron_engine(args.recipe, args.overrides, total)
     fixed = [engine._prepare(next(engine._batches)) for _ in range(engine.micro_batches)]
 
     def minimal_step() -> float:
@@ -79,8 +66,6 @@ def main(argv: list[str] | None = None) -> int:
         "target_percent": 3.0, "device": torch.cuda.get_device_name(),
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
     }
-    from muse_stack.benchio import finish
-
     finish(result, args.out, omit=lambda k: k.endswith("step_s"))
     return 0
 

@@ -25,7 +25,6 @@ from the profiled steps' span). Times are per step, the mean over the profiled s
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import gzip
 import json
@@ -36,6 +35,8 @@ import tempfile
 from collections import defaultdict
 
 import torch
+
+from muse_stack.benchio import finish, megatron_engine, recipe_args
 
 CLASSES = ["communication", "optimizer", "grouped expert GEMM", "attention", "router and permutation", "loss",
            "dense GEMM", "norms and elementwise"]
@@ -130,26 +131,14 @@ def summarise_trace(trace: dict, steps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("recipe")
-    ap.add_argument("overrides", nargs="*")
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--out", default=None)
+    ap = recipe_args(steps=2, warmup=5)
     ap.add_argument("--trace", default=None, help="also keep the Chrome trace (gzip)")
     args = ap.parse_args(argv)
 
     from torch.profiler import ProfilerActivity, profile
 
-    from muse_stack.data import build_for_recipe
-    from muse_stack.engines.base import TrainContext
-    from muse_stack.engines.megatron import MegatronEngine
-    from muse_stack.recipes.catalogue import load_recipe
-
     total = args.warmup + args.steps
-    recipe = load_recipe(args.recipe, [*args.overrides, f"training.steps={total}"])
-    engine = MegatronEngine(TrainContext(recipe=recipe, model=recipe.model_config_resolved(),
-                                         data=build_for_recipe(recipe, progress=False), total_steps=total))
+    _, engine = megatron_engine(args.recipe, args.overrides, total)
     for step in range(1, args.warmup + 1):
         engine.train_step(step)
     torch.cuda.synchronize()
@@ -174,8 +163,6 @@ def main(argv: list[str] | None = None) -> int:
               "wall_seconds_per_step_profiled": wall, **summarise_trace(trace, args.steps)}
     for row in result["classes"]:
         print(f"{row['class']:<24} {row['seconds_per_step']:8.4f} s  {100 * row['share_of_kernel_time']:5.1f}%")
-    from muse_stack.benchio import finish
-
     finish(result, args.out, omit=lambda k: k == "classes")
     return 0
 

@@ -1,11 +1,38 @@
-"""The end of every GPU benchmark and parity script (``benchmarks/``, ``engines/mcore/*parity*``): print the summary, write the JSON,
-close the process group."""
+"""What the GPU benchmark and parity scripts share (``benchmarks/``, ``engines/mcore/*parity*``):
+their command line, the engine they build from a recipe, and their end (print the summary,
+write the JSON, close the process group)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable
 from typing import Any
+
+
+def recipe_args(*, steps: int, warmup: int) -> argparse.ArgumentParser:
+    """``RECIPE [OVERRIDES...] --steps N --warmup N --out FILE``, with a script's own defaults."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("recipe")
+    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--warmup", type=int, default=warmup)
+    ap.add_argument("--out", default=None)
+    return ap
+
+
+def megatron_engine(name: str, overrides: list[str], steps: int):
+    """The recipe ``name`` with ``overrides`` and ``training.steps=steps``, and the megatron engine
+    built on it (its data included), as ``muse-stack run`` would build them; returns both."""
+    from muse_stack.data import build_for_recipe
+    from muse_stack.engines.base import TrainContext
+    from muse_stack.engines.megatron import MegatronEngine
+    from muse_stack.recipes.catalogue import load_recipe
+
+    recipe = load_recipe(name, [*overrides, f"training.steps={steps}"])
+    engine = MegatronEngine(TrainContext(recipe=recipe, model=recipe.model_config_resolved(),
+                                         data=build_for_recipe(recipe, progress=False), total_steps=steps))
+    return recipe, engine
 
 
 def finish(result: dict[str, Any], out: str | None, *, omit: Callable[[str], bool] = lambda key: False,

@@ -221,16 +221,14 @@ def adapter_terms(settings, model: ModelConfig, spec: GpuSpec, cal: TimeCalibrat
     the layer's tokens (A whole and B split over TP on column-parallel linears, A split and B whole
     on row-parallel ones, whole on the latent projections), expert targets on each local expert's
     routed slots (balanced routing)."""
-    from muse_stack.recipes.peft import DUPLICATED, EXPERT_TARGETS, ROW_PARALLEL, target_shape
+    from muse_stack.recipes.peft import EXPERT_TARGETS, local_shape
 
     r = settings.rank
     local = model.num_local_experts / ep
     per_expert = model.num_experts_per_tok * (tokens / tp) * etp / local
     dense = expert = 0.0
     for target in settings.targets:
-        fan_in, fan_out = target_shape(target, model)
-        split = etp if target in EXPERT_TARGETS else 1 if target in DUPLICATED else tp
-        k_in, n_out = (fan_in / split, fan_out) if target in ROW_PARALLEL else (fan_in, fan_out / split)
+        k_in, n_out = local_shape(target, model, tp=tp, etp=etp)
         if target in EXPERT_TARGETS:
             expert += (gemm_time(per_expert, k_in, r, spec, cal.gemm_efficiency_expert, local)
                        + gemm_time(per_expert, r, n_out, spec, cal.gemm_efficiency_expert, local))

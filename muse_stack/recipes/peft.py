@@ -69,6 +69,15 @@ def target_shape(target: str, model: ModelConfig) -> tuple[int, int]:
             "mlp.experts.down_proj": (i, hm)}[target]
 
 
+def local_shape(target: str, model: ModelConfig, *, tp: int = 1, etp: int = 1) -> tuple[float, float]:
+    """(in, out) of a target's adapter factors on one GPU: A [r, in] splits over TP (ETP for
+    expert targets) on a row-parallel linear, B [out, r] on a column-parallel one; the latent
+    projections are whole on every TP rank (as Megatron-Bridge's ParallelLinearAdapter)."""
+    fan_in, fan_out = target_shape(target, model)
+    split = etp if target in EXPERT_TARGETS else 1 if target in DUPLICATED else tp
+    return (fan_in / split, fan_out) if target in ROW_PARALLEL else (fan_in, fan_out / split)
+
+
 def resolve(peft, model: ModelConfig) -> PeftSettings:
     """Check a recipe's ``peft`` block against the model and fill what it leaves unstated from
     :data:`DEFAULTS`. A target the model does not have, a repeated target or DoRA on a
@@ -134,14 +143,9 @@ def adapter_params_per_layer(settings: PeftSettings, model: ModelConfig, *, tp: 
     r = settings.rank
     dense = expert = 0
     for target in settings.targets:
-        fan_in, fan_out = target_shape(target, model)
-        split = etp if target in EXPERT_TARGETS else 1 if target in DUPLICATED else tp
-        if target in ROW_PARALLEL:
-            count = r * fan_in // split + r * fan_out
-            magnitude = fan_out
-        else:
-            count = r * fan_in + r * fan_out // split
-            magnitude = fan_out // split
+        fan_in, fan_out = (int(n) for n in local_shape(target, model, tp=tp, etp=etp))
+        count = r * fan_in + r * fan_out
+        magnitude = fan_out  # DoRA's magnitude follows the base weight's (local) rows
         if settings.scheme == "dora":
             count += magnitude
         if target in EXPERT_TARGETS:
