@@ -23,7 +23,8 @@ Composed from megatron-core and Transformer Engine modules (see :mod:`.spec`):
 Norms follow :mod:`muse_stack.model.norms` exactly; they run in fp32 and hand the parameters'
 dtype to the matmuls (bf16; fp32 with ``precision: fp32``, :func:`set_matmul_dtype`). The
 recipe's ``fusions.compile_elementwise`` fuses the elementwise chains with
-``torch.compile`` (:mod:`muse_stack.engines.mcore.fuse`).
+``torch.compile`` (:mod:`muse_stack.engines.mcore.fuse`); the chains are in
+:mod:`muse_stack.engines.mcore.chains`.
 """
 
 from __future__ import annotations
@@ -44,66 +45,20 @@ from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_block import get_num_layers_to_build
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-from muse_stack.engines.mcore.fuse import elementwise
-from muse_stack.model.norms import rms_norm as _rms
-from muse_stack.model.residual import ALPHA_SQUARED_FLOOR, initial_gate_value
+from muse_stack.engines.mcore.chains import (
+    centered_norm,
+    gain_first_norm,
+    gated_residual,
+    output_gate,
+    post_attention_residual,
+    qk_norm,
+    set_matmul_dtype,
+    softcap_logits,
+    stored_gain_norm,
+    weighted_gain_first_norm,
+)
+from muse_stack.model.residual import initial_gate_value
 from muse_stack.model_config import ModelConfig
-
-
-# ---- elementwise math (fp32; the weightless rms is the reference model's) ----------------
-class _Matmul:
-    """The dtype the norms and gates hand to the matmuls: the parameters' dtype."""
-
-    dtype = torch.bfloat16
-
-
-def set_matmul_dtype(dtype: torch.dtype) -> None:
-    """bf16 (``precision: bf16``) or fp32 (``precision: fp32``); set before the model runs."""
-    _Matmul.dtype = dtype
-
-
-@elementwise
-def centered_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """rms(x) * (1 + w) in the matmul dtype (the pre-norms and the pre-expert norm)."""
-    return (_rms(x, eps) * (1.0 + w.float())).to(_Matmul.dtype)
-
-
-@elementwise
-def gain_first_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """rms(x * (1 + w)) in fp32 (post-FFN and post-expert norms)."""
-    return _rms(x.float() * (1.0 + w.float()), eps)
-
-
-@elementwise
-def gated_residual(stream: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, temperature: float) -> torch.Tensor:
-    """alpha * s + beta * branch (fp32), coefficients from the stored gate vector."""
-    u = gate.float() / temperature
-    beta = torch.sigmoid(u)
-    alpha = torch.sqrt(torch.clamp(torch.sigmoid(-u) * (1.0 + beta), min=ALPHA_SQUARED_FLOOR))
-    return alpha * stream + beta * branch.float()
-
-
-@elementwise
-def post_attention_residual(stream: torch.Tensor, attn: torch.Tensor, gate: torch.Tensor, eps: float,
-                            temperature: float) -> torch.Tensor:
-    """Weightless rms of the attention branch (post-norm eps), then the gated residual."""
-    return gated_residual(stream, _rms(attn, eps), gate, temperature)
-
-
-@elementwise
-def qk_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return _rms(x, eps).to(_Matmul.dtype)
-
-
-@elementwise
-def output_gate(o: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
-    """rms(o) per head x sigmoid(g), in the matmul dtype."""
-    return (_rms(o, eps) * torch.sigmoid(g.float())).to(_Matmul.dtype)
-
-
-@elementwise
-def softcap_logits(raw: torch.Tensor, multiplier: float, cap: float) -> torch.Tensor:
-    return cap * torch.tanh(raw.float() * (multiplier / cap))
 
 
 # ---- parameters -----------------------------------------------------------------------
@@ -112,11 +67,6 @@ def _fp32_param(size: int, value: float, sequence_parallel: bool) -> torch.nn.Pa
     # seen by each TP rank on its own tokens under sequence parallelism: reduce over TP
     setattr(p, "sequence_parallel", sequence_parallel)
     return p
-
-
-def stored_gain_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """rms(x) * w in the matmul dtype (the final norm)."""
-    return (_rms(x, eps) * w).to(_Matmul.dtype)
 
 
 class _Norm(torch.nn.Module):
@@ -276,10 +226,10 @@ class MuseSparkExperts(TEGroupedMLP):
             from torch.distributed.nn.functional import all_reduce
 
             out = all_reduce(out, group=self.etp_group)
-        out = self.post_expert_norm(out) * permuted_probs.unsqueeze(-1).float()
-        if self.etp > 1:
-            out = out / self.etp
-        return out.to(hidden.dtype), bias
+        if self.etp > 1:  # the weight divided by ETP: the combine's sum over ETP ranks restores it
+            permuted_probs = permuted_probs / self.etp
+        norm = self.post_expert_norm
+        return weighted_gain_first_norm(out.to(hidden.dtype), norm.weight, permuted_probs, norm.eps), bias
 
 
 class MuseSparkMoE(MoELayer):

@@ -1,6 +1,9 @@
 """The Muse Spark causal LM on megatron-core: embedding (+ parameter-free norm), the decoder
 layers of this pipeline stage, and on the last stage the final norm, the vocab-parallel
-output layer, ``logits x output_multiplier`` with the softcap, and the per-token loss."""
+output layer, ``logits x output_multiplier`` with the softcap, and the per-token loss: one
+compiled chain from the output matmul to the loss when the elementwise chains are compiled and
+the vocabulary is not split over TP; otherwise the softcap, then megatron-core's vocab-parallel
+cross-entropy (which, eager, launches fewer kernels than the chain would)."""
 
 from __future__ import annotations
 
@@ -11,10 +14,11 @@ from megatron.core.models.common.embeddings.language_model_embedding import Lang
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.transformer.module import MegatronModule
 
-from muse_stack.engines.mcore.layers import MuseSparkBlock, softcap_logits
+from muse_stack.engines.mcore import fuse
+from muse_stack.engines.mcore.chains import softcap_cross_entropy, softcap_logits, weightless_norm
+from muse_stack.engines.mcore.layers import MuseSparkBlock
 from muse_stack.engines.mcore.spec import muse_spark_layer_spec
 from muse_stack.model.loss import IGNORE_INDEX
-from muse_stack.model.norms import rms_norm
 from muse_stack.model_config import ModelConfig
 
 
@@ -41,6 +45,13 @@ class MuseSparkMCore(MegatronModule):
                                               cp_group=pg_collection.cp if pg_collection else None)
         self.decoder = MuseSparkBlock(config, muse_spark_layer_spec(), muse, pre_process, post_process,
                                       pg_collection=pg_collection, pp_rank=pp_rank)
+        #: the vocabulary is split over TP: the loss then needs megatron-core's vocab-parallel form
+        if pg_collection is not None:
+            self.vocab_split = pg_collection.tp.size()
+        else:
+            from megatron.core import parallel_state as ps
+
+            self.vocab_split = ps.get_tensor_model_parallel_world_size()
         if post_process:
             self.output_layer = TEColumnParallelLinear(
                 config.hidden_size, muse.vocab_size, config=config, init_method=config.output_layer_init_method,
@@ -63,7 +74,7 @@ class MuseSparkMCore(MegatronModule):
         attention crosses a boundary, as in the reference model."""
         stream = None
         if self.pre_process:
-            stream = rms_norm(self.embedding(input_ids, position_ids=None), self.muse.rms_norm_eps)
+            stream = weightless_norm(self.embedding(input_ids, position_ids=None), self.muse.rms_norm_eps)
         if packed_seq_params is not None:  # a table long enough for the longest sequence
             rotary = self.rotary_pos_emb(int(packed_seq_params.max_seqlen_q), packed_seq=True)
         else:
@@ -72,14 +83,18 @@ class MuseSparkMCore(MegatronModule):
         if not self.post_process:
             return hidden
         raw, _ = self.output_layer(hidden)
-        logits = softcap_logits(raw, self.muse.output_multiplier, self.muse.final_logit_softcapping)
+        multiplier, cap = self.muse.output_multiplier, self.muse.final_logit_softcapping
         if labels is None:
-            return logits
+            return softcap_logits(raw, multiplier, cap)
         target = labels.transpose(0, 1).contiguous()
         mask = target != IGNORE_INDEX
         if loss_mask is not None:
             mask = mask & loss_mask.transpose(0, 1).to(torch.bool)
-        per_token = tensor_parallel.vocab_parallel_cross_entropy(logits, torch.where(mask, target, 0))
+        target = torch.where(mask, target, 0)
+        if self.vocab_split == 1 and fuse.enabled():  # the whole vocabulary here, compiled: one chain
+            per_token = softcap_cross_entropy(raw, target, multiplier, cap)
+        else:
+            per_token = tensor_parallel.vocab_parallel_cross_entropy(softcap_logits(raw, multiplier, cap), target)
         return (per_token * mask).transpose(0, 1).contiguous()
 
 
