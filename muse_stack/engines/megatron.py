@@ -6,8 +6,9 @@ parallel state: TP (with sequence parallelism), PP (uneven first/last stages), C
 default), EP / ETP with the alltoall dispatcher, DP with megatron-core's DDP and distributed
 optimizer. Each optimizer step runs megatron-core's pipeline schedule
 (``get_forward_backward_func``) over GBS / (MBS x DP) micro-batches, with the loss summed per
-token and divided by the global supervised-token count (``calculate_per_token_loss``), so the
-loss and gradients are those of the reference engine. The LR of every step is
+token and divided by the global supervised-token count (``calculate_per_token_loss``; the division
+is applied to the loss before the backward rather than to every gradient after it), so the loss
+and gradients are those of the reference engine. The LR of every step is
 :func:`muse_stack.run.schedule.lr_at`. Checkpoints are megatron-core dist-checkpoints; with
 ``recipe.peft`` they hold the adapter tensors and their optimizer state only, plus the base's
 identity (:mod:`muse_stack.engines.mcore.peft_checkpoint`).
@@ -150,7 +151,9 @@ class MegatronEngine:
 
             self.reordered_optimizer_params = align_group_orders(self.optimizer)
         self.config.no_sync_func = self.model.no_sync
-        self.config.finalize_model_grads_func = finalize_model_grads
+        # the loss arrives divided by the global supervised-token count (train_step): no second pass
+        self.config.finalize_model_grads_func = partial(_finalize_prescaled, finalize_model_grads)
+        self._loss_scale = 1.0
         self.config.grad_scale_func = self.optimizer.scale_loss
 
         self.dp_rank = ps.get_data_parallel_rank(with_context_parallel=False)
@@ -212,7 +215,7 @@ class MegatronEngine:
         output = model(mb["input_ids"], labels=mb["labels"], loss_mask=mb["loss_mask"],
                        packed_seq_params=mb.get("packed_seq_params"))
         mask = (mb["labels"] != -100) & mb["loss_mask"].to(torch.bool)
-        return output, partial(_per_token_loss, mask)
+        return output, partial(_per_token_loss, mask, self._loss_scale)
 
     # -- one optimizer step ---------------------------------------------------------------
     def train_step(self, step: int) -> StepStats:
@@ -228,6 +231,7 @@ class MegatronEngine:
             cu = raw[0]["cu_seqlens"].tolist()
             self._seq_lens = [b - a for a, b in zip(cu, cu[1:])] or [width]
         micro = [self._prepare(mb) for mb in raw]
+        self._loss_scale = self._inverse_supervised_tokens(micro)
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         # THD micro-batches cross pipeline stages as [MBS x N, 1, H]
@@ -246,6 +250,17 @@ class MegatronEngine:
         dup = self._loss_copies()
         return StepStats(loss=loss_sum / max(supervised, 1.0), grad_norm=float(grad_norm or 0.0), lr=lr,
                          tokens=tokens, supervised_tokens=int(round(supervised / dup)))
+
+    def _inverse_supervised_tokens(self, micro: list[dict[str, Any]]) -> float:
+        """1 / the supervised tokens of this step over every DP and CP rank (at least 1): the
+        factor megatron-core's ``calculate_per_token_loss`` applies to every gradient after the
+        backward, applied to the loss instead (:func:`_per_token_loss`)."""
+        from megatron.core import parallel_state as ps
+
+        counts = torch.stack([((mb["labels"] != -100) & mb["loss_mask"].to(torch.bool)).sum() for mb in micro])
+        total = counts.sum().to(torch.float64)
+        tdist.all_reduce(total, group=ps.get_data_parallel_group(with_context_parallel=True))
+        return 1.0 / max(float(total), 1.0)
 
     def _loss_copies(self) -> int:
         from megatron.core import parallel_state as ps
@@ -277,6 +292,27 @@ class MegatronEngine:
 
     def seq_lens(self) -> list[int]:
         return self._seq_lens or [self.ctx.recipe.batch.seq_length or 1]
+
+    def checkpoint_bytes(self) -> int:
+        """One dist-checkpoint of the run: every parameter it holds (the adapters alone on a frozen
+        base) in its dtype, and for each trainable one the optimizer's fp32 main copy (none when
+        the parameters are fp32 already) and Adam's two fp32 moments. Each tensor counts once:
+        a rank's share is divided by the ranks holding the same copy (data parallel, or expert
+        data parallel for expert weights), then summed over all ranks (collective)."""
+        from megatron.core import parallel_state as ps
+
+        dense = ps.get_data_parallel_world_size(with_context_parallel=True)
+        expert = ps.get_expert_data_parallel_world_size()
+        state = 8 if self.config.params_dtype == torch.float32 else 12
+        local = 0.0
+        for p in self.model.module.parameters():
+            if self.peft is not None and not p.requires_grad:
+                continue
+            copies = dense if getattr(p, "allreduce", True) else expert  # megatron-core marks experts allreduce=False
+            local += p.numel() * (p.element_size() + (state if p.requires_grad else 0)) / copies
+        total = torch.tensor([local], dtype=torch.float64, device=self.device)
+        tdist.all_reduce(total)
+        return int(round(total.item()))
 
     def peak_memory_gib(self) -> float | None:
         return torch.cuda.max_memory_allocated(self.device) / GIB
@@ -420,8 +456,18 @@ class MegatronEngine:
         return step
 
 
-def _per_token_loss(mask: torch.Tensor, output: torch.Tensor):
-    """megatron-core loss contract with calculate_per_token_loss: (sum, count, reported)."""
+def _per_token_loss(mask: torch.Tensor, scale: float, output: torch.Tensor):
+    """megatron-core loss contract with calculate_per_token_loss: (loss, count, reported). The loss
+    that is differentiated is the sum times ``scale`` (1 / the step's global supervised tokens),
+    so the gradients come out of the backward already per token; the reported sum is unscaled."""
     loss_sum = output.sum()
     count = mask.sum().to(torch.int)
-    return loss_sum, count, {"lm loss": torch.stack([loss_sum.detach().double(), count.double()])}
+    return loss_sum * scale, count, {"lm loss": torch.stack([loss_sum.detach().double(), count.double()])}
+
+
+def _finalize_prescaled(finalize, model, num_tokens=None, **kwargs):
+    """megatron-core's ``finalize_model_grads`` (DP reduction, TP/SP and embedding all-reduces)
+    without its final ``1 / num_tokens`` pass over the whole fp32 gradient buffer: the loss was
+    already divided by that count (:func:`_per_token_loss`), so the gradients are the same and
+    one read and write of every gradient per step is saved."""
+    return finalize(model, None, **kwargs)
