@@ -16,6 +16,10 @@ class whose rule matches its name or one of those operators:
   dense GEMM              every other GEMM kernel (cuBLAS / CUTLASS)
   norms and elementwise   the rest (norms, gates, residuals, softcap, activations, copies)
 
+Each class also lists its largest launch sites: a kernel together with the innermost operators
+open when it was launched (``--shapes`` adds the operators' input shapes), which names the code
+behind the time.
+
 Idle is the step's wall time with no kernel running (the union of kernel intervals subtracted
 from the profiled steps' span). Times are per step, the mean over the profiled steps.
 
@@ -40,6 +44,7 @@ from muse_stack.benchio import finish, megatron_engine, recipe_args
 
 CLASSES = ["communication", "optimizer", "grouped expert GEMM", "attention", "router and permutation", "loss",
            "dense GEMM", "norms and elementwise"]
+SITE_DEPTH = 4  # operators named per launch site, innermost last
 GEMM = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_|sm100_|wgmma", re.I)
 
 
@@ -76,7 +81,9 @@ def summarise_trace(trace: dict, steps: int) -> dict:
         if e.get("ph") != "X":
             continue
         if cat == "cpu_op" or cat == "user_annotation" or cat == "python_function":
-            ops_by_tid[e["tid"]].append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"]))
+            dims = (e.get("args") or {}).get("Input Dims")  # with --shapes
+            name = e["name"] + (str([d for d in dims if d]).replace(" ", "") if dims else "")
+            ops_by_tid[e["tid"]].append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), name))
         elif cat in ("cuda_runtime", "cuda_driver"):
             corr = (e.get("args") or {}).get("correlation")
             if corr is not None:
@@ -94,6 +101,8 @@ def summarise_trace(trace: dict, steps: int) -> dict:
 
     per_class = defaultdict(float)
     top: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    #: (kernel, innermost operators open at its launch) -> time: which code launched the time
+    sites: dict[str, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
     intervals = []
     for k in kernels:
         dur = float(k.get("dur", 0))
@@ -103,6 +112,7 @@ def summarise_trace(trace: dict, steps: int) -> dict:
         cls = classify(k["name"], ops) if k.get("cat") == "kernel" else "norms and elementwise"
         per_class[cls] += dur
         top[cls][k["name"][:120]] += dur
+        sites[cls][(k["name"][:80], " > ".join(ops[-SITE_DEPTH:]))] += dur
         intervals.append((float(k["ts"]), float(k["ts"]) + dur))
     intervals.sort()
     busy, span_start, span_end, cur_a, cur_b = 0.0, None, None, None, None
@@ -122,7 +132,9 @@ def summarise_trace(trace: dict, steps: int) -> dict:
     total_kernel = sum(per_class.values())
     rows = [{"class": c, "seconds_per_step": per_class.get(c, 0.0) * us,
              "share_of_kernel_time": per_class.get(c, 0.0) / total_kernel if total_kernel else 0.0,
-             "top_kernels": sorted(((n, t * us) for n, t in top[c].items()), key=lambda x: -x[1])[:5]}
+             "top_kernels": sorted(((n, t * us) for n, t in top[c].items()), key=lambda x: -x[1])[:5],
+             "top_sites": [{"kernel": n, "operators": o, "seconds_per_step": t * us}
+                           for (n, o), t in sorted(sites[c].items(), key=lambda x: -x[1])[:8]]}
             for c in CLASSES]
     return {"classes": rows, "kernel_seconds_per_step": total_kernel * us,
             "busy_seconds_per_step": busy * us, "span_seconds_per_step": span * us,
@@ -133,6 +145,7 @@ def summarise_trace(trace: dict, steps: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = recipe_args(steps=2, warmup=5)
     ap.add_argument("--trace", default=None, help="also keep the Chrome trace (gzip)")
+    ap.add_argument("--shapes", action="store_true", help="record operator input shapes (named in the launch sites)")
     args = ap.parse_args(argv)
 
     from torch.profiler import ProfilerActivity, profile
@@ -144,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.synchronize()
     import time
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=args.shapes) as prof:
         t0 = time.perf_counter()
         for step in range(args.warmup + 1, total + 1):
             engine.train_step(step)
@@ -159,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(path, "rb") as src, gzip.open(args.trace, "wb") as dst:
                 dst.write(src.read())
     result = {"recipe": args.recipe, "overrides": args.overrides, "device": torch.cuda.get_device_name(),
-              "method": f"{args.warmup} warm-up steps, then {args.steps} steps under torch.profiler (CPU + CUDA)",
+              "method": f"{args.warmup} warm-up steps, then {args.steps} steps under torch.profiler (CPU + CUDA"
+                        + (", operator shapes recorded)" if args.shapes else ")"),
               "wall_seconds_per_step_profiled": wall, **summarise_trace(trace, args.steps)}
     for row in result["classes"]:
         print(f"{row['class']:<24} {row['seconds_per_step']:8.4f} s  {100 * row['share_of_kernel_time']:5.1f}%")

@@ -53,3 +53,17 @@ def test_idle_is_the_span_without_any_kernel():
     # kernels cover 200-250, 260-300 and 400-460 of the span 200-460: 150 busy, 110 idle (microseconds)
     assert out["busy_seconds_per_step"] == pytest.approx(150e-6, rel=REL)
     assert out["idle_seconds_per_step"] == pytest.approx(110e-6, rel=REL)
+
+
+def test_launch_sites_name_the_operators_behind_each_kernel():
+    trace = _trace()
+    for e in trace["traceEvents"]:  # operator shapes as the profiler records them with record_shapes
+        if e.get("name") == "aten::mm":
+            e["args"] = {"Input Dims": [[4096, 8192], [8192, 1024]]}
+    rows = {r["class"]: r for r in profile_step.summarise_trace(trace, steps=1)["classes"]}
+    (site,) = rows["dense GEMM"]["top_sites"]
+    assert site["kernel"] == "sm90_xmma_gemm_bf16"
+    assert site["operators"] == "aten::mm[[4096,8192],[8192,1024]]"
+    assert site["seconds_per_step"] == pytest.approx(40e-6, rel=REL)
+    (grouped,) = rows["grouped expert GEMM"]["top_sites"]
+    assert grouped["operators"] == "_GroupedLinear"
