@@ -109,3 +109,69 @@ def test_the_start_checkpoint_is_recorded_and_a_resume_does_not_reload_it(tmp_pa
 
     shutil.rmtree(start)
     assert run(resume=second.path, progress=False).status == "completed"
+
+
+def _free_bytes(monkeypatch, free: int) -> None:
+    """The checkpoints' file system reports ``free`` bytes (its total and used are irrelevant)."""
+    import shutil as real
+
+    usage = real.disk_usage("/")
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: type(usage)(usage.total, usage.used, free))
+
+
+def test_a_run_whose_checkpoint_cannot_fit_is_refused_before_it_trains(tmp_path, cli, monkeypatch):
+    """tiny-cpu's final checkpoint needs its weights plus AdamW's two moments; with less free space
+    the run stops at setup, with the sizes, the field and the fix, and trains no step."""
+    _free_bytes(monkeypatch, 1000)
+    out = tmp_path / "full-disk"
+    rc, text, err = cli("run", "tiny-cpu", "--steps", "3", "--out", out, "--no-progress", *QUICK)
+    said = text + err
+    assert rc == 4 and "each checkpoint of this run needs about" in said and "MiB free" in said
+    assert "checkpoints" in said and "training.final_checkpoint=false" in said
+    assert not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").read_text() == ""
+    assert not (out / "checkpoints").exists()
+
+
+def test_a_throughput_run_without_checkpoints_is_not_asked_for_space(tmp_path, monkeypatch, one_thread_env):
+    _free_bytes(monkeypatch, 1000)
+    outcome = run("tiny-cpu", out=tmp_path / "nockpt", steps=2, progress=False,
+                  overrides=[*QUICK, "training.final_checkpoint=false"])
+    assert outcome.status == "completed" and not (outcome.path / "checkpoints").exists()
+
+
+class _Sized:
+    """An engine whose checkpoint is ``size`` bytes and whose save fails like a dead writer process."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.calls = size, 0
+
+    def checkpoint_bytes(self) -> int:
+        self.calls += 1
+        return self.size
+
+    def save(self, directory, step):
+        raise EOFError()
+
+
+def test_each_save_rechecks_free_space_without_a_new_estimate(tmp_path, monkeypatch):
+    engine = _Sized(10 * 2**30)
+    manager = checkpoints.CheckpointManager(tmp_path / "run", engine, interval=1, keep=1)
+    _free_bytes(monkeypatch, 11 * 2**30)  # 10 GiB x 1.02 fits in 11
+    manager.check_space()
+    _free_bytes(monkeypatch, 9 * 2**30)
+    with pytest.raises(checkpoints.CheckpointError, match=r"step 5 needs about 10\.0 GiB.*9\.0 GiB free") as err:
+        manager.save(5, {})
+    assert err.value.field == "checkpoints" and engine.calls == 1  # estimated once, at setup
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before anything was written
+
+
+def test_a_writer_that_dies_is_a_checkpoint_error_naming_the_free_space(tmp_path, monkeypatch):
+    """megatron-core's writer processes report a death (out of space, killed) as an EOFError with
+    no message; the run's error names it and what the file system had left."""
+    engine = _Sized(2**30)
+    manager = checkpoints.CheckpointManager(tmp_path / "run", engine, interval=1, keep=1)
+    _free_bytes(monkeypatch, 4 * 2**30)
+    manager.check_space()
+    with pytest.raises(checkpoints.CheckpointError, match=r"\(EOFError, with 4\.0 GiB free on .* for about 1\.0 GiB\)"):
+        manager.save(3, {})
+    assert not list((tmp_path / "run" / "checkpoints").glob("*.partial"))  # the partial folder is removed

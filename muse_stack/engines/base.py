@@ -52,6 +52,11 @@ class Engine(Protocol):
         (True once no save is in flight), called by every rank at the same points."""
         ...
 
+    def checkpoint_bytes(self) -> int:
+        """About how many bytes one ``save`` of the whole run writes (every rank's share, each
+        tensor once), for the free-space check before checkpoints; called on every rank."""
+        ...
+
     def load(self, directory: Path) -> int:
         """Read the state a ``save`` wrote and position the data after it; returns the step
         (``trainer_state.json``)."""

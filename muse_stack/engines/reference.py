@@ -199,6 +199,17 @@ class ReferenceEngine:
         atomic.write_bytes(directory / "optimizer.pt", _torch_bytes(
             {"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()}))
 
+    def checkpoint_bytes(self) -> int:
+        """The saved weights (the adapters alone on a frozen base) and, for each trainable one,
+        AdamW's two moments in its dtype (SGD keeps none); rank 0 writes everything."""
+        moments = 0 if self.ctx.recipe.optimizer.name == "sgd" else 2
+        total = 0
+        for p in self.model.parameters():
+            if self.peft is not None and not p.requires_grad:
+                continue  # the frozen base is named, not copied
+            total += p.numel() * p.element_size() * (1 + (moments if p.requires_grad else 0))
+        return total
+
     def load(self, directory: Path) -> int:
         from muse_stack.model import load_weights_into
 

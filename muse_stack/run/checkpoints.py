@@ -46,10 +46,19 @@ METRICS = "metrics.jsonl"
 _STEP = re.compile(r"^step-(\d+)$")
 
 
+#: free space asked beyond the engine's estimate: the dist-checkpoint's metadata and the
+#: trainer's files (recipe, metrics) add well under 2% on the runs in benchmarks/ckpt-save
+SPACE_MARGIN = 1.02
+
+
 class CheckpointError(MuseStackError):
     """A checkpoint could not be written (the previous one is intact)."""
 
     exit_code = 4
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def folder_name(step: int) -> str:
@@ -140,6 +149,9 @@ class CheckpointManager:
         #: seconds until the folder was complete (complete_s; later than blocking_s when async)
         self.saves: list[dict[str, Any]] = []
         self._started: float = 0.0
+        #: bytes one checkpoint needs (the engine's estimate, measured once: the state's shapes do
+        #: not change during a run); None until :meth:`check_space` or for an engine without one
+        self.needed_bytes: int | None = None
         current = latest(self.run_dir)
         if current is not None:
             self.last_step = current.step
@@ -150,6 +162,43 @@ class CheckpointManager:
         if step == self.last_step:
             return False
         return (self.final and step >= total) or bool(self.interval and step % self.interval == 0)
+
+    def will_save(self, total: int) -> bool:
+        """Whether this run writes any checkpoint before it ends (final, or on the interval)."""
+        return self.final or bool(self.interval and self.interval <= total)
+
+    # -- free space -----------------------------------------------------------------------
+    def _free(self) -> tuple[Path, int]:
+        """The nearest existing folder on the checkpoints' path and its file system's free bytes."""
+        target = self.root
+        while not target.exists() and target != target.parent:
+            target = target.parent
+        return target, shutil.disk_usage(target).free
+
+    def check_space(self, step: int | None = None) -> None:
+        """Refuse, before anything is written, a checkpoint the file system cannot hold: at
+        setup (``step`` None: every rank, the engine's estimate is a collective) and before each
+        save. Rank 0's file system decides (the run directory it writes to), for every rank."""
+        if self.needed_bytes is None:
+            estimate = getattr(self.engine, "checkpoint_bytes", None)
+            if estimate is None:
+                return
+            self.needed_bytes = int(estimate())
+        verdict = None
+        if self.rank0:
+            target, free = self._free()
+            if free < SPACE_MARGIN * self.needed_bytes:
+                what = f"the checkpoint at step {step}" if step is not None else "each checkpoint of this run"
+                verdict = (f"{what} needs about {_size(self.needed_bytes)}, but the file system of "
+                           f"{target} has {_size(free)} free")
+        verdict = dist.broadcast(verdict)
+        if verdict is not None:
+            before = f"step {self.last_step}" if self.last_step is not None else "none"
+            raise CheckpointError(verdict + (f"; the latest complete checkpoint is intact ({before})"
+                                             if step is not None else ""),
+                                  field="checkpoints", value=str(self.root),
+                                  fix="free space there, or give the run a larger file system (--out); a "
+                                      "throughput run that keeps no checkpoint: training.final_checkpoint=false")
 
     # -- resume ---------------------------------------------------------------------------
     def discard_untrusted(self) -> None:
@@ -180,6 +229,7 @@ class CheckpointManager:
     def save(self, step: int, files: dict[str, str]) -> None:
         """Save the engine's state at ``step`` with the trainer's ``files`` (name -> text)."""
         self.wait()
+        self.check_space(step)
         self._started = time.perf_counter()
         tmp = self.root / f"{folder_name(step)}.partial"
         try:
@@ -269,10 +319,17 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def _error(self, step: int, exc: BaseException) -> BaseException:
-        if not isinstance(exc, OSError):
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, MuseStackError)) or not isinstance(exc, Exception):
             return exc
         before = f"step {self.last_step}" if self.last_step is not None else "none yet"
-        return CheckpointError(f"the checkpoint at step {step} could not be written ({exc.strerror or exc}); "
+        cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}".rstrip(": ")
+        try:  # what the file system had left: a writer process that dies mid-write (out of space, killed)
+            target, free = self._free()  # reaches the parent as an EOFError, not as an OSError
+            room = f", with {_size(free)} free on {target}" + (
+                f" for about {_size(self.needed_bytes)}" if self.needed_bytes else "")
+        except OSError:
+            room = ""
+        return CheckpointError(f"the checkpoint at step {step} could not be written ({cause}{room}); "
                                f"the latest complete checkpoint is intact ({before})",
                                field="checkpoints", value=str(self.root),
                                fix="free space (or fix the file system), then continue with "

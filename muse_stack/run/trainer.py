@@ -144,6 +144,8 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.path, self.engine, interval=recipe.training.checkpoint_interval,
                                              keep=recipe.training.keep_checkpoints, rank=env.rank,
                                              final=recipe.training.final_checkpoint)
+        if self.checkpoints.will_save(self.total):  # a run whose checkpoints cannot fit: refused before it trains
+            self.checkpoints.check_space()
         history: list[dict[str, Any]] = []
         if self.resuming:
             self.checkpoints.discard_untrusted()
