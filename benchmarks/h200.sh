@@ -3,9 +3,9 @@
 # Needs TE 2.20.2 + megatron-core 0.19.2 importable (staged by shared/device/te-stage.sh into
 # /tmp/site). Writes everything under ${OUT:-bench-out}; each step is listed in benchmarks/README.md.
 #   usage: bash benchmarks/h200.sh STEP...   (default: smoke)
-#   all of benchmarks/: fingerprint parity proxy1 slice slice2 slicee slicee2 overhead proxy2 proxy2c
+#   all of benchmarks/: fingerprint parity proxy1 slice slice1 slice2 slicee slicee2 overhead proxy2 proxy2c
 #                       parity2 tp2 parity3 pp2 cp2 etp2 packed packedcp recompute resume resumectl ckptsave
-#                       export peftparity peftslice strict det profile peftrun detprobe levers
+#                       export peftparity peftslice strict det profile peftrun detprobe levers levers2 bridge
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
 set -uo pipefail
@@ -19,11 +19,13 @@ MS="python3 -m muse_stack.cli"
 PACKED="data.kind=sft data.builder=packed data.files=[data/tiny-chat.jsonl] data.tokenizer=data/tiny-tokenizer
   data.loss_mask=muse_spark batch.packed=true batch.seq_length=1024"
 # a smaller proxy for checkpoint round trips (8 experts, top 2): a quick dist-checkpoint save
+# slice-1gpu as its MBS 1 / MBS 2 rows ran (the recipe ships MBS 4 with the allgather dispatcher since)
+ASRAN="batch.mbs=1 layout.dispatcher=alltoall"
 # the elementwise chains fused by torch.compile (the slice's own setting), or not
 FUSED="fusions.compile_elementwise=true" EAGER="fusions.compile_elementwise=false"
 SMALL="model.overrides.num_local_experts=8 model.overrides.num_experts_per_tok=2"
-# lora-64's adapters (its peft block) on the slice
-LORA64="peft.scheme=lora peft.rank=32 peft.alpha=32 peft.dropout=0.0 peft.per_expert=true
+# lora-64's adapters (its peft block) on the slice, at lora-64's micro-batching (MBS 1, alltoall)
+LORA64="batch.mbs=1 layout.dispatcher=alltoall peft.scheme=lora peft.rank=32 peft.alpha=32 peft.dropout=0.0 peft.per_expert=true
   peft.targets=[self_attn.q_proj,self_attn.k_proj,self_attn.v_proj,self_attn.o_proj,mlp.experts.gate_up_proj,mlp.experts.down_proj,mlp.pre_expert_proj,mlp.post_expert_proj]"
 T=${STEP_TIMEOUT:-900}  # seconds any one command may take (a hung collective must not eat the call)
 one() { CUDA_VISIBLE_DEVICES=${GPU:-0} timeout "$T" "$@"; }  # GPU=1 MASTER_PORT=29600: a second one beside
@@ -42,16 +44,17 @@ for what in "${@:-smoke}"; do
     rm -rf runs/smoke-proxy1 runs/smoke-slice; one $MS run proxy-1gpu --steps 3 --out runs/smoke-proxy1 --no-progress && tail -3 runs/smoke-proxy1/metrics.jsonl
     one $MS run slice-1gpu --steps 2 --out runs/smoke-slice --no-progress && tail -2 runs/smoke-slice/metrics.jsonl ;;
   proxy1) rm -rf runs/proxy-1gpu; one $MS run proxy-1gpu --out runs/proxy-1gpu --no-progress; keep proxy-1gpu runs/proxy-1gpu ;;
-  slice) rm -rf runs/slice-1gpu; one $MS run slice-1gpu --out runs/slice-1gpu --no-progress; keep slice-1gpu runs/slice-1gpu ;;
-  slice2) rm -rf runs/slice-1gpu-mbs2; one $MS run slice-1gpu batch.mbs=2 --out runs/slice-1gpu-mbs2 --no-progress
+  slice) rm -rf runs/slice-1gpu; one $MS run slice-1gpu --out runs/slice-1gpu --no-progress; keep slice-1gpu-mbs4 runs/slice-1gpu ;;
+  slice1) rm -rf runs/slice-1gpu1; one $MS run slice-1gpu $ASRAN --out runs/slice-1gpu1 --no-progress; keep slice-1gpu runs/slice-1gpu1 ;;
+  slice2) rm -rf runs/slice-1gpu-mbs2; one $MS run slice-1gpu $ASRAN batch.mbs=2 --out runs/slice-1gpu-mbs2 --no-progress
           keep slice-1gpu-mbs2 runs/slice-1gpu-mbs2 ;;
-  slicee) rm -rf runs/slice-e; one $MS run slice-1gpu $EAGER --out runs/slice-e --no-progress; keep slice-1gpu-eager runs/slice-e ;;
-  slicee2) rm -rf runs/slice-e2; one $MS run slice-1gpu batch.mbs=2 $EAGER --out runs/slice-e2 --no-progress
+  slicee) rm -rf runs/slice-e; one $MS run slice-1gpu $ASRAN $EAGER --out runs/slice-e --no-progress; keep slice-1gpu-eager runs/slice-e ;;
+  slicee2) rm -rf runs/slice-e2; one $MS run slice-1gpu $ASRAN batch.mbs=2 $EAGER --out runs/slice-e2 --no-progress
            keep slice-1gpu-mbs2-eager runs/slice-e2 ;;
   overhead|overheadc) # overheadc: only the compiled MBS 2 half
-    [ "$what" = overhead ] && one python3 benchmarks/overhead.py slice-1gpu $EAGER --steps 8 --warmup 3 \
+    [ "$what" = overhead ] && one python3 benchmarks/overhead.py slice-1gpu $ASRAN $EAGER --steps 8 --warmup 3 \
       --out "$OUT/overhead-slice-mbs1.json"
-    one python3 benchmarks/overhead.py slice-1gpu batch.mbs=2 --steps 8 --warmup 3 --out "$OUT/overhead-slice-mbs2-compiled.json" ;;
+    one python3 benchmarks/overhead.py slice-1gpu $ASRAN batch.mbs=2 --steps 8 --warmup 3 --out "$OUT/overhead-slice-mbs2-compiled.json" ;;
   proxy2) rm -rf runs/proxy-2gpu; two -m muse_stack.cli run proxy-2gpu --out runs/proxy-2gpu --no-progress; keep proxy-2gpu runs/proxy-2gpu ;;
   proxy2c) # EP 2 compiled: each rank's expert token count changes every step (automatic dynamic shapes)
     rm -rf runs/proxy-2gpu-c; two -m muse_stack.cli run proxy-2gpu $FUSED --out runs/proxy-2gpu-c --no-progress
@@ -83,7 +86,7 @@ for what in "${@:-smoke}"; do
     one python3 -m muse_stack.engines.mcore.peft_parity --scheme dora --out "$OUT/peft-parity-dora.json" ;;
   peftslice) # slice-1gpu with lora-64's adapters (rank 32), against full SFT of the same slice, same process kind
     one python3 benchmarks/engine_steps.py slice-1gpu $LORA64 --steps 30 --warmup 10 --out "$OUT/slice-lora64.json"
-    one python3 benchmarks/engine_steps.py slice-1gpu --steps 30 --warmup 10 --out "$OUT/slice-full.json" ;;
+    one python3 benchmarks/engine_steps.py slice-1gpu $ASRAN --steps 30 --warmup 10 --out "$OUT/slice-full.json" ;;
   peftrun) # muse-stack run with lora-64's adapters on the slice: train, interrupt + resume, export the adapters
     rm -rf runs/peft-full runs/peft-part runs/peft-export
     one $MS run slice-1gpu $LORA64 "frozen=[base]" training.checkpoint_interval=10 --steps 20 --out runs/peft-full --no-progress
@@ -97,19 +100,36 @@ for what in "${@:-smoke}"; do
     $MS export runs/peft-full --hf runs/peft-export --adapters-only && ls -la runs/peft-export && \
       cp runs/peft-export/adapter_config.json "$OUT/peft/"
     $MS export runs/peft-full --hf runs/peft-merged --merge; echo "merge rc=$? (2: refused, a seeded base is not on disk)" ;;
-  levers) # slice-1gpu step time under candidate settings not yet recipe fields (environment only), 30 steps each:
-    # TE's CUTLASS grouped GEMM for the experts, more hardware queues for TE's multi-stream grouped GEMM, MBS 2
-    one python3 benchmarks/engine_steps.py slice-1gpu --steps 30 --warmup 10 --out "$OUT/lever-base.json"
-    NVTE_USE_CUTLASS_GROUPED_GEMM=1 NVTE_CUTLASS_GROUPED_GEMM_WARN_FALLBACK=1 \
-      one python3 benchmarks/engine_steps.py slice-1gpu --steps 30 --warmup 10 --out "$OUT/lever-cutlass.json"
-    CUDA_DEVICE_MAX_CONNECTIONS=8 one python3 benchmarks/engine_steps.py slice-1gpu --steps 30 --warmup 10 \
-      --out "$OUT/lever-connections8.json"
-    one python3 benchmarks/engine_steps.py slice-1gpu batch.mbs=2 --steps 30 --warmup 10 --out "$OUT/lever-mbs2.json" ;;
+  levers|levers2) # slice-1gpu step time under candidate settings, 30 steps each (window 11-30), one process each:
+    # levers: MBS 1 / 2 / 4 (GBS 8 stays), and at MBS 4 TE's CUTLASS grouped GEMM for the experts and more CUDA
+    # hardware queues for TE's multi-stream grouped GEMM; levers2: MBS 8, the allgather dispatcher at MBS 4
+    # (no token exchange at EP 1, so no chunk sort), then a profile of the MBS 4 step with operator shapes
+    # (the recipe's settings when these ran: MBS 1, alltoall; it now ships MBS 4 with the allgather dispatcher)
+    ES="python3 benchmarks/engine_steps.py slice-1gpu layout.dispatcher=alltoall"; W="--steps 30 --warmup 10"
+    if [ "$what" = levers ]; then
+      one $ES batch.mbs=1 $W --out "$OUT/lever-base.json"
+      one $ES batch.mbs=2 $W --out "$OUT/lever-mbs2.json"
+      one $ES batch.mbs=4 $W --out "$OUT/lever-mbs4.json"
+      NVTE_USE_CUTLASS_GROUPED_GEMM=1 NVTE_CUTLASS_GROUPED_GEMM_WARN_FALLBACK=1 \
+        one $ES batch.mbs=4 $W --out "$OUT/lever-mbs4-cutlass.json"
+      CUDA_DEVICE_MAX_CONNECTIONS=8 one $ES batch.mbs=4 $W --out "$OUT/lever-mbs4-connections8.json"
+    else
+      one $ES batch.mbs=8 $W --out "$OUT/lever-mbs8.json"
+      one $ES batch.mbs=4 layout.dispatcher=allgather $W --out "$OUT/lever-mbs4-allgather.json"
+      one python3 benchmarks/profile_step.py slice-1gpu batch.mbs=4 layout.dispatcher=alltoall --warmup 5 --steps 2 \
+        --shapes --out "$OUT/profile-mbs4.json"
+    fi ;;
+  bridge) # the peer: Megatron-Bridge's own pretrain loop on the slice's shapes and settings (benchmarks/bridge_slice.py);
+    # its wheelhouse (benchmarks/bridge/stage.sh download: ~46 MB) carried in a call of its own and copied to
+    # /tmp, then BRIDGE_WHEELS=/tmp/bridge
+    bash benchmarks/bridge/stage.sh install "${BRIDGE_WHEELS:-.whl/bridge}" && \
+      PYTHONPATH=/tmp/site-bridge:$PYTHONPATH one python3 benchmarks/bridge_slice.py slice-1gpu --steps 30 --warmup 10 \
+        --out "$OUT/bridge-slice.json" ;;
   detprobe) # where two deterministic runs part ways: weights, each module's forward output, each gradient
     for k in a b; do one python3 benchmarks/det_probe.py proxy-1gpu numerics.deterministic=true --out "$OUT/probe-$k.json"; done
     python3 benchmarks/det_probe.py --diff "$OUT/probe-a.json" "$OUT/probe-b.json" | tee "$OUT/probe-diff.json" ;;
   profile) # one slice-1gpu step by class of GPU work (benchmarks/profile_step.py)
-    one python3 benchmarks/profile_step.py slice-1gpu --warmup 5 --steps 2 --out "$OUT/profile.json" \
+    one python3 benchmarks/profile_step.py slice-1gpu $ASRAN --warmup 5 --steps 2 --out "$OUT/profile.json" \
       --trace "$OUT/profile-trace.json.gz" ;;
   strict) # parity that can fail: fp32 engine vs fp32 reference at trained weights, negative controls, bf16 floor
     one python3 -m muse_stack.engines.mcore.parity_strict --out "$OUT/parity-strict.json" ;;

@@ -26,7 +26,7 @@ def test_slice_layer_pattern_window_and_scale():
         (4096, 4096, 32, 8)
     assert kw["moe_router_score_function"] == "sigmoid" and kw["moe_router_enable_expert_bias"]
     assert kw["moe_router_bias_update_rate"] == 0.0 and kw["moe_aux_loss_coeff"] == 0.0
-    assert kw["moe_grouped_gemm"] and kw["moe_token_dispatcher_type"] == "alltoall"
+    assert kw["moe_grouped_gemm"] and kw["moe_token_dispatcher_type"] == "allgather"
     assert kw["calculate_per_token_loss"] and kw["pipeline_dtype"] == "float32"
     assert kw["sequence_parallel"] is False and kw["recompute_granularity"] is None
 

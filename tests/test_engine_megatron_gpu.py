@@ -69,14 +69,20 @@ def test_committed_parity_results_within_tolerance():
                                   "recompute/moe-act", "recompute/moe", *(f"resume/{t}-{k}" for t in ("ep2", "pp2")
                                                                          for k in ("full", "part", "again")),
                                   "det/proxy-1gpu-det-a", "det/proxy-1gpu-det-b", "det/proxy-1gpu-default-a",
-                                  "det/slice-1gpu-det-a", "det/slice-1gpu-det-b", "export-roundtrip/run"])
+                                  "det/slice-1gpu-det-a", "det/slice-1gpu-det-b", "export-roundtrip/run",
+                                  "slice-1gpu-mbs4", "remeasure/proxy-1gpu"])
 def test_committed_results_follow_from_their_metrics(name):
     """results.json of each benchmark is what the run pipeline computes from its metrics.jsonl."""
     folder = BENCH / name
     results = json.loads((folder / "results.json").read_text())
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     fingerprint = json.loads((folder / "fingerprint.json").read_text())
-    assert results["status"] == "completed" and results["engine"] == "megatron"
+    if name == "slice-1gpu-mbs4":  # trained all 30 steps; its final 60.6 GB save then failed (benchmarks/README.md)
+        assert results["status"] == "failed" and results["steps_completed"] == 30
+        assert results["error"].startswith("EOFError") and results["checkpoint"] is None
+    else:
+        assert results["status"] == "completed"
+    assert results["engine"] == "megatron"
     assert fingerprint["frameworks"]["transformer_engine"]["version"] == "2.20.2"
     assert fingerprint["frameworks"]["megatron_core"]["version"] == "0.19.2"
     from muse_stack.recipes.catalogue import load_recipe
@@ -94,7 +100,7 @@ def test_committed_results_follow_from_their_metrics(name):
         assert again[key] == pytest.approx(results[key], rel=1e-9), key
 
 
-@pytest.mark.parametrize("name", ["packed-1gpu", "packed-cp2"])
+@pytest.mark.parametrize("name", ["packed-1gpu", "packed-cp2", "remeasure/packed-1gpu"])
 def test_committed_packed_run_trained_on_packed_rows(name):
     """Packed rows ran as THD, and the attention FLOPs in its MFU follow each packed sequence's
     length (about 30 tokens here), not the 1,024-token row's."""

@@ -68,8 +68,9 @@ def test_adapter_flops_count_the_frozen_base_without_weight_gradients():
         assert got["training"] < full["training"]
 
 
-#: lora-64's peft block, as benchmarks/h200.sh passes it to slice-1gpu (LORA64 there)
-LORA64_ON_SLICE = ["peft.scheme=lora", "peft.rank=32", "peft.alpha=32", "peft.dropout=0.0", "peft.per_expert=true",
+#: lora-64's peft block, as benchmarks/h200.sh passes it to slice-1gpu (LORA64 there), at the
+#: micro-batching the committed adapter runs used (lora-64's own MBS 1, the alltoall dispatcher)
+LORA64_ON_SLICE = ["batch.mbs=1", "layout.dispatcher=alltoall", "peft.scheme=lora", "peft.rank=32", "peft.alpha=32", "peft.dropout=0.0", "peft.per_expert=true",
                    "peft.targets=[self_attn.q_proj,self_attn.k_proj,self_attn.v_proj,self_attn.o_proj,"
                    "mlp.experts.gate_up_proj,mlp.experts.down_proj,mlp.pre_expert_proj,mlp.post_expert_proj]",
                    "frozen=[base]"]
@@ -109,7 +110,7 @@ def test_step_time_of_a_frozen_base_drops_the_weight_gradients():
     from muse_stack.hardware import gpu_spec
     from muse_stack.plan.cost import TimeCalibration, adapter_terms
 
-    full_recipe = load_recipe("slice-1gpu")
+    full_recipe = load_recipe("slice-1gpu", LORA64_ON_SLICE[:2])  # the same micro-batching
     peft_recipe = load_recipe("slice-1gpu", LORA64_ON_SLICE)
     full, _ = make_plan(full_recipe)
     peft, _ = make_plan(peft_recipe)

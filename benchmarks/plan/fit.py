@@ -32,12 +32,14 @@ BENCH = Path(__file__).resolve().parents[1]
 PACKED = ["data.kind=sft", "data.builder=packed", "data.files=[data/tiny-chat.jsonl]",
           "data.tokenizer=data/tiny-tokenizer", "data.loss_mask=muse_spark", "batch.packed=true",
           "batch.seq_length=1024"]
+#: slice-1gpu as it was when its fitted runs were made (it now ships MBS 4 with the allgather dispatcher)
+SLICE_AS_MEASURED = ["batch.mbs=1", "layout.dispatcher=alltoall"]
 #: folder -> (recipe, overrides) as in the folder's run.sh
 POINTS: dict[str, tuple[str, list[str]]] = {
     "proxy-1gpu": ("proxy-1gpu", []),
     "proxy-2gpu": ("proxy-2gpu", []),
-    "slice-1gpu-eager": ("slice-1gpu", ["fusions.compile_elementwise=false"]),
-    "slice-1gpu-mbs2-eager": ("slice-1gpu", ["batch.mbs=2", "fusions.compile_elementwise=false"]),
+    "slice-1gpu-eager": ("slice-1gpu", [*SLICE_AS_MEASURED, "fusions.compile_elementwise=false"]),
+    "slice-1gpu-mbs2-eager": ("slice-1gpu", [*SLICE_AS_MEASURED, "batch.mbs=2", "fusions.compile_elementwise=false"]),
     "tp2-recompute": ("proxy-2gpu", ["layout.ep=1", "layout.tp=2", "recompute.granularity=full"]),
     "pp2": ("proxy-2gpu", ["layout.ep=1", "layout.pp=2", "layout.pp_layers=[1,3]"]),
     "cp2": ("proxy-2gpu", ["layout.ep=1", "layout.cp=2", "layout.cp_comm_type=a2a"]),
@@ -51,8 +53,8 @@ POINTS: dict[str, tuple[str, list[str]]] = {
 }
 #: the runs with fusions.compile_elementwise (fitted on their own: fused chains keep less)
 COMPILED: dict[str, tuple[str, list[str]]] = {
-    "slice-1gpu": ("slice-1gpu", []),
-    "slice-1gpu-mbs2": ("slice-1gpu", ["batch.mbs=2"]),
+    "slice-1gpu": ("slice-1gpu", SLICE_AS_MEASURED),
+    "slice-1gpu-mbs2": ("slice-1gpu", [*SLICE_AS_MEASURED, "batch.mbs=2"]),
     "proxy-2gpu-compiled": ("proxy-2gpu", ["fusions.compile_elementwise=true"]),
 }
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fit import COMPILED, POINTS  # noqa: E402
+from fit import COMPILED, POINTS, SLICE_AS_MEASURED  # noqa: E402
 
 from muse_stack.plan.cost import TimeCalibration  # noqa: E402
 from muse_stack.plan.planner import make_plan  # noqa: E402
@@ -66,11 +66,11 @@ CHECKS: dict[str, tuple[str, list[str]]] = {
     "tp2-recompute": ("proxy-2gpu", ["layout.ep=1", "layout.tp=2", "recompute.granularity=full"]),
     "resume/ep2-full": ("proxy-2gpu", []),
     "resume/pp2-full": ("proxy-2gpu", ["layout.ep=1", "layout.pp=2", "layout.pp_layers=[1,3]"]),
-    "replay-h200": ("slice-1gpu", []),
-    "replay-b200": ("slice-1gpu", []),
+    "replay-h200": ("slice-1gpu", SLICE_AS_MEASURED),
+    "replay-b200": ("slice-1gpu", SLICE_AS_MEASURED),
     # adapters on a frozen base (lora-64's peft block on the slice, `h200.sh peftrun`; 20 steps, 10 measured)
     "peft-lora-slice/full": ("slice-1gpu", [
-        "peft.scheme=lora", "peft.rank=32", "peft.alpha=32", "peft.dropout=0.0", "peft.per_expert=true",
+        *SLICE_AS_MEASURED, "peft.scheme=lora", "peft.rank=32", "peft.alpha=32", "peft.dropout=0.0", "peft.per_expert=true",
         "peft.targets=[self_attn.q_proj,self_attn.k_proj,self_attn.v_proj,self_attn.o_proj,mlp.experts.gate_up_proj,"
         "mlp.experts.down_proj,mlp.pre_expert_proj,mlp.post_expert_proj]", "frozen=[base]"]),
 }

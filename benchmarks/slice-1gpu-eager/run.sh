@@ -4,6 +4,7 @@
 set -euo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUDA_DEVICE_MAX_CONNECTIONS=1
 export PYTHONPATH=/tmp/site:.
-CUDA_VISIBLE_DEVICES=0 python3 -m muse_stack.cli run slice-1gpu fusions.compile_elementwise=false --out runs/slice-1gpu-eager --no-progress
+CUDA_VISIBLE_DEVICES=0 python3 -m muse_stack.cli run slice-1gpu batch.mbs=1 layout.dispatcher=alltoall fusions.compile_elementwise=false --out runs/slice-1gpu-eager --no-progress
 # (measured when the slice did not set fusions.compile_elementwise, which is eager as well; recipe.yaml beside this
 # file is the recipe as it ran, its sha256 the fingerprint's run_inputs.recipe_sha256)
+# (batch.mbs=1 layout.dispatcher=alltoall: the recipe's settings when this ran; it ships MBS 4 with allgather since)

@@ -4,5 +4,6 @@
 set -euo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUDA_DEVICE_MAX_CONNECTIONS=1
 export PYTHONPATH=/tmp/site:.
-CUDA_VISIBLE_DEVICES=0 python3 -m muse_stack.cli run slice-1gpu batch.mbs=2 --out runs/slice-1gpu-mbs2 --no-progress
+CUDA_VISIBLE_DEVICES=0 python3 -m muse_stack.cli run slice-1gpu layout.dispatcher=alltoall batch.mbs=2 --out runs/slice-1gpu-mbs2 --no-progress
 # (measured as `slice-1gpu batch.mbs=2 fusions.compile_elementwise=true`; compiled is the recipe's own setting)
+# (batch.mbs=1 layout.dispatcher=alltoall: the recipe's settings when this ran; it ships MBS 4 with allgather since)
