@@ -56,6 +56,8 @@ def test_the_gains_are_the_ratios_of_the_rows():
     ratio = ours["tokens_per_s_per_gpu"] / peer["tokens_per_s_per_gpu"]
     assert gains["bridge/bridge-slice.json"] == f"ours {ratio:.3f}x" and ratio >= 1.0
     assert f"**muse-stack is {ratio:.3f}x Bridge.**" in SECTION
+    readme = (BENCH.parent / "README.md").read_text()
+    assert f"`slice-1gpu`: {100 * ours['mfu']:.2f}% MFU on one H200, {ratio:.3f}x Megatron-Bridge" in readme
 
 
 def test_rejected_levers_were_slower_and_mbs8_leaves_no_headroom():

@@ -87,8 +87,8 @@ def softcap_cross_entropy(raw: torch.Tensor, target: torch.Tensor, multiplier: f
     """Per-token cross-entropy of the soft-capped logits, in fp32, over the whole vocabulary (the
     logits are not split over tensor parallelism): ``logsumexp(z) - z[target]`` with
     ``z = cap * tanh(raw * multiplier / cap)``. One chain from the output layer's matmul to the
-    loss: compiled, neither ``z`` nor its softmax is kept in memory (the backward recomputes them
-    from ``raw``)."""
+    loss: compiled, the float32 ``z`` and its softmax need not be written out (Inductor's
+    partitioner may recompute them from the bf16 ``raw`` in the backward)."""
     z = cap * torch.tanh(raw.float() * (multiplier / cap))
     return torch.logsumexp(z, dim=-1) - z.gather(-1, target.unsqueeze(-1)).squeeze(-1)
 
