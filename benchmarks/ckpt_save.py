@@ -62,10 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     data = build_for_recipe(sync_recipe, progress=False)
     ctx = TrainContext(recipe=sync_recipe, model=sync_recipe.model_config_resolved(), data=data, total_steps=total)
     engine = MegatronEngine(ctx)
-    # a dist-checkpoint holds the bf16 weights (2 B), the fp32 main copy and both Adam moments (3 x 4 B) per
-    # parameter (the metadata adds well under 2%): refuse before writing when the file system cannot hold one
-    params = sum(p.numel() for p in engine.model.module.parameters())
-    needed = 14 * params
+    # one dist-checkpoint, as the engine estimates it for the runner's own free-space check (weights, fp32
+    # main copy and both Adam moments; the metadata adds well under 2%): refuse before writing when it cannot fit
+    needed = engine.checkpoint_bytes()
     free = shutil.disk_usage(run_dir.parent).free
     if free < 1.02 * needed:
         raise SystemExit(f"{run_dir.parent} has {free / 2**30:.1f} GiB free; one checkpoint needs about "

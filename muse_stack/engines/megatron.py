@@ -214,8 +214,7 @@ class MegatronEngine:
         mb = next(data_iterator)
         output = model(mb["input_ids"], labels=mb["labels"], loss_mask=mb["loss_mask"],
                        packed_seq_params=mb.get("packed_seq_params"))
-        mask = (mb["labels"] != -100) & mb["loss_mask"].to(torch.bool)
-        return output, partial(_per_token_loss, mask, self._loss_scale)
+        return output, partial(_per_token_loss, supervised_mask(mb), self._loss_scale)
 
     # -- one optimizer step ---------------------------------------------------------------
     def train_step(self, step: int) -> StepStats:
@@ -257,7 +256,7 @@ class MegatronEngine:
         backward, applied to the loss instead (:func:`_per_token_loss`)."""
         from megatron.core import parallel_state as ps
 
-        counts = torch.stack([((mb["labels"] != -100) & mb["loss_mask"].to(torch.bool)).sum() for mb in micro])
+        counts = torch.stack([supervised_mask(mb).sum() for mb in micro])
         total = counts.sum().to(torch.float64)
         tdist.all_reduce(total, group=ps.get_data_parallel_group(with_context_parallel=True))
         return 1.0 / max(float(total), 1.0)
@@ -275,7 +274,7 @@ class MegatronEngine:
             batch = self._prepare(mb)
             out = self.model(batch["input_ids"], labels=batch["labels"], loss_mask=batch["loss_mask"],
                              packed_seq_params=batch.get("packed_seq_params"))
-            mask = (batch["labels"] != -100) & batch["loss_mask"].to(torch.bool)
+            mask = supervised_mask(batch)
             return float(out.sum()) / max(int(mask.sum()), 1), int(mask.sum())
         finally:
             self.model.train()
@@ -454,6 +453,13 @@ class MegatronEngine:
         for _ in range(step * self.micro_batches):
             next(self._batches)
         return step
+
+
+def supervised_mask(mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The tokens of a prepared micro-batch that count in the loss: a label, and the loss mask on."""
+    from muse_stack.model.loss import IGNORE_INDEX
+
+    return (mb["labels"] != IGNORE_INDEX) & mb["loss_mask"].to(torch.bool)
 
 
 def _per_token_loss(mask: torch.Tensor, scale: float, output: torch.Tensor):

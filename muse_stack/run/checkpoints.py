@@ -322,7 +322,10 @@ class CheckpointManager:
         if isinstance(exc, (KeyboardInterrupt, SystemExit, MuseStackError)) or not isinstance(exc, Exception):
             return exc
         before = f"step {self.last_step}" if self.last_step is not None else "none yet"
-        cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}".rstrip(": ")
+        if isinstance(exc, OSError) and exc.strerror:
+            cause = exc.strerror
+        else:
+            cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         try:  # what the file system had left: a writer process that dies mid-write (out of space, killed)
             target, free = self._free()  # reaches the parent as an EOFError, not as an OSError
             room = f", with {_size(free)} free on {target}" + (

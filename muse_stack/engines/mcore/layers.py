@@ -222,11 +222,10 @@ class MuseSparkExperts(TEGroupedMLP):
     def forward(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, permuted_probs: torch.Tensor,
                 **kwargs: Any):
         out, bias = super().forward(hidden, tokens_per_expert, torch.ones_like(permuted_probs))
-        if self.etp > 1:
+        if self.etp > 1:  # whole outputs to norm; the weight divided by ETP, restored by the combine's sum
             from torch.distributed.nn.functional import all_reduce
 
             out = all_reduce(out, group=self.etp_group)
-        if self.etp > 1:  # the weight divided by ETP: the combine's sum over ETP ranks restores it
             permuted_probs = permuted_probs / self.etp
         norm = self.post_expert_norm
         return weighted_gain_first_norm(out.to(hidden.dtype), norm.weight, permuted_probs, norm.eps), bias

@@ -142,8 +142,9 @@ def engine_forward_backward(engine, batch: dict[str, Any]) -> tuple[torch.Tensor
     prepared = engine._prepare(batch)
     engine.model.zero_grad_buffer()
     out = engine.model(prepared["input_ids"], labels=prepared["labels"], loss_mask=prepared["loss_mask"])
-    mask = (prepared["labels"] != -100) & prepared["loss_mask"].to(torch.bool)
-    loss = out.sum() / mask.sum()
+    from muse_stack.engines.megatron import supervised_mask
+
+    loss = out.sum() / supervised_mask(prepared).sum()
     loss.backward()
     return logits, float(loss)
 
