@@ -8,6 +8,7 @@ Model FLOPs per token: the runner's formula (:mod:`muse_stack.flops`), with the 
 for a frozen base (forward and backward to inputs of the base, the adapters' full training).
 
     PYTHONPATH=. python benchmarks/engine_steps.py slice-1gpu [overrides...] --steps 30 --warmup 10 --out x.json
+    (--weighted-swiglu: the experts' SwiGLU as the engine ran it before, for attribution)
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from muse_stack.benchio import finish, megatron_engine, recipe_args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = recipe_args(steps=30, warmup=10).parse_args(argv)
+    ap = recipe_args(steps=30, warmup=10)
+    ap.add_argument("--weighted-swiglu", action="store_true",
+                    help="the experts' SwiGLU as the engine ran it before: megatron-core's weighted one, given ones")
+    args = ap.parse_args(argv)
+    if args.weighted_swiglu:
+        from muse_stack.engines.mcore.layers import MuseSparkExperts
+
+        MuseSparkExperts.unweighted_swiglu = False
 
     from muse_stack.flops import FORMULA, PEFT_FORMULA, training_flops_per_token
     from muse_stack.run.devmem import cuda_memory
@@ -50,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     describe = engine.describe()
     result = {
         "recipe": args.recipe, "overrides": args.overrides, "device": torch.cuda.get_device_name(),
+        "experts_swiglu": "weighted, given ones" if args.weighted_swiglu else "unweighted",
         "method": f"{args.steps} steps, window steps {args.warmup + 1}-{args.steps}; each step bracketed by "
                   "torch.cuda.synchronize()",
         "tokens_per_s_per_gpu": tps, "step_time_mean_s": statistics.fmean(r["step_time_s"] for r in window),

@@ -337,10 +337,20 @@ class MegatronEngine:
                 "distributed_optimizer": self.opt_config.use_distributed_optimizer,
                 "optimizer_positions_realigned": getattr(self, "reordered_optimizer_params", 0),
                 "attention": "TEDotProductAttention" + (" (THD packed)" if self.thd else ""), "experts": "TEGroupedMLP (grouped GEMM)",
+                "experts_swiglu": self._swiglu_loaded(),
                 "torch_compile_elementwise": fuse.enabled(),
                 "fp32_gemms": "torch float32, TF32 off (" + ", ".join(self.fp32_gemms) + ")" if self.fp32_gemms
                 else "transformer engine",
                 "peak_memory_kind": "max allocated (CUDA)"}
+
+    def _swiglu_loaded(self) -> str | None:
+        """Which SwiGLU the expert layers run, asked of the modules themselves."""
+        from muse_stack.engines.mcore.layers import MuseSparkExperts
+
+        kinds = {"unweighted (megatron-core's fused SwiGLU)" if m._plain_swiglu()
+                 else "megatron-core's TEGroupedMLP forward (weighted SwiGLU, given ones)"
+                 for m in self.model.module.modules() if isinstance(m, MuseSparkExperts)}
+        return ", ".join(sorted(kinds)) or None
 
     # -- checkpoints (megatron-core dist-checkpointing) -----------------------------------
     def _sharded_state(self, *, is_loading: bool) -> dict[str, Any]:

@@ -212,6 +212,11 @@ class MuseSparkExperts(TEGroupedMLP):
     """
 
     post_norm_eps: float = 1e-8
+    #: the SwiGLU between the two grouped GEMMs carries no routing weight (the weight comes after
+    #: the post-expert norm), so it runs megatron-core's unweighted fused SwiGLU. Its weighted one,
+    #: given ones, also reduces a gradient for those ones that nothing reads. False: the weighted
+    #: one with ones (the engine before; ``benchmarks/engine_steps.py --weighted-swiglu``)
+    unweighted_swiglu: bool = True
 
     def __init__(self, num_local_experts: int, config, submodules, pg_collection=None, name=None) -> None:
         super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection, name=name)
@@ -219,9 +224,28 @@ class MuseSparkExperts(TEGroupedMLP):
         self.etp_group = pg_collection.expt_tp if pg_collection is not None else None
         self.etp = self.etp_group.size() if self.etp_group is not None else 1
 
+    def _plain_swiglu(self) -> bool:
+        """fc1, SwiGLU, fc2 and nothing else in megatron-core's forward: no FP8/FP4 padding, no
+        recompute or offload of the activation, no TE op fuser, no probabilities on the input."""
+        c = self.config
+        return (self.unweighted_swiglu and not self._with_fused_impl and not c.fp8 and not c.fp4
+                and not self.activation_recompute and not c.moe_apply_probs_on_input
+                and not getattr(self, "offload_expert_fc1", False) and not getattr(self, "offload_moe_act", False)
+                and c.gated_linear_unit and c.bias_activation_fusion and not c.use_te_activation_func
+                and c.moe_mlp_glu_interleave_size is None)
+
+    def _experts(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, permuted_probs: torch.Tensor):
+        if not self._plain_swiglu():
+            return super().forward(hidden, tokens_per_expert, torch.ones_like(permuted_probs))
+        from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
+
+        counts = tokens_per_expert.tolist()
+        fc1, fc1_bias = self.linear_fc1(hidden, counts)
+        return self.linear_fc2(bias_swiglu_impl(fc1, fc1_bias), counts)
+
     def forward(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, permuted_probs: torch.Tensor,
                 **kwargs: Any):
-        out, bias = super().forward(hidden, tokens_per_expert, torch.ones_like(permuted_probs))
+        out, bias = self._experts(hidden, tokens_per_expert, permuted_probs)
         if self.etp > 1:  # whole outputs to norm; the weight divided by ETP, restored by the combine's sum
             from torch.distributed.nn.functional import all_reduce
 
