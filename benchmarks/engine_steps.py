@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "recipe": args.recipe, "overrides": args.overrides, "device": torch.cuda.get_device_name(),
         "experts_swiglu": "weighted, given ones" if args.weighted_swiglu else "unweighted",
+        "optimizer": describe["optimizer"],
         "method": f"{args.steps} steps, window steps {args.warmup + 1}-{args.steps}; each step bracketed by "
                   "torch.cuda.synchronize()",
         "tokens_per_s_per_gpu": tps, "step_time_mean_s": statistics.fmean(r["step_time_s"] for r in window),

@@ -29,7 +29,10 @@ def megatron_engine(name: str, overrides: list[str], steps: int):
     from muse_stack.engines.megatron import MegatronEngine
     from muse_stack.recipes.catalogue import load_recipe
 
+    from muse_stack.engines.support import check_recipe
+
     recipe = load_recipe(name, [*overrides, f"training.steps={steps}"])
+    check_recipe(recipe)  # what the runner refuses, refused here too
     engine = MegatronEngine(TrainContext(recipe=recipe, model=recipe.model_config_resolved(),
                                          data=build_for_recipe(recipe, progress=False), total_steps=steps))
     return recipe, engine

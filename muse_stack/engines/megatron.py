@@ -128,23 +128,20 @@ class MegatronEngine:
             self.base = base_identity(pretrained_checkpoint=ctx.pretrained_checkpoint, revision=recipe.model.revision,
                                       hf_id=recipe.model.hf_id, hf_config=ctx.model.to_hf_config(), init_seed=seed,
                                       layout={"tp": lay.tp, "pp": lay.pp, "ep": lay.ep or 1, "etp": lay.etp})
-        dist_opt = lay.distributed_optimizer if lay.distributed_optimizer is not None else True
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=dist_opt, check_for_nan_in_grad=False)
-        self.model = DistributedDataParallel(self.config, ddp_config, model)
-        opt = recipe.optimizer
-        if opt.name == "sgd":
-            raise RecipeError("the megatron engine trains with Adam(W)", field="optimizer.name", value=opt.name,
-                              fix="use adam, or the reference engine for SGD")
+        from muse_stack.engines.mcore.config import optimizer_config_kwargs
         from muse_stack.engines.support import require_stated
 
         require_stated(recipe)  # the values below are the recipe's; none is filled in here
+        opt_kwargs = optimizer_config_kwargs(recipe)
+        dist_opt = opt_kwargs["use_distributed_optimizer"]
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                   use_distributed_optimizer=dist_opt, check_for_nan_in_grad=False)
+        self.model = DistributedDataParallel(self.config, ddp_config, model)
+        if recipe.optimizer.name == "sgd":
+            raise RecipeError("the megatron engine trains with Adam(W)", field="optimizer.name",
+                              value=recipe.optimizer.name, fix="use adam, or the reference engine for SGD")
         # min_lr is stated whenever the schedule decays; a constant schedule never reaches it
-        self.opt_config = OptimizerConfig(
-            optimizer="adam", lr=opt.lr, min_lr=opt.min_lr if opt.min_lr is not None else opt.lr,
-            weight_decay=opt.weight_decay, adam_beta1=opt.beta1, adam_beta2=opt.beta2, adam_eps=opt.eps,
-            clip_grad=opt.clip_grad, bf16=recipe.precision == "bf16", params_dtype=self.config.params_dtype,
-            use_distributed_optimizer=dist_opt)
+        self.opt_config = OptimizerConfig(**opt_kwargs, params_dtype=self.config.params_dtype)
         self.optimizer = get_megatron_optimizer(self.opt_config, [self.model])
         if dist_opt:  # fp32 gains next to bf16 weights: see optimizer_order
             from muse_stack.engines.mcore.optimizer_order import align_group_orders
@@ -295,14 +292,16 @@ class MegatronEngine:
     def checkpoint_bytes(self) -> int:
         """One dist-checkpoint of the run: every parameter it holds (the adapters alone on a frozen
         base) in its dtype, and for each trainable one the optimizer's fp32 main copy (none when
-        the parameters are fp32 already) and Adam's two fp32 moments. Each tensor counts once:
+        the parameters are fp32 already; an int16 remainder under ``optimizer.param_remainders``)
+        and Adam's two fp32 moments. Each tensor counts once:
         a rank's share is divided by the ranks holding the same copy (data parallel, or expert
         data parallel for expert weights), then summed over all ranks (collective)."""
         from megatron.core import parallel_state as ps
 
         dense = ps.get_data_parallel_world_size(with_context_parallel=True)
         expert = ps.get_expert_data_parallel_world_size()
-        state = 8 if self.config.params_dtype == torch.float32 else 12
+        remainders = self.opt_config.use_precision_aware_optimizer and self.opt_config.store_param_remainders
+        state = 8 if self.config.params_dtype == torch.float32 else (10 if remainders else 12)
         local = 0.0
         for p in self.model.module.parameters():
             if self.peft is not None and not p.requires_grad:
@@ -335,6 +334,7 @@ class MegatronEngine:
                              "last_stage_layers": self.config.num_layers_in_last_pipeline_stage},
                 "recompute": self.config.recompute_granularity, "dispatcher": self.config.moe_token_dispatcher_type,
                 "distributed_optimizer": self.opt_config.use_distributed_optimizer,
+                "optimizer": self._adam_loaded(),
                 "optimizer_positions_realigned": getattr(self, "reordered_optimizer_params", 0),
                 "attention": "TEDotProductAttention" + (" (THD packed)" if self.thd else ""), "experts": "TEGroupedMLP (grouped GEMM)",
                 "experts_swiglu": self._swiglu_loaded(),
@@ -351,6 +351,23 @@ class MegatronEngine:
                  else "megatron-core's TEGroupedMLP forward (weighted SwiGLU, given ones)"
                  for m in self.model.module.modules() if isinstance(m, MuseSparkExperts)}
         return ", ".join(sorted(kinds)) or None
+
+    def _adam_loaded(self) -> list[str]:
+        """The Adam implementation(s) megatron-core built, read off the objects: class, and where
+        the master weights live (TE's FusedAdam under the precision-aware optimizer)."""
+        out = set()
+        for opt in getattr(self.optimizer, "chained_optimizers", None) or [self.optimizer]:
+            adam = getattr(opt, "optimizer", None)
+            if adam is None:
+                continue
+            name = f"{type(adam).__module__}.{type(adam).__name__}"
+            if getattr(adam, "master_weights", False):
+                kept = "bf16 weight + int16 remainder" if getattr(adam, "store_param_remainders", False) else "fp32"
+                name += f" (holds the master weights: {kept})"
+            else:
+                name += " (megatron-core keeps the fp32 shards it updates)"
+            out.add(name)
+        return sorted(out)
 
     # -- checkpoints (megatron-core dist-checkpointing) -----------------------------------
     def _sharded_state(self, *, is_loading: bool) -> dict[str, Any]:

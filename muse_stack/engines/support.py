@@ -97,6 +97,7 @@ def check_recipe(recipe: Recipe) -> None:
         from muse_stack.engines.mcore.config import transformer_config_kwargs
 
         transformer_config_kwargs(recipe, recipe.model_config_resolved())
+        check_precision_aware(recipe)
         # with adapters the whole base is frozen (frozen: [base]); the engine freezes nothing else
         frozen = [f for f in recipe.frozen if f not in TOWERS and not (recipe.peft is not None and f == "base")]
         if frozen:
@@ -104,3 +105,35 @@ def check_recipe(recipe: Recipe) -> None:
                               field="frozen", value=frozen,
                               fix="drop them from frozen, or use engine: reference, which freezes by parameter name")
     check_recipe_values(recipe)
+
+
+def check_precision_aware(recipe: Recipe) -> None:
+    """``optimizer.precision_aware`` / ``param_remainders``: what megatron-core's precision-aware
+    optimizer needs, refused here with the field rather than by an assertion inside megatron-core."""
+    opt, lay = recipe.optimizer, recipe.layout
+    if not opt.precision_aware:
+        if opt.param_remainders:
+            raise RecipeError("optimizer.param_remainders keeps the master weights inside TE's FusedAdam, which "
+                              "only the precision-aware optimizer does", field="optimizer.param_remainders",
+                              value=True, fix="set optimizer.precision_aware=true, or drop optimizer.param_remainders")
+        return
+    if lay.distributed_optimizer is False:
+        raise RecipeError("the precision-aware optimizer is megatron-core's distributed optimizer's",
+                          field="layout.distributed_optimizer", value=False,
+                          fix="set layout.distributed_optimizer=true, or drop optimizer.precision_aware")
+    if opt.name == "sgd":
+        raise RecipeError("the precision-aware optimizer is TE's FusedAdam", field="optimizer.name", value="sgd",
+                          fix="use adam, or drop optimizer.precision_aware")
+    if recipe.peft is not None:
+        raise RecipeError("the precision-aware optimizer has not been run with adapters on this engine",
+                          field="optimizer.precision_aware", value=True,
+                          fix="drop optimizer.precision_aware for a peft recipe")
+    if opt.param_remainders is None:
+        raise RecipeError("with optimizer.precision_aware the master weights' storage must be stated: it decides "
+                          "how the bf16 weights round", field="optimizer.param_remainders", value=None,
+                          fix="set optimizer.param_remainders=true (bf16 weight + int16 remainder, 2 bytes per "
+                              "parameter less) or false (a separate fp32 master)")
+    if opt.param_remainders and recipe.precision != "bf16":
+        raise RecipeError("int16 remainders complete a bf16 weight to its fp32 master; under this precision there "
+                          "is no bf16 weight", field="optimizer.param_remainders", value=True,
+                          fix="set optimizer.param_remainders=false, or precision: bf16")

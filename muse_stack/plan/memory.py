@@ -1,7 +1,8 @@
 """Per-GPU memory estimate for one pipeline stage of a megatron-core run.
 
 Bytes per parameter follow megatron-core's mixed-precision training: bf16 weights (2 B),
-fp32 gradient buffers (4 B), and Adam's fp32 master weights plus two moments (12 B), the
+fp32 gradient buffers (4 B), and Adam's fp32 master weights plus two moments (12 B; 10 B when
+``optimizer.param_remainders`` keeps each master as the bf16 weight plus an int16 remainder), the
 last sharded over the data-parallel group with the distributed optimizer. Expert parameters
 shard over the expert-data-parallel group, world / (EP x ETP x PP), dense parameters over
 DP x CP. Activations follow the layer's formulas (see :func:`layer_activation_bytes_per_token`)
@@ -135,7 +136,8 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
     sp = bool(lay.sequence_parallel) or (tp > 1 and lay.sequence_parallel is None)
     w_bytes = 4 if recipe.precision == "fp32" else 2
     grad_bytes = 4
-    opt_bytes = 8 if recipe.precision == "fp32" else 12
+    remainders = bool(recipe.optimizer.precision_aware and recipe.optimizer.param_remainders)
+    opt_bytes = 8 if recipe.precision == "fp32" else (10 if remainders else 12)
     if recipe.optimizer.name == "sgd":
         opt_bytes = 0 if recipe.precision == "fp32" else 4
     dist_opt = lay.distributed_optimizer if lay.distributed_optimizer is not None else assume_distributed_optimizer

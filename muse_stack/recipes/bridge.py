@@ -68,6 +68,8 @@ BRIDGE_KEYS: dict[str, str] = {
     "optimizer.adam_beta2": "optimizer.beta2",
     "optimizer.adam_eps": "optimizer.eps",
     "optimizer.use_distributed_optimizer": "layout.distributed_optimizer",
+    "optimizer.use_precision_aware_optimizer": "optimizer.precision_aware",
+    "optimizer.store_param_remainders": "optimizer.param_remainders",
     # SchedulerConfig
     "scheduler.lr_warmup_iters": "optimizer.warmup_steps",
     "scheduler.lr_warmup_fraction": "optimizer.warmup_fraction",

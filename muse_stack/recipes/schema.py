@@ -227,6 +227,16 @@ class Optimizer(_Strict):
     beta2: float | None = Field(None, ge=0, lt=1)
     eps: float | None = Field(None, gt=0)
     clip_grad: float | None = Field(None, ge=0)
+    precision_aware: bool | None = Field(
+        None, description="megatron engine: TE's FusedAdam holds the master weights and writes the bf16 weights in "
+                          "its own update kernel (megatron-core's use_precision_aware_optimizer; needs the "
+                          "distributed optimizer). Unset: off, megatron-core keeps fp32 master shards and copies them "
+                          "to the weights after the update")
+    param_remainders: bool | None = Field(
+        None, description="with precision_aware under bf16: each fp32 master weight is the bf16 weight plus an int16 "
+                          "remainder (exactly the same fp32 value, 2 bytes per parameter instead of 4; the bf16 weight "
+                          "rounds ties away from zero); false: a separate fp32 master. Stated whenever precision_aware "
+                          "is on")
 
 
 class Training(_Strict):
@@ -425,6 +435,9 @@ class Recipe(_Strict):
             raise ValueError(f"optimizer.min_lr ({self.optimizer.min_lr}) exceeds optimizer.lr ({self.optimizer.lr})")
         if self.training.steps is None and self.training.epochs is None:
             raise ValueError("training needs steps or epochs (or both)")
+        if (self.optimizer.precision_aware or self.optimizer.param_remainders) and self.engine != "megatron":
+            raise ValueError("optimizer.precision_aware and optimizer.param_remainders apply to the megatron engine "
+                             "only: set engine: megatron or drop them")
         if self.fusions.compile_elementwise and self.engine != "megatron":
             raise ValueError("fusions.compile_elementwise applies to the megatron engine only: "
                              "set engine: megatron or drop fusions.compile_elementwise")

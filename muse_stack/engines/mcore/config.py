@@ -160,3 +160,20 @@ def transformer_config(recipe: Recipe, model: ModelConfig, **extra: Any):
     kwargs["init_method"] = init_method_normal(std)
     kwargs["output_layer_init_method"] = init_method_normal(std)
     return TransformerConfig(**kwargs)
+
+
+def optimizer_config_kwargs(recipe: Recipe) -> dict[str, Any]:
+    """megatron-core ``OptimizerConfig`` fields from the recipe's optimizer (pure; every training
+    value comes from the recipe, which :func:`muse_stack.engines.support.require_stated` checks;
+    ``params_dtype`` is added by the engine from its ``TransformerConfig``)."""
+    opt, lay = recipe.optimizer, recipe.layout
+    dist_opt = lay.distributed_optimizer if lay.distributed_optimizer is not None else True
+    kwargs: dict[str, Any] = dict(
+        optimizer="adam", lr=opt.lr, min_lr=opt.min_lr if opt.min_lr is not None else opt.lr,
+        weight_decay=opt.weight_decay, adam_beta1=opt.beta1, adam_beta2=opt.beta2, adam_eps=opt.eps,
+        clip_grad=opt.clip_grad, bf16=recipe.precision == "bf16", use_distributed_optimizer=dist_opt,
+        # TE's FusedAdam updates the master weights and writes the bf16 weights in one kernel (no
+        # separate fp32 -> bf16 copy pass); with remainders the master is the bf16 weight + int16
+        use_precision_aware_optimizer=bool(opt.precision_aware),
+        store_param_remainders=bool(opt.precision_aware and opt.param_remainders))
+    return kwargs
