@@ -6,6 +6,7 @@
 #   all of benchmarks/: fingerprint parity proxy1 slice slice1 slice2 slicee slicee2 overhead proxy2 proxy2c
 #                       parity2 tp2 parity3 pp2 cp2 etp2 packed packedcp recompute resume resumectl ckptsave
 #                       export peftparity peftslice strict det profile peftrun detprobe levers levers2 bridge
+#                       levers3 resume1 slice8 remeasure levers4 profile2
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
 set -uo pipefail
@@ -19,14 +20,17 @@ MS="python3 -m muse_stack.cli"
 PACKED="data.kind=sft data.builder=packed data.files=[data/tiny-chat.jsonl] data.tokenizer=data/tiny-tokenizer
   data.loss_mask=muse_spark batch.packed=true batch.seq_length=1024"
 # a smaller proxy for checkpoint round trips (8 experts, top 2): a quick dist-checkpoint save
-# slice-1gpu as its MBS 1 / MBS 2 rows ran (the recipe ships MBS 4 with the allgather dispatcher since)
-ASRAN="batch.mbs=1 layout.dispatcher=alltoall"
+# slice-1gpu as its MBS 1 / MBS 2 rows ran (the recipe ships MBS 4 with the allgather dispatcher and the
+# precision-aware optimizer since)
+ASRAN="batch.mbs=1 layout.dispatcher=alltoall optimizer.precision_aware=null optimizer.param_remainders=null"
 # the elementwise chains fused by torch.compile (the slice's own setting), or not
 FUSED="fusions.compile_elementwise=true" EAGER="fusions.compile_elementwise=false"
 SMALL="model.overrides.num_local_experts=8 model.overrides.num_experts_per_tok=2"
 # lora-64's adapters (its peft block) on the slice, at lora-64's micro-batching (MBS 1, alltoall)
-LORA64="batch.mbs=1 layout.dispatcher=alltoall peft.scheme=lora peft.rank=32 peft.alpha=32 peft.dropout=0.0 peft.per_expert=true
+LORA64="batch.mbs=1 layout.dispatcher=alltoall optimizer.precision_aware=null optimizer.param_remainders=null peft.scheme=lora peft.rank=32 peft.alpha=32 peft.dropout=0.0 peft.per_expert=true
   peft.targets=[self_attn.q_proj,self_attn.k_proj,self_attn.v_proj,self_attn.o_proj,mlp.experts.gate_up_proj,mlp.experts.down_proj,mlp.pre_expert_proj,mlp.post_expert_proj]"
+# megatron-core's precision-aware optimizer with the master weights as bf16 weight + int16 remainder
+PA="optimizer.precision_aware=true optimizer.param_remainders=true"
 T=${STEP_TIMEOUT:-900}  # seconds any one command may take (a hung collective must not eat the call)
 one() { CUDA_VISIBLE_DEVICES=${GPU:-0} timeout "$T" "$@"; }  # GPU=1 MASTER_PORT=29600: a second one beside
 two() { timeout "$T" torchrun --standalone --nproc-per-node 2 "$@"; }
@@ -44,7 +48,18 @@ for what in "${@:-smoke}"; do
     rm -rf runs/smoke-proxy1 runs/smoke-slice; one $MS run proxy-1gpu --steps 3 --out runs/smoke-proxy1 --no-progress && tail -3 runs/smoke-proxy1/metrics.jsonl
     one $MS run slice-1gpu --steps 2 --out runs/smoke-slice --no-progress && tail -2 runs/smoke-slice/metrics.jsonl ;;
   proxy1) rm -rf runs/proxy-1gpu; one $MS run proxy-1gpu --out runs/proxy-1gpu --no-progress; keep proxy-1gpu runs/proxy-1gpu ;;
-  slice) rm -rf runs/slice-1gpu; one $MS run slice-1gpu --out runs/slice-1gpu --no-progress; keep slice-1gpu-mbs4 runs/slice-1gpu ;;
+  slice) rm -rf runs/slice-1gpu; one $MS run slice-1gpu --out runs/slice-1gpu --no-progress; keep slice-1gpu-shipped runs/slice-1gpu ;;
+  slice8) # the slice at MBS 8 (one micro-batch) with the int16 remainders, which free the memory MBS 8 needs
+    rm -rf runs/slice-1gpu8; one $MS run slice-1gpu batch.mbs=8 optimizer.param_remainders=true --out runs/slice-1gpu8 \
+      --no-progress; keep slice-1gpu-mbs8 runs/slice-1gpu8 ;;
+  remeasure) # proxy-1gpu and the packed rows again, into remeasure/ (compared with the committed runs on the CPU)
+    rm -rf runs/proxy-1gpu runs/packed1
+    one $MS run proxy-1gpu --out runs/proxy-1gpu --no-progress; keep remeasure/proxy-1gpu runs/proxy-1gpu
+    one $MS run proxy-1gpu $PACKED --out runs/packed1 --no-progress; keep remeasure/packed-1gpu runs/packed1 ;;
+  levers4) # the precision-aware optimizer with a separate fp32 master (the recipe's setting), by engine_steps.py
+    one python3 benchmarks/engine_steps.py slice-1gpu --steps 30 --warmup 10 --out "$OUT/lever3-precision-aware-fp32.json" ;;
+  profile2) # one step of the slice as shipped by class of GPU work, with operator shapes
+    one python3 benchmarks/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$OUT/profile-shipped.json" ;;
   slice1) rm -rf runs/slice-1gpu1; one $MS run slice-1gpu $ASRAN --out runs/slice-1gpu1 --no-progress; keep slice-1gpu runs/slice-1gpu1 ;;
   slice2) rm -rf runs/slice-1gpu-mbs2; one $MS run slice-1gpu $ASRAN batch.mbs=2 --out runs/slice-1gpu-mbs2 --no-progress
           keep slice-1gpu-mbs2 runs/slice-1gpu-mbs2 ;;
@@ -119,6 +134,23 @@ for what in "${@:-smoke}"; do
       one python3 benchmarks/profile_step.py slice-1gpu batch.mbs=4 layout.dispatcher=alltoall --warmup 5 --steps 2 \
         --shapes --out "$OUT/profile-mbs4.json"
     fi ;;
+  levers3) # slice-1gpu as shipped with the experts' SwiGLU as it ran before (weighted, given ones), then unweighted,
+    # then + the precision-aware optimizer with int16 remainders, then that at MBS 8 (30 steps each, window 11-30)
+    ES="python3 benchmarks/engine_steps.py slice-1gpu"; W="--steps 30 --warmup 10"
+    one $ES $W --weighted-swiglu --out "$OUT/lever3-base.json"
+    one $ES $W --out "$OUT/lever3-swiglu.json"
+    one $ES $PA $W --out "$OUT/lever3-precision-aware.json"
+    one $ES $PA batch.mbs=8 $W --out "$OUT/lever3-mbs8.json" ;;
+  resume1) # dist-checkpoint round trip on one GPU under the precision-aware optimizer (the checkpoint holds the
+    # int16 remainders): interrupted at step 3 and resumed == uninterrupted (proxy-1gpu, 8 experts, 6 steps)
+    rm -rf runs/resume1-full runs/resume1-part
+    one $MS run proxy-1gpu $SMALL $PA --steps 6 --out runs/resume1-full --no-progress
+    one $MS run proxy-1gpu $SMALL $PA --steps 6 --stop-after 3 --out runs/resume1-part --no-progress
+    echo "stop-after rc=$? (1: interrupted)"; du -sb runs/resume1-part/checkpoints/*/ | tee "$OUT/resume1-sizes.txt"
+    one $MS run --resume runs/resume1-part --no-progress
+    $MS compare runs/resume1-full runs/resume1-part --json --no-plot > "$OUT/resume1-compare.json"
+    keep resume1-full runs/resume1-full; keep resume1-part runs/resume1-part
+    cp runs/resume1-part/fingerprint.resumed.json "$OUT/resume1-part/" 2>/dev/null ;;
   bridge) # the peer: Megatron-Bridge's own pretrain loop on the slice's shapes and settings (benchmarks/bridge_slice.py);
     # its wheelhouse (benchmarks/bridge/stage.sh download: ~46 MB) carried in a call of its own and copied to
     # /tmp, then BRIDGE_WHEELS=/tmp/bridge

@@ -14,9 +14,9 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 README = (BENCH / "README.md").read_text()
 
 
-#: what the committed pairs show: proxy-1gpu after the engine seeds the CPU generator (the router
-#: weights), slice-1gpu from before that fix
-BITWISE = {"proxy-1gpu": True, "slice-1gpu": False}
+#: what the committed pairs show, all after the engine seeds the CPU generator (the router
+#: weights): det/ holds them; det/before-seed-fix/ the slice pair from before that fix
+BITWISE = {"proxy-1gpu": True, "slice-1gpu": True, "before-seed-fix/slice-1gpu": False}
 
 
 @pytest.mark.parametrize("recipe", sorted(BITWISE))
@@ -26,12 +26,26 @@ def test_deterministic_verdict_follows_from_the_metrics(recipe):
     assert again == committed
     assert again["identical"] is BITWISE[recipe]
     if not BITWISE[recipe]:
-        assert again["first_difference"]["step"] == 1 and "**before the seed fix**" in README
-    else:
+        assert again["first_difference"]["step"] == 1 and "is the slice pair\nfrom that earlier lease: not bitwise" \
+            in README
+    elif recipe == "proxy-1gpu":
         assert "**bitwise identical** with b: loss and grad norm at all 20 steps" in README
+    else:
+        assert "the two deterministic runs are **bitwise identical**\n(`det/slice-1gpu-det-compare.json`: " \
+               "loss and grad norm at all 20 steps)" in README
     for run in ("det-a", "det-b"):
         fp = json.dumps(json.loads((BENCH / "det" / f"{recipe}-{run}" / "fingerprint.json").read_text()))
         assert '"deterministic": true' in fp and '"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"' in fp
+
+
+def test_deterministic_cost_on_the_slice_restates_the_runs():
+    rates = {run: json.loads((BENCH / "det" / f"slice-1gpu-{run}" / "results.json").read_text())
+             for run in ("det-a", "det-b", "default-a")}
+    assert all(r["window"] == [11, 20] for r in rates.values())
+    tps = {k: r["tokens_per_s_per_gpu"] for k, r in rates.items()}
+    slower = sorted(1 - tps[r] / tps["default-a"] for r in ("det-a", "det-b"))
+    assert f"at {tps['det-a']:,.0f} and {tps['det-b']:,.0f}\ntokens/s against {tps['default-a']:,.0f} for the " \
+           f"default run ({100 * slower[0]:.1f}-{100 * slower[1]:.1f}% slower)" in README
 
 
 def test_runs_before_the_seed_fix_differ_from_step_1():

@@ -70,7 +70,10 @@ def test_committed_parity_results_within_tolerance():
                                                                          for k in ("full", "part", "again")),
                                   "det/proxy-1gpu-det-a", "det/proxy-1gpu-det-b", "det/proxy-1gpu-default-a",
                                   "det/slice-1gpu-det-a", "det/slice-1gpu-det-b", "export-roundtrip/run",
-                                  "slice-1gpu-mbs4", "remeasure/proxy-1gpu"])
+                                  "slice-1gpu-mbs4", "remeasure/proxy-1gpu", "slice-1gpu-shipped",
+                                  "slice-1gpu-shipped/run1", "det/slice-1gpu-default-a",
+                                  "det/before-seed-fix/slice-1gpu-det-a", "remeasure/eager-restored/proxy-1gpu",
+                                  "resume1/resume1-full"])
 def test_committed_results_follow_from_their_metrics(name):
     """results.json of each benchmark is what the run pipeline computes from its metrics.jsonl."""
     folder = BENCH / name

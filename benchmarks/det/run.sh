@@ -4,5 +4,7 @@
 OUT=/tmp/det bash benchmarks/h200.sh detprobe
 # two numerics.deterministic runs and one default run of proxy-1gpu (20 steps), with the engine's CPU seed
 OUT=/tmp/det bash benchmarks/h200.sh det-proxy
-# the slice-1gpu-det-* pair predates the CPU seed (earlier lease): `h200.sh det-slice` reruns it; its compare
-# was made on a CPU: muse-stack compare det/slice-1gpu-det-a det/slice-1gpu-det-b --json --no-plot
+# before-seed-fix/slice-1gpu-det-* predates the CPU seed (earlier lease; its compare was made on a CPU:
+# muse-stack compare det/slice-1gpu-det-a det/slice-1gpu-det-b --json --no-plot). The slice pair with the seed,
+# on the recipe as it ships now, and its default run (the lease of ../slice-1gpu-shipped):
+OUT=/tmp/det bash benchmarks/h200.sh det-slice

@@ -5,3 +5,7 @@
 # the alltoall dispatcher (the commands below pin that, so they measure the same today).
 OUT=benchmarks/levers bash benchmarks/h200.sh levers    # lever-base, -mbs2, -mbs4, -mbs4-cutlass, -mbs4-connections8
 OUT=benchmarks/levers bash benchmarks/h200.sh levers2   # lever-mbs8, -mbs4-allgather, profile-mbs4 (-> ../slice-1gpu/)
+# a later lease, the recipe as it ships now (MBS 4, allgather), on its first machine:
+OUT=benchmarks/levers bash benchmarks/h200.sh levers3   # lever3-base (--weighted-swiglu), -swiglu, -precision-aware, -mbs8
+# on the second machine of that lease, before ../slice-1gpu-shipped's run (see its run.sh):
+OUT=benchmarks/levers bash benchmarks/h200.sh levers4   # lever3-precision-aware-fp32 (the recipe as shipped)

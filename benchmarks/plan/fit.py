@@ -32,8 +32,9 @@ BENCH = Path(__file__).resolve().parents[1]
 PACKED = ["data.kind=sft", "data.builder=packed", "data.files=[data/tiny-chat.jsonl]",
           "data.tokenizer=data/tiny-tokenizer", "data.loss_mask=muse_spark", "batch.packed=true",
           "batch.seq_length=1024"]
-#: slice-1gpu as it was when its fitted runs were made (it now ships MBS 4 with the allgather dispatcher)
-SLICE_AS_MEASURED = ["batch.mbs=1", "layout.dispatcher=alltoall"]
+#: slice-1gpu as it was when its fitted runs were made (it now ships MBS 4 with the allgather dispatcher and
+#: the precision-aware optimizer)
+SLICE_AS_MEASURED = ["batch.mbs=1", "layout.dispatcher=alltoall", "optimizer.precision_aware=null", "optimizer.param_remainders=null"]
 #: folder -> (recipe, overrides) as in the folder's run.sh
 POINTS: dict[str, tuple[str, list[str]]] = {
     "proxy-1gpu": ("proxy-1gpu", []),

@@ -30,7 +30,7 @@ RUNS = [
     ("det/before-seed-fix/proxy-1gpu-default-a/results.json", "proxy-1gpu, default numerics, 20 steps", True),
     ("ckpt-save/ckpt-save.json", "slice-1gpu, default numerics, 72 steps with two checkpoint saves", True),
     ("det/before-seed-fix/proxy-1gpu-det-a/results.json", "proxy-1gpu, numerics.deterministic", False),
-    ("det/slice-1gpu-det-a/results.json", "slice-1gpu, numerics.deterministic", False),
+    ("det/before-seed-fix/slice-1gpu-det-a/results.json", "slice-1gpu, numerics.deterministic", False),
     ("peft-lora-slice/full/results.json", "slice-1gpu with lora-64's adapters, 20 steps", False),
 ]
 

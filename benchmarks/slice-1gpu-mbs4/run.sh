@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# slice-1gpu as shipped (MBS 4, allgather dispatcher, elementwise chains compiled): `muse-stack run slice-1gpu`,
+# slice-1gpu as it shipped then (MBS 4, allgather dispatcher, elementwise chains compiled; before the precision-aware
+# optimizer and the unweighted expert SwiGLU, and `h200.sh slice` kept it here then): `muse-stack run slice-1gpu`,
 # on a lent 1 x H200 with TE 2.20.2 + megatron-core 0.19.2 staged in /tmp/site, from the project root. The same
 # call ran parity (../parity/parity-tp1-loss-chain.json), then this, then ../bridge/, ../remeasure/proxy-1gpu and
 # ../remeasure/packed-1gpu:
