@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from muse_stack.engines.mcore.config import optimizer_config_kwargs
-from muse_stack.engines.support import check_recipe
+from muse_stack.engines.support import check_precision_aware, check_recipe
 from muse_stack.errors import RecipeError
 from muse_stack.plan.planner import make_plan
 from muse_stack.recipes.catalogue import load_recipe, recipe_yaml
@@ -63,7 +63,8 @@ def test_refused_naming_the_field_and_the_fix(overrides, field, fix):
 def test_refused_with_adapters():
     with pytest.raises(RecipeError) as exc:
         check_recipe(load_recipe("lora-64", ON))
-    assert exc.value.field == "optimizer.precision_aware"
+    assert exc.value.field == "optimizer.precision_aware" and "optimizer.precision_aware=false" in exc.value.fix
+    check_precision_aware(load_recipe("lora-64", ["optimizer.precision_aware=false"]))  # the fix is accepted
 
 
 def test_refused_on_the_reference_engine():

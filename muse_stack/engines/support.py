@@ -127,7 +127,8 @@ def check_precision_aware(recipe: Recipe) -> None:
     if recipe.peft is not None:
         raise RecipeError("the precision-aware optimizer has not been run with adapters on this engine",
                           field="optimizer.precision_aware", value=True,
-                          fix="drop optimizer.precision_aware for a peft recipe")
+                          fix="set optimizer.precision_aware=false (megatron-core's own fp32 master shards) for a "
+                              "peft recipe")
     if opt.param_remainders is None:
         raise RecipeError("with optimizer.precision_aware the master weights' storage must be stated: it decides "
                           "how the bf16 weights round", field="optimizer.param_remainders", value=None,
