@@ -6,7 +6,7 @@
 #   all of benchmarks/: fingerprint parity proxy1 slice slice1 slice2 slicee slicee2 overhead proxy2 proxy2c
 #                       parity2 tp2 parity3 pp2 cp2 etp2 packed packedcp recompute resume resumectl ckptsave
 #                       export peftparity peftslice strict det profile peftrun detprobe levers levers2 bridge
-#                       levers3 resume1 slice8 remeasure levers4 profile2
+#                       levers3 resume1 slice8 levers4 profile2 (INTO=remeasure/eager-restored/ ... proxy1 packed)
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
 set -uo pipefail
@@ -34,8 +34,21 @@ PA="optimizer.precision_aware=true optimizer.param_remainders=true"
 T=${STEP_TIMEOUT:-900}  # seconds any one command may take (a hung collective must not eat the call)
 one() { CUDA_VISIBLE_DEVICES=${GPU:-0} timeout "$T" "$@"; }  # GPU=1 MASTER_PORT=29600: a second one beside
 two() { timeout "$T" torchrun --standalone --nproc-per-node 2 "$@"; }
-keep() { # keep a run directory's small files under $OUT/$1
-  mkdir -p "$OUT/$1"; cp "$2"/results.json "$2"/metrics.jsonl "$2"/fingerprint.json "$2"/recipe.yaml "$OUT/$1/" 2>/dev/null; }
+keep() { # keep a run directory's small files under $OUT/$INTO$1 (INTO: a folder prefix, e.g. remeasure/x/)
+  mkdir -p "$OUT/${INTO:-}$1"; cp "$2"/results.json "$2"/metrics.jsonl "$2"/fingerprint.json "$2"/recipe.yaml \
+    "$OUT/${INTO:-}$1/" 2>/dev/null; }
+round_trip() { # NAME LAUNCH... -- OVERRIDES...: the run uninterrupted (NAME-full), and interrupted after step 3 then
+  # resumed (NAME-part), 6 steps each, compared; the interrupted run's checkpoint size in NAME-sizes.txt
+  local name=$1 launch=(); shift
+  while [ "$1" != "--" ]; do launch+=("$1"); shift; done; shift
+  rm -rf "runs/$name-full" "runs/$name-part"
+  "${launch[@]}" run "$@" --steps 6 --out "runs/$name-full" --no-progress
+  "${launch[@]}" run "$@" --steps 6 --stop-after 3 --out "runs/$name-part" --no-progress
+  echo "stop-after rc=$? (1: interrupted)"; du -sb "runs/$name-part"/checkpoints/*/ | tee "$OUT/$name-sizes.txt"
+  "${launch[@]}" run --resume "runs/$name-part" --no-progress
+  $MS compare "runs/$name-full" "runs/$name-part" --json --no-plot > "$OUT/$name-compare.json"
+  keep "$name-full" "runs/$name-full"; keep "$name-part" "runs/$name-part"
+  cp "runs/$name-part/fingerprint.resumed.json" "$OUT/${INTO:-}$name-part/" 2>/dev/null; }
 for what in "${@:-smoke}"; do
   echo "=== $what $(date +%T)"
   case "$what" in
@@ -52,10 +65,6 @@ for what in "${@:-smoke}"; do
   slice8) # the slice at MBS 8 (one micro-batch) with the int16 remainders, which free the memory MBS 8 needs
     rm -rf runs/slice-1gpu8; one $MS run slice-1gpu batch.mbs=8 optimizer.param_remainders=true --out runs/slice-1gpu8 \
       --no-progress; keep slice-1gpu-mbs8 runs/slice-1gpu8 ;;
-  remeasure) # proxy-1gpu and the packed rows again, into remeasure/ (compared with the committed runs on the CPU)
-    rm -rf runs/proxy-1gpu runs/packed1
-    one $MS run proxy-1gpu --out runs/proxy-1gpu --no-progress; keep remeasure/proxy-1gpu runs/proxy-1gpu
-    one $MS run proxy-1gpu $PACKED --out runs/packed1 --no-progress; keep remeasure/packed-1gpu runs/packed1 ;;
   levers4) # the precision-aware optimizer with a separate fp32 master (the recipe's setting), by engine_steps.py
     one python3 benchmarks/engine_steps.py slice-1gpu --steps 30 --warmup 10 --out "$OUT/lever3-precision-aware-fp32.json" ;;
   profile2) # one step of the slice as shipped by class of GPU work, with operator shapes
@@ -143,14 +152,7 @@ for what in "${@:-smoke}"; do
     one $ES $PA batch.mbs=8 $W --out "$OUT/lever3-mbs8.json" ;;
   resume1) # dist-checkpoint round trip on one GPU under the precision-aware optimizer (the checkpoint holds the
     # int16 remainders): interrupted at step 3 and resumed == uninterrupted (proxy-1gpu, 8 experts, 6 steps)
-    rm -rf runs/resume1-full runs/resume1-part
-    one $MS run proxy-1gpu $SMALL $PA --steps 6 --out runs/resume1-full --no-progress
-    one $MS run proxy-1gpu $SMALL $PA --steps 6 --stop-after 3 --out runs/resume1-part --no-progress
-    echo "stop-after rc=$? (1: interrupted)"; du -sb runs/resume1-part/checkpoints/*/ | tee "$OUT/resume1-sizes.txt"
-    one $MS run --resume runs/resume1-part --no-progress
-    $MS compare runs/resume1-full runs/resume1-part --json --no-plot > "$OUT/resume1-compare.json"
-    keep resume1-full runs/resume1-full; keep resume1-part runs/resume1-part
-    cp runs/resume1-part/fingerprint.resumed.json "$OUT/resume1-part/" 2>/dev/null ;;
+    round_trip resume1 one $MS -- proxy-1gpu $SMALL $PA ;;
   bridge) # the peer: Megatron-Bridge's own pretrain loop on the slice's shapes and settings (benchmarks/bridge_slice.py);
     # its wheelhouse (benchmarks/bridge/stage.sh download: ~46 MB) carried in a call of its own and copied to
     # /tmp, then BRIDGE_WHEELS=/tmp/bridge
@@ -182,13 +184,7 @@ for what in "${@:-smoke}"; do
     [ "$what" = resume-ep2 ] && lays=("layout.ep=2"); [ "$what" = resume-pp2 ] && lays=("${lays[1]}")
     for lay in "${lays[@]}"; do
       tag=$(echo "$lay" | grep -q pp=2 && echo pp2 || echo ep2)
-      rm -rf runs/resume-$tag-full runs/resume-$tag-part
-      two -m muse_stack.cli run proxy-2gpu $SMALL $lay --steps 6 --out runs/resume-$tag-full --no-progress
-      two -m muse_stack.cli run proxy-2gpu $SMALL $lay --steps 6 --stop-after 3 --out runs/resume-$tag-part --no-progress
-      two -m muse_stack.cli run --resume runs/resume-$tag-part --no-progress
-      $MS compare runs/resume-$tag-full runs/resume-$tag-part --json --no-plot > "$OUT/resume-$tag-compare.json"
-      keep resume-$tag-full runs/resume-$tag-full; keep resume-$tag-part runs/resume-$tag-part
-      cp runs/resume-$tag-part/fingerprint.resumed.json "$OUT/resume-$tag-part/" 2>/dev/null
+      round_trip resume-$tag two -m muse_stack.cli -- proxy-2gpu $SMALL $lay
     done ;;
   resumectl) # the control for resume: a second uninterrupted run against the first (run-to-run spread)
     for tag in ep2 pp2; do

@@ -84,3 +84,11 @@ def test_the_planner_counts_two_bytes_less_per_parameter_with_remainders():
         assert r.optimizer_gib == pytest.approx(b.optimizer_gib * 10 / 12, rel=1e-12)
         assert s.optimizer_gib == pytest.approx(b.optimizer_gib, rel=1e-12)
         assert r.weights_gib == b.weights_gib and r.grads_gib == b.grads_gib
+
+
+def test_one_formula_for_the_optimizer_state_the_planner_and_the_checkpoint_count():
+    from muse_stack.plan.memory import optimizer_state_bytes
+
+    assert optimizer_state_bytes(load_recipe("slice-1gpu")) == 12  # separate fp32 master + two moments
+    assert optimizer_state_bytes(load_recipe("slice-1gpu", ["optimizer.param_remainders=true"])) == 10
+    assert optimizer_state_bytes(load_recipe("slice-1gpu", ["precision=fp32", "optimizer.param_remainders=false"])) == 8

@@ -2,11 +2,12 @@
 # slice-1gpu as shipped (MBS 4, allgather, chains compiled, unweighted expert SwiGLU, precision-aware optimizer
 # with a separate fp32 master): `muse-stack run slice-1gpu`, on a lent 1 x H200 with TE 2.20.2 + megatron-core
 # 0.19.2 staged in /tmp/site, from the project root. One call ran, in order: slice (kept as run1/: one 1.117 s
-# step put it at 49.15%, so slice8 followed; the planner refused it), remeasure (../remeasure/eager-restored/),
+# step put it at 49.15%, so slice8 followed; the planner refused it), proxy1 and packed (../remeasure/eager-restored/),
 # levers4 (../levers/lever3-precision-aware-fp32.json) and profile2 (../slice-1gpu/profile-shipped.json). The
 # next calls on the same machine ran slice again (this folder), parity (../parity/parity-tp1-shipped.json) and
 # det-slice (../det/slice-1gpu-*):
-OUT=/tmp/y bash benchmarks/h200.sh slice slice8 remeasure levers4 profile2
+OUT=/tmp/y bash benchmarks/h200.sh slice slice8; OUT=/tmp/y INTO=remeasure/eager-restored/ bash benchmarks/h200.sh proxy1 packed
+OUT=/tmp/y bash benchmarks/h200.sh levers4 profile2
 OUT=/tmp/z bash benchmarks/h200.sh slice
 OUT=/tmp/p bash benchmarks/h200.sh parity
 OUT=/tmp/d bash benchmarks/h200.sh det-slice

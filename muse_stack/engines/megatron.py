@@ -298,10 +298,11 @@ class MegatronEngine:
         data parallel for expert weights), then summed over all ranks (collective)."""
         from megatron.core import parallel_state as ps
 
+        from muse_stack.plan.memory import optimizer_state_bytes
+
         dense = ps.get_data_parallel_world_size(with_context_parallel=True)
         expert = ps.get_expert_data_parallel_world_size()
-        remainders = self.opt_config.use_precision_aware_optimizer and self.opt_config.store_param_remainders
-        state = 8 if self.config.params_dtype == torch.float32 else (10 if remainders else 12)
+        state = optimizer_state_bytes(self.ctx.recipe)
         local = 0.0
         for p in self.model.module.parameters():
             if self.peft is not None and not p.requires_grad:

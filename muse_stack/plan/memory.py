@@ -124,6 +124,17 @@ def selective_bytes_per_token(act: dict[str, float], modules: list[str] | None) 
     return freed, working
 
 
+def optimizer_state_bytes(recipe: Recipe) -> int:
+    """Optimizer state per trainable parameter, as megatron-core keeps it (and as a dist-checkpoint
+    holds it): Adam's two fp32 moments, plus an fp32 master copy of each bf16 weight (an int16
+    remainder under ``optimizer.param_remainders``); SGD keeps the master copy only."""
+    if recipe.optimizer.name == "sgd":
+        return 0 if recipe.precision == "fp32" else 4
+    if recipe.precision == "fp32":
+        return 8
+    return 10 if recipe.optimizer.precision_aware and recipe.optimizer.param_remainders else 12
+
+
 def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], dp: int | None,
              edp: int | None, microbatches: int | None, calibration: Calibration | None = None,
              assume_distributed_optimizer: bool = True) -> list[StageMemory]:
@@ -136,10 +147,7 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
     sp = bool(lay.sequence_parallel) or (tp > 1 and lay.sequence_parallel is None)
     w_bytes = 4 if recipe.precision == "fp32" else 2
     grad_bytes = 4
-    remainders = bool(recipe.optimizer.precision_aware and recipe.optimizer.param_remainders)
-    opt_bytes = 8 if recipe.precision == "fp32" else (10 if remainders else 12)
-    if recipe.optimizer.name == "sgd":
-        opt_bytes = 0 if recipe.precision == "fp32" else 4
+    opt_bytes = optimizer_state_bytes(recipe)
     dist_opt = lay.distributed_optimizer if lay.distributed_optimizer is not None else assume_distributed_optimizer
     offload_opt = bool(recipe.offload.optimizer)
     base_frozen = "base" in recipe.frozen or recipe.task == "peft" or recipe.peft is not None
