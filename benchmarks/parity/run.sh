@@ -21,3 +21,6 @@ CUDA_VISIBLE_DEVICES=0 python3 -m muse_stack.engines.mcore.peft_parity --scheme 
 CUDA_VISIBLE_DEVICES=0 python3 -m muse_stack.engines.mcore.peft_parity --scheme dora --out peft-parity-dora.json
 # (parity-strict-te-tf32.json and peft-parity-lora-te-tf32.json: the same commands before precision: fp32
 #  ran TE's GEMMs in float32, kept as the measured effect of TE's TF32)
+# parity-tp1-shipped.json: `h200.sh parity` (the command above, parity-tp1.json renamed) in the lease of
+# ../slice-1gpu-shipped, with the unweighted expert SwiGLU and the pre-scaled loss
+OUT=/tmp/p bash benchmarks/h200.sh parity && cp /tmp/p/parity-tp1.json benchmarks/parity/parity-tp1-shipped.json
