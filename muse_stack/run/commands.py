@@ -49,8 +49,9 @@ def register(app: typer.Typer) -> None:
             from muse_stack.run.availability import check_runnable_here
 
             recipe = load_recipe(name, overrides or [])
-            check_recipe(recipe)
+            check_recipe(recipe, values=False)
             check_runnable_here(recipe, name)
+            check_recipe(recipe)  # then the optimizer values neither the recipe nor its fill policy states
         outcome = run(None if resume is not None else name, overrides=overrides or [], out=out, steps=steps,
                       gpus=gpus, resume=resume, pretrained_checkpoint=pretrained_checkpoint,
                       progress=not no_progress, stop_after=stop_after, allow_change=allow_change)
