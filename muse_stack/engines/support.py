@@ -18,7 +18,7 @@ def unstated_training_values(recipe: Recipe) -> list[str]:
     engine fills them in: a run or launch is refused until the recipe states each one."""
     opt = recipe.optimizer
     missing = [f for f in ("name", "lr", "decay_style", "weight_decay", "clip_grad") if getattr(opt, f) is None]
-    if opt.decay_style not in (None, "constant") and opt.min_lr is None:
+    if opt.decay_style != "constant" and opt.min_lr is None:  # an unstated style may decay: asked in one round
         missing.append("min_lr")
     if opt.warmup_steps is None and opt.warmup_fraction is None:
         missing.append("warmup_steps")
@@ -48,8 +48,10 @@ def check_recipe_values(recipe: Recipe) -> None:
                               + " ".join(f"{m}={example[m]}" for m in missing[:4]) + (" ..." if len(missing) > 4 else ""))
 
 
-def check_recipe(recipe: Recipe) -> None:
-    """Raise a RecipeError for anything the recipe's engine would not train as written."""
+def check_recipe(recipe: Recipe, *, values: bool = True) -> None:
+    """Raise a RecipeError for anything the recipe's engine would not train as written
+    (``values=False``: all but the unstated optimizer values, which `run` checks after the
+    machine, so a machine that cannot run the recipe says so first)."""
     from muse_stack.run import numerics
 
     numerics.check(recipe)
@@ -104,7 +106,8 @@ def check_recipe(recipe: Recipe) -> None:
             raise RecipeError("the megatron engine trains every decoder parameter; it does not freeze modules",
                               field="frozen", value=frozen,
                               fix="drop them from frozen, or use engine: reference, which freezes by parameter name")
-    check_recipe_values(recipe)
+    if values:
+        check_recipe_values(recipe)
 
 
 def check_precision_aware(recipe: Recipe) -> None:
