@@ -22,23 +22,25 @@ STATED_AS_WRITTEN = {"proxy-1gpu", "proxy-2gpu", "proxy-8gpu", "proxy-8gpu-pp2",
 
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_catalogue_recipes_that_train_as_written_pass(name):
-    recipe = load_recipe(name)
+    check_recipe(load_recipe(name))  # unstated optimizer values filled by the fill policy (test_recipes_fill.py)
+    recipe = load_recipe(name, ["fill_policy=none"])
     if name in STATED_AS_WRITTEN:
         check_recipe(recipe)
         return
-    # a source that leaves optimizer values unstated is refused, naming them, until they are stated
+    # without the fill policy, a source that leaves optimizer values unstated is refused, naming them
     with pytest.raises(RecipeError) as exc:
         check_recipe(recipe)
     assert exc.value.field.startswith("optimizer.") and "unstated" in exc.value.message
     stated = {o.split("=")[0] for o in STATE_ALL if getattr(recipe.optimizer, o.split("=")[0].split(".")[1]) is not None}
-    check_recipe(load_recipe(name, [o for o in STATE_ALL if o.split("=")[0] not in stated]))
+    check_recipe(load_recipe(name, ["fill_policy=none", *(o for o in STATE_ALL if o.split("=")[0] not in stated)]))
 
 
 @pytest.mark.parametrize("field", ["lr", "beta1", "beta2", "eps", "clip_grad", "weight_decay", "warmup_steps",
                                    "decay_style"])
 def test_each_unstated_training_value_is_refused_by_name(field, cli, tmp_path):
-    """No silent defaults: run and launch refuse, naming the field, before anything is written."""
-    overrides = [f"optimizer.{field}=null"]
+    """No silent defaults: without a fill policy, run and launch refuse, naming the field, before
+    anything is written."""
+    overrides = [f"optimizer.{field}=null", "fill_policy=none"]
     with pytest.raises(RecipeError) as exc:
         check_recipe(load_recipe("tiny-cpu", overrides))
     assert f"optimizer.{field}" in exc.value.message

@@ -22,7 +22,8 @@ run computes (model, layout, batch, precision, optimizer, training schedule, dat
 frozen modules, PEFT) is numerics; recompute, offload, hardware and checkpoint cadence are
 performance (the recipe's ``env`` is classed like the environment); names, descriptions,
 provenance, notes, where metrics are logged (``logging``) and the recorded stack and results are
-informational.
+informational, and so is the record of which values the fill policy filled (``filled``,
+``fill_policy``): a filled value that differs differs at its own path, as numerics.
 
 Paths that change on every capture (capture time and duration, pid) are not differences.
 """
@@ -176,12 +177,15 @@ RULES: list[tuple[str, str]] = [
         "run_command", "author", "author.*", "status", "result", "result.*", "stack", "stack.*",
         "correctness", "correctness.*", "hardware.instance", "hardware.price_per_gpu_hour",
         "hardware.nominal_memory_gb", "layout.label", "layout.summary", "layout.highlights",
-        "training.log_interval", "training.measure_warmup_steps", "logging", "logging.*")),
+        "training.log_interval", "training.measure_warmup_steps", "logging", "logging.*",
+        # where a value came from (stated, or filled by the fill policy): the value itself is
+        # compared at its own path (recipe.optimizer.lr ...), so only its record is informational
+        "fill_policy", "filled", "filled.*")),
     *((f"recipe.env.{p}", NUMERICS) for p in NUMERICS_ENV),
     *((f"recipe.{p}", PERFORMANCE) for p in (
         "recompute", "recompute.*", "offload", "offload.*", "hardware", "hardware.*", "env", "env.*",
         "training.checkpoint_interval", "training.keep_checkpoints", "training.final_checkpoint",
-        "training.async_checkpoint")),
+        "training.async_checkpoint", "training.gc", "training.gc.*")),
     ("recipe", NUMERICS),
     ("recipe.*", NUMERICS),
     # what was trained on

@@ -106,11 +106,15 @@ def raw_recipe(name: str) -> tuple[Path, dict[str, Any]]:
 
 
 def load_recipe(name: str, overrides: list[str] | None = None) -> Recipe:
-    """A catalogue recipe (by name or alias) or a YAML file, with dotted overrides applied."""
+    """A catalogue recipe (by name or alias) or a YAML file, with dotted overrides applied, then
+    the optimizer values it still leaves unstated filled by its fill policy (recorded under
+    ``filled``; :mod:`muse_stack.recipes.fill`)."""
+    from muse_stack.recipes import fill
+
     path, data = raw_recipe(name)
     if overrides:
         data = apply_overrides(data, overrides)
-    return parse_recipe(data, str(path))
+    return parse_recipe(fill.apply(data), str(path))
 
 
 def recipe_yaml(recipe: Recipe) -> str:

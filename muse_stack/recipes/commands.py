@@ -107,7 +107,16 @@ def print_plan(plan: Plan) -> None:
         console.print(f"[yellow]not checked:[/] {u}")
     if plan.unstated_training:
         console.print(f"[yellow]not stated:[/] {', '.join(plan.unstated_training)}: `run` and `launch` refuse the "
-                      "recipe until it states them (neither engine fills in a value that changes training)")
+                      "recipe until it states them (neither its fill policy nor either engine fills them in)")
+
+
+def print_filled(recipe) -> None:
+    """The values the recipe's fill policy filled, grouped by source."""
+    by_source: dict[str, list[str]] = {}
+    for path, f in recipe.filled.items():
+        by_source.setdefault(f.source, []).append(f"{path} = {json.dumps(f.value)}")
+    for src, items in by_source.items():
+        console.print(f"[yellow]filled:[/] {', '.join(items)} (not stated by the recipe; {src})", highlight=False)
 
 
 def print_time(plan: Plan) -> None:
@@ -159,11 +168,17 @@ def register(app: typer.Typer) -> None:
     def show_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
                  overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
                  bridge: bool = typer.Option(False, "--bridge", help="print the Megatron-Bridge key of each field "
-                                             "that has one, with the recipe's value")) -> None:
-        """The resolved recipe as YAML (with --bridge: the Bridge ConfigContainer keys it answers to)."""
+                                             "that has one, with the recipe's value"),
+                 json_out: bool = typer.Option(False, "--json", help="print the resolved recipe as JSON "
+                                               "(filled values under \"filled\")")) -> None:
+        """The resolved recipe as YAML, each value its fill policy filled listed at the end (with
+        --bridge: the Bridge ConfigContainer keys it answers to; --json: JSON for scripts)."""
         recipe = load_recipe(name, overrides or [])
+        if json_out:
+            typer.echo(json.dumps(recipe.model_dump(mode="json"), indent=2))
+            return
         if not bridge:
-            typer.echo(recipe_yaml(recipe), nl=False)
+            typer.echo(recipe_yaml(recipe), nl=False)  # ends with `filled:`, each filled value and its source
             return
         from muse_stack.recipes.bridge import bridge_rows
 
@@ -187,9 +202,11 @@ def register(app: typer.Typer) -> None:
         recipe = load_recipe(name, overrides or [])
         plan, _ = make_plan(recipe, gpus=gpus)
         if json_out:
-            typer.echo(json.dumps(plan.summary(), indent=2))
+            typer.echo(json.dumps({**plan.summary(), "filled": {p: f.model_dump(mode="json")
+                                                                for p, f in recipe.filled.items()}}, indent=2))
         else:
             print_plan(plan)
+            print_filled(recipe)
         if plan.fits is False:
             raise typer.Exit(1)
 

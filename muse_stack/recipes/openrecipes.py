@@ -207,7 +207,9 @@ def record_to_recipe(record: dict[str, Any], name: str, source: str, aliases: li
             **({"layout.cp_comm_type": "CP 1: no context parallelism"} if layout.get("cp", 1) == 1 else {}),
         },
     }
-    return parse_recipe(recipe, source)
+    from muse_stack.recipes import fill
+
+    return parse_recipe(fill.apply(recipe), source)  # resolved as the catalogue loads it: unstated values filled
 
 
 def read_record_file(path: str | Path) -> dict[str, Any]:

@@ -85,6 +85,16 @@ def _url_credential_paths(data: Any, path: str) -> list[str]:
     return [path] if isinstance(data, str) and URL_CREDENTIALS.search(data) else []
 
 
+def _value_at(model: Any, path: str) -> Any:
+    """The value at a dotted path of a model (None where the path leads nowhere)."""
+    node = model
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
+        if node is None:
+            return None
+    return node
+
+
 def _no_control(value: str) -> bool:
     return all(c.isprintable() or c == " " for c in value)
 
@@ -239,6 +249,20 @@ class Optimizer(_Strict):
                           "is on")
 
 
+class GarbageCollection(_Strict):
+    """Python's garbage collector during training (Megatron-Bridge's ``train.manual_gc``,
+    ``manual_gc_interval`` and ``manual_gc_eval``). Manual: after setup the heap is collected and
+    frozen and the automatic collector is off, so no collection lands inside a step; the run
+    collects after every ``interval``-th step and after each checkpoint save (``eval``), at the
+    same steps on every rank. The default is what Bridge's performance recipes set (manual, every
+    100 steps): a collection inside a step was the one stall of the H200 slice runs."""
+
+    manual: bool = Field(True, description="turn the automatic collector off and collect at chosen steps")
+    interval: int = Field(100, ge=0, le=MAX_STEPS, description="with manual: collect after every N-th step "
+                                                                 "(0: never between steps)")
+    eval: bool = Field(True, description="with manual: collect after each checkpoint save (and evaluation)")
+
+
 class Training(_Strict):
     steps: int | None = Field(None, ge=1, le=MAX_STEPS)
     epochs: float | None = Field(None, gt=0, le=1e6)
@@ -253,6 +277,8 @@ class Training(_Strict):
                                                      "measurement that keeps no weights; interrupts still save)")
     async_checkpoint: bool = Field(False, description="megatron engine: write dist-checkpoints in the background "
                                                       "(megatron-core async save), completed at step boundaries")
+    gc: GarbageCollection = Field(default_factory=GarbageCollection,
+                                  description="Python's garbage collector: manual collection at chosen steps")
 
 
 class Data(_Strict):
@@ -350,6 +376,13 @@ class Provenance(_Strict):
     url: str | None = None
 
 
+class FilledValue(_Strict):
+    """A value the recipe left unstated, filled by its ``fill_policy``."""
+
+    value: Any
+    source: str = Field(description="where the value comes from: package, version, module and function")
+
+
 class Recipe(_Strict):
     name: str = Field(description="short alias, e.g. sft-192")
     aliases: list[str] = Field(default_factory=list, description="other names, e.g. the Bridge function name")
@@ -380,6 +413,11 @@ class Recipe(_Strict):
     status: str | None = None
     provenance: Provenance
     notes: dict[str, str] = Field(default_factory=dict, description="dotted path -> why a value is null or how it was derived")
+    fill_policy: Literal["megatron-bridge-0.6.2", "none"] = Field(
+        "megatron-bridge-0.6.2", description="where unstated optimizer values come from: Megatron-Bridge 0.6.2's "
+                                              "common recipe for the recipe's kind (muse_stack/recipes/fill.py), or none")
+    filled: dict[str, FilledValue] = Field(default_factory=dict, description="dotted path -> each value the fill "
+                                                                               "policy filled, with its source")
 
     @field_validator("name")
     @classmethod
@@ -430,6 +468,18 @@ class Recipe(_Strict):
 
             raise RecipeError("the data cache folder's label must be a safe name", field="data.build_name",
                               value=self.data.build_name, rule=NAME_RULE, fix="use e.g. tulu3-4k")
+        # a filled value an override has since replaced is no longer filled
+        stale = [p for p, f in self.filled.items() if _value_at(self, p) != f.value]
+        for path in stale:
+            del self.filled[path]
+        if self.optimizer.lr is not None and self.optimizer.min_lr is not None and \
+                self.optimizer.min_lr > self.optimizer.lr and "optimizer.min_lr" in self.filled:
+            from muse_stack.errors import RecipeError
+
+            raise RecipeError(f"the filled optimizer.min_lr ({self.optimizer.min_lr:g}, "
+                              f"{self.filled['optimizer.min_lr'].source}) exceeds the stated optimizer.lr "
+                              f"({self.optimizer.lr:g})", field="optimizer.min_lr", value=self.optimizer.min_lr,
+                              fix="state optimizer.min_lr too (e.g. a tenth of optimizer.lr)")
         if self.optimizer.lr is not None and self.optimizer.min_lr is not None and \
                 self.optimizer.min_lr > self.optimizer.lr:
             raise ValueError(f"optimizer.min_lr ({self.optimizer.min_lr}) exceeds optimizer.lr ({self.optimizer.lr})")
