@@ -16,17 +16,30 @@ from muse_stack.errors import InputError, RecipeError
 
 LayerType = Literal["sliding_attention", "full_attention"]
 
-#: Period and offset of the full-attention layers in the real model: layer l is full
-#: attention when l % 4 == 1 (S F S S repeating).
+#: Period of the full-attention (and NoPE) layers. As transformers' ``MuseSparkTextConfig``
+#: defines it (configuration_muse_spark.py, ``__post_init__``), layer l is full attention, and
+#: NoPE, when ``(L - 1 - l) % 4 == 0``: every 4th layer counted back from the last. For the real
+#: 62 layers that is l % 4 == 1 (S F S S repeating).
 FULL_ATTENTION_PERIOD = 4
-FULL_ATTENTION_OFFSET = 1
+#: the router's renormalisation epsilon, fixed in transformers' ``MuseSparkTopkRouter``
+ROUTER_RENORM_EPS = 1e-15
+
+
+def _counted_back_full(num_layers: int, layer: int) -> bool:
+    return (num_layers - 1 - layer) % FULL_ATTENTION_PERIOD == 0
 
 
 def default_layer_types(num_layers: int) -> list[LayerType]:
-    return [
-        "full_attention" if layer % FULL_ATTENTION_PERIOD == FULL_ATTENTION_OFFSET else "sliding_attention"
-        for layer in range(num_layers)
-    ]
+    """transformers' ``layer_types`` when a config leaves it out."""
+    return ["full_attention" if _counted_back_full(num_layers, layer) else "sliding_attention"
+            for layer in range(num_layers)]
+
+
+def default_layer_rope_theta(num_layers: int, rope_theta: float) -> list[float]:
+    """transformers' ``layer_rope_theta`` when a config leaves it out: 0 (NoPE) on every 4th
+    layer counted back from the last, the global theta elsewhere. It does not follow
+    ``layer_types``."""
+    return [0 if _counted_back_full(num_layers, layer) else rope_theta for layer in range(num_layers)]
 
 
 class ModelConfig(BaseModel):
@@ -44,8 +57,13 @@ class ModelConfig(BaseModel):
     num_key_value_heads: int = Field(16, gt=0, le=1 << 14)
     head_dim: int = Field(64, gt=0, le=1 << 14)
     layer_types: list[LayerType] | None = Field(
-        None, description="per-layer attention type; None = the model's pattern (full when l % 4 == 1)"
+        None, description="per-layer attention type; None = transformers' pattern (full on every 4th layer "
+                          "counted back from the last)"
     )
+    layer_rope_theta: list[float] | None = Field(
+        None, description="per-layer RoPE base, 0 = NoPE (transformers' field); None = transformers' default "
+                          "(NoPE on every 4th layer counted back from the last, rope_theta elsewhere). A non-zero "
+                          "entry must equal rope_theta: transformers applies the global theta to every RoPE layer")
     sliding_window: int = Field(2048, gt=0, le=1 << 26, description="keys per query on sliding layers, counting the query")
     rope_theta: float = Field(5.0e5, gt=0)
     qk_scale_factor: float = 5.4730064863875
@@ -60,14 +78,22 @@ class ModelConfig(BaseModel):
     residual_gate_temperature: float = Field(0.3, gt=0)
     rms_norm_eps: float = Field(1e-5, gt=0)
     post_norm_eps: float = Field(1e-8, gt=0)
-    router_bias_eps: float = Field(1e-15, gt=0, description="added to the sum of picked scores")
+    router_bias_eps: float = Field(ROUTER_RENORM_EPS, gt=0,
+                                   description="added to the sum of picked scores (fixed at 1e-15 in transformers)")
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     hidden_act: Literal["silu"] = "silu"
-    bos_token_id: int = 200000
-    eos_token_id: list[int] = Field(default_factory=lambda: [200001, 200008])
-    pad_token_id: int = 200018
-    max_position_embeddings: int | None = None
+    attention_dropout: float = Field(0.0, ge=0.0, le=0.0, description="transformers' attention dropout; only 0 "
+                                     "is supported (neither engine drops attention probabilities)")
+    initializer_range: float = Field(0.02, gt=0, description="std of the normal initialisation of the "
+                                     "projections, experts, router, embedding and LM head")
+    intermediate_size: int = Field(16384, gt=0, le=1 << 18, description="width of a dense MLP layer; every "
+                                   "Muse Spark layer is MoE, so it shapes no tensor (kept for the config's round trip)")
+    # ids and limits as transformers defines and defaults them; none changes the computation
+    bos_token_id: int | None = 200000
+    eos_token_id: int | list[int] | None = 200001
+    pad_token_id: int | None = None
+    max_position_embeddings: int = Field(1048576, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
@@ -92,6 +118,20 @@ class ModelConfig(BaseModel):
             raise ValueError("attention_bias must be false: Muse Spark attention has no bias")
         if self.num_shared_experts:
             raise ValueError("num_shared_experts must be 0: Muse Spark has no shared expert")
+        if self.router_bias_eps != ROUTER_RENORM_EPS:
+            raise ValueError(f"router_bias_eps must be {ROUTER_RENORM_EPS}: transformers' router fixes its "
+                             "renormalisation epsilon there, so another value would be read differently")
+        thetas = self.layer_rope_theta
+        if thetas is not None:
+            if len(thetas) != self.num_hidden_layers:
+                raise ValueError(f"layer_rope_theta has {len(thetas)} entries but num_hidden_layers is "
+                                 f"{self.num_hidden_layers}")
+            odd = [i for i, t in enumerate(thetas) if t != 0 and t != self.rope_theta]
+            if odd:
+                raise ValueError(
+                    f"layer_rope_theta[{odd[0]}] is {thetas[odd[0]]} but rope_theta is {self.rope_theta}: "
+                    "transformers applies the global rope_theta to every layer whose entry is not 0, so a "
+                    "per-layer base would be read differently; use 0 (NoPE) or rope_theta")
         return self
 
     # ---- layer pattern -------------------------------------------------------------
@@ -102,9 +142,15 @@ class ModelConfig(BaseModel):
     def is_full_attention(self, layer: int) -> bool:
         return self.resolved_layer_types[layer] == "full_attention"
 
+    @property
+    def resolved_layer_rope_theta(self) -> list[float]:
+        if self.layer_rope_theta is not None:
+            return list(self.layer_rope_theta)
+        return default_layer_rope_theta(self.num_hidden_layers, self.rope_theta)
+
     def uses_rope(self, layer: int) -> bool:
-        """RoPE on sliding layers only; full-attention layers are NoPE."""
-        return not self.is_full_attention(layer)
+        """RoPE where ``layer_rope_theta`` is not 0, as transformers decides it (NoPE elsewhere)."""
+        return self.resolved_layer_rope_theta[layer] != 0
 
     @property
     def softmax_scale(self) -> float:
@@ -167,7 +213,11 @@ class ModelConfig(BaseModel):
     # ---- checkpoint config.json ----------------------------------------------------
     @classmethod
     def from_hf_config(cls, config: dict[str, Any] | str | Path) -> "ModelConfig":
-        """Read a checkpoint's config.json (a path or its parsed dict)."""
+        """Read a checkpoint's config.json (a path or its parsed dict): transformers' nested
+        ``muse_spark`` layout (the text keys under ``text_config``), or a flat text config.
+
+        Every key means what transformers means by it (:data:`TEXT_FIELDS`); a value muse-stack
+        cannot compute the same way is refused, naming the key."""
         if not isinstance(config, dict):
             path = Path(config)
             if path.is_dir():
@@ -183,46 +233,27 @@ class ModelConfig(BaseModel):
 
             config = read_json(path, field="model.config_path", what="config.json",
                                fix="restore the checkpoint's config.json (a JSON object)")
-        text = config.get("text_config") or config
-        if not isinstance(text, dict):
-            raise InputError("config.json's text_config is not an object", field="model.config_path",
-                             value=type(text).__name__, fix="restore the checkpoint's config.json")
-        text = dict(text)
-        known = set(cls.model_fields)
-        values: dict[str, Any] = {}
-        for key, value in text.items():
-            if key in known:
-                values[key] = value
-        rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-        if "rope_theta" not in values and isinstance(rope, dict) and "rope_theta" in rope:
-            values["rope_theta"] = rope["rope_theta"]
-        if values.get("layer_types") is not None and "num_hidden_layers" in values \
-                and list(values["layer_types"]) == default_layer_types(values["num_hidden_layers"]):
-            values["layer_types"] = None  # the model's own pattern
-        if isinstance(values.get("eos_token_id"), int):
-            values["eos_token_id"] = [values["eos_token_id"]]
-        for key in ("mlp_layer_types",):
-            kinds = text.get(key)
-            if kinds is not None and any(kind != "sparse" for kind in kinds):
-                raise RecipeError(
-                    "every Muse Spark layer is MoE; a dense layer is not supported",
-                    field=f"config.json {key}", value=kinds, fix="use a Muse Spark checkpoint")
+        from muse_stack.hf_config import text_values
+
         try:
-            return cls(**values)
+            return cls(**text_values(config))
         except (ValueError, TypeError) as exc:
             raise RecipeError(f"config.json does not describe a valid Muse Spark model: {exc}",
                               field="model", value=None, fix="check the checkpoint's config.json") from exc
 
+    def to_hf_text_config(self) -> dict[str, Any]:
+        """``text_config`` of transformers' layout (``model_type: muse_spark_text``)."""
+        from muse_stack.hf_config import text_config
+
+        return text_config(self)
+
     def to_hf_config(self) -> dict[str, Any]:
-        """A config.json (flat, the keys from_hf_config reads back)."""
-        data = self.model_dump()
-        data["layer_types"] = self.resolved_layer_types
-        data["mlp_layer_types"] = ["sparse"] * self.num_hidden_layers
-        data["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}
-        data["layer_rope_theta"] = [self.rope_theta if self.uses_rope(i) else 0 for i in range(self.num_hidden_layers)]
-        data["model_type"] = "muse_spark"
-        data["architectures"] = ["MuseSparkForCausalLM"]
-        return data
+        """A config.json in transformers' ``muse_spark`` layout (``MuseSparkConfig``): the text
+        keys under ``text_config``, and the perception towers' configs (the smallest consistent
+        ones for a text-only model: :mod:`muse_stack.hf_config`)."""
+        from muse_stack.hf_config import full_config
+
+        return full_config(self)
 
     def with_overrides(self, **overrides: Any) -> "ModelConfig":
         return type(self)(**{**self.model_dump(exclude_unset=False), **overrides})

@@ -87,7 +87,7 @@ def test_real_layout_nested_config_and_towers_ignored(tmp_path):
     model = tiny_model()
     directory = tmp_path / "release"
     directory.mkdir()
-    text_config = model.config.to_hf_config()
+    text_config = model.config.to_hf_text_config()
     (directory / "config.json").write_text(json.dumps({
         "model_type": "muse_spark", "architectures": ["MuseSparkForConditionalGeneration"],
         "text_config": text_config, "vision_config": {"hidden_size": 8}}))

@@ -30,6 +30,11 @@ def lm(model):
     return model.model.language_model
 
 
+#: the full-attention (and NoPE) layer of the 4-layer tiny model: transformers' default pattern
+#: counts every 4th layer back from the last
+FULL = 3
+
+
 def attend(model, layer: int, x: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Output of one layer's attention on hidden input x [B, T, H]."""
     text = lm(model)
@@ -58,19 +63,19 @@ def test_sliding_window_admits_exactly_w_keys(window, seq_len, data):
 
 def test_full_attention_sees_every_earlier_key(model):
     x = torch.randn(1, 10, 32, generator=torch.Generator().manual_seed(0))
-    base = attend(model, 1, x)[0, 9]
+    base = attend(model, FULL, x)[0, 9]
     for key in range(10):
         bumped = x.clone()
         bumped[0, key] += 3.0
-        assert not torch.allclose(attend(model, 1, bumped)[0, 9], base, atol=1e-6)
+        assert not torch.allclose(attend(model, FULL, bumped)[0, 9], base, atol=1e-6)
 
 
 def test_nope_on_full_layers_rope_on_sliding_layers(model):
     x = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(1))
     positions = torch.arange(8).expand(2, 8)
     scrambled = torch.tensor([[0, 3, 4, 9, 10, 20, 21, 40]]).expand(2, 8)
-    # full-attention layer 1: positions do not matter at all
-    torch.testing.assert_close(attend(model, 1, x, positions), attend(model, 1, x, scrambled), rtol=0, atol=0)
+    # the full-attention layer: positions do not matter at all
+    torch.testing.assert_close(attend(model, FULL, x, positions), attend(model, FULL, x, scrambled), rtol=0, atol=0)
     # sliding layer 0: non-uniform positions change the output ...
     assert not torch.allclose(attend(model, 0, x, positions), attend(model, 0, x, scrambled), atol=1e-4)
     # ... while a uniform shift does not (RoPE depends only on relative position). The angles p x f
@@ -113,7 +118,7 @@ def test_qk_norm_is_weightless_per_head(model):
 def test_softmax_scale_and_output_gate(model):
     """One query head against a direct formula: scale qk_scale_factor/sqrt(d), o = rms(o)*sigmoid(g)."""
     cfg = model.config
-    attn = lm(model).layers[1].self_attn  # full attention, NoPE
+    attn = lm(model).layers[FULL].self_attn  # full attention, NoPE
     x = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(3))
     q = rms_norm((x @ attn.q_proj.weight.T).view(1, 5, 4, 8), 1e-5)
     k = rms_norm((x @ attn.k_proj.weight.T).view(1, 5, 2, 8), 1e-5)
@@ -127,7 +132,7 @@ def test_softmax_scale_and_output_gate(model):
     expected = (rms_norm(out, 1e-5) * torch.sigmoid(g)).reshape(1, 5, 32) @ attn.o_proj.weight.T
     # both sides are float32 with the same operations in other orders: each within the layer's
     # bound of the exact value, so within twice it of each other
-    torch.testing.assert_close(attend(model, 1, x), expected, rtol=0,
+    torch.testing.assert_close(attend(model, FULL, x), expected, rtol=0,
                                atol=2 * attention_output_bound(attn, cfg, 5))
 
 

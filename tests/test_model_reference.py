@@ -70,14 +70,15 @@ def naive_row(model: MuseSparkForCausalLM, ids: list[int], positions: list[int],
     s = rms(w[pre + "embed_tokens.weight"][ids], eps)
     for layer in range(cfg.num_hidden_layers):
         p = f"{pre}layers.{layer}."
-        sliding = layer % 4 != 1
+        # transformers' defaults: full attention and NoPE on every 4th layer counted back from the last
+        sliding = (cfg.num_hidden_layers - 1 - layer) % 4 != 0
         x = rms(s, eps) * (1 + w[p + "input_layernorm.weight"])
         q = (x @ w[p + "self_attn.q_proj.weight"].T).view(T, nh, d)
         k = (x @ w[p + "self_attn.k_proj.weight"].T).view(T, nkv, d)
         v = (x @ w[p + "self_attn.v_proj.weight"].T).view(T, nkv, d)
         g = (x @ w[p + "self_attn.gate_proj.weight"].T).view(T, nh, d)
         q, k = rms(q, eps), rms(k, eps)
-        if sliding:
+        if sliding:  # RoPE exactly where layer_rope_theta is not 0, which by default is the sliding layers
             q = torch.stack([torch.stack([rope(q[t, h], positions[t]) for h in range(nh)]) for t in range(T)])
             k = torch.stack([torch.stack([rope(k[t, h], positions[t]) for h in range(nkv)]) for t in range(T)])
         o = torch.zeros(T, nh, d, dtype=torch.float64)

@@ -92,7 +92,7 @@ def test_real_model_active_parameters():
 
 def test_model_config_round_trips_through_config_json(tmp_path):
     cfg = load_recipe("tiny-cpu").model_config_resolved()
-    (tmp_path / "config.json").write_text(json.dumps({"text_config": cfg.to_hf_config(), "vision_config": {}}))
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": cfg.to_hf_text_config(), "vision_config": {}}))
     assert ModelConfig.from_hf_config(tmp_path) == cfg
 
 

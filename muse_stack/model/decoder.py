@@ -95,7 +95,8 @@ class MuseSparkTextModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # pad_token_id is the embedding's padding_idx, as in transformers: that row gets no gradient
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.layers = nn.ModuleList(MuseSparkDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = StoredGainRMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -163,7 +164,7 @@ class MuseSparkForCausalLM(nn.Module):
         self.model = MuseSparkModel(config)
         self.lm_head = Projection(config.hidden_size, config.vocab_size)
         if seed is not None:
-            init_weights(self, seed)
+            init_weights(self, seed, std=config.initializer_range)
 
     @property
     def language_model(self) -> MuseSparkTextModel:

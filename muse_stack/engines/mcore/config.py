@@ -21,7 +21,6 @@ from muse_stack.errors import RecipeError
 from muse_stack.model_config import ModelConfig
 from muse_stack.recipes.schema import Recipe
 
-INIT_STD = 0.02  #: the reference model's initialisation (muse_stack.model.init)
 
 #: selective recompute: the attention core (ours), the experts' SwiGLU (megatron-core's
 #: TEGroupedMLP) and the whole MoE layer (megatron-core's MoELayer); none is the default
@@ -129,7 +128,7 @@ def transformer_config_kwargs(recipe: Recipe, model: ModelConfig) -> dict[str, A
         recompute_num_layers=(rc.num_layers or 1) if granularity == "full" else None,
         recompute_modules=rc.modules if granularity == "selective" and rc.modules else None,
         calculate_per_token_loss=True,
-        init_method_std=INIT_STD,
+        init_method_std=model.initializer_range,
         bf16=recipe.precision == "bf16",
         fp16=False,
         params_dtype="bfloat16" if recipe.precision == "bf16" else "float32",

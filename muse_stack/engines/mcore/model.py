@@ -15,7 +15,7 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEm
 from megatron.core.transformer.module import MegatronModule
 
 from muse_stack.engines.mcore import fuse
-from muse_stack.engines.mcore.chains import softcap_cross_entropy, softcap_logits, weightless_norm
+from muse_stack.engines.mcore.chains import hold_padding_row, softcap_cross_entropy, softcap_logits, weightless_norm
 from muse_stack.engines.mcore.layers import MuseSparkBlock
 from muse_stack.engines.mcore.spec import muse_spark_layer_spec
 from muse_stack.model.loss import IGNORE_INDEX
@@ -39,6 +39,8 @@ class MuseSparkMCore(MegatronModule):
         if pre_process:
             self.embedding = LanguageModelEmbedding(config, muse.vocab_size, seq_length, position_embedding_type="rope",
                                                     tp_group=pg_collection.tp if pg_collection else None)
+            words = self.embedding.word_embeddings  # the pad row learns nothing, as transformers' padding_idx
+            hold_padding_row(words.weight, muse.pad_token_id, words.vocab_start_index, words.vocab_end_index)
         theta = muse.rope_theta
         self.rotary_pos_emb = RotaryEmbedding(muse.head_dim, rotary_percent=1.0,
                                               rotary_base=int(theta) if float(theta).is_integer() else theta,
