@@ -1,0 +1,177 @@
+"""The projector and the placement of media in the text sequence (transformers' ``MuseSparkModel``
+around its towers).
+
+Modules, as children of ``model`` (transformers' names)::
+
+    vision_tower          MuseSparkVisionModel        (muse_stack.model.vision)
+    audio_tower           MuseSparkAudioModel         (muse_stack.model.audio)
+    vision_adapter.fc1.weight   [P, out_hidden_size]  no bias
+    vision_adapter.fc2.weight   [P, P]                no bias
+    vision_projection.weight    [H_text, P]           no bias
+    perception_emb_norm         weightless RMS norm (eps = the text rms_norm_eps); no parameters
+
+Image or video features: ``rms(vision_projection(gelu(fc2(gelu(fc1(vision_tower(pixels)))))))``,
+one row per merged patch, media in order. Audio features: ``rms(audio_tower(waveform))``, the
+rms being the text embedding's weightless norm (same eps), keeping for each clip only its
+``ceil(real samples / samples_per_token)`` tokens when ``input_values_mask`` is given.
+
+Placement (:func:`scatter_media`): the text embeddings are computed with every media placeholder
+id replaced by 0 (:func:`text_input_ids`); then the placeholders of each medium, in row-major
+order over the batch, take that medium's feature rows in order (``masked_scatter``). The number
+of placeholders must equal the number of feature rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from muse_stack.errors import InputError
+from muse_stack.model.audio import MuseSparkAudioModel, rms
+from muse_stack.model.vision import MuseSparkVisionModel, dense
+from muse_stack.tower_config import TowersConfig
+
+
+class MuseSparkVisionAdapter(nn.Module):
+    """``vision_adapter``: ``gelu(fc2(gelu(fc1(x))))``, no biases."""
+
+    def __init__(self, config: TowersConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(config.out_hidden_size, config.projector_hidden_size, bias=False)
+        self.fc2 = nn.Linear(config.projector_hidden_size, config.projector_hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(dense(self.fc1, x).to(x.dtype))
+        return F.gelu(dense(self.fc2, h).to(x.dtype))
+
+
+class PerceptionEmbNorm(nn.Module):
+    """``perception_emb_norm``: weightless RMS norm (no parameters, nothing in the state dict)."""
+
+    def __init__(self, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms(x, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"eps={self.eps}, no weight"
+
+
+PERCEPTION_MODULES = ("vision_tower", "audio_tower", "vision_adapter", "vision_projection", "perception_emb_norm")
+
+
+def add_perception_modules(host: nn.Module, config: TowersConfig, *, text_hidden_size: int,
+                           text_rms_norm_eps: float) -> None:
+    """Register the towers and the projector on ``host`` (the model's ``model``) under transformers'
+    names (:data:`PERCEPTION_MODULES`)."""
+    config.check_text_hidden_size(text_hidden_size)
+    host.vision_tower = MuseSparkVisionModel(config.vision_config)
+    host.audio_tower = MuseSparkAudioModel(config.audio_config)
+    host.vision_adapter = MuseSparkVisionAdapter(config)
+    host.vision_projection = nn.Linear(config.projector_hidden_size, text_hidden_size, bias=False)
+    host.perception_emb_norm = PerceptionEmbNorm(text_rms_norm_eps)
+
+
+def image_features(host: nn.Module, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    """[sum t*h*w / m^2, H_text]: the embeddings of images (or of videos: the same path, with
+    ``video_grid_thw``) that replace their placeholders. ``host`` holds the perception modules."""
+    merged = host.vision_tower(pixel_values, grid_thw)
+    return host.perception_emb_norm(dense(host.vision_projection, host.vision_adapter(merged)))
+
+
+def audio_features(host: nn.Module, input_values: torch.Tensor,
+                   input_values_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """[tokens, H_text]: the audio embeddings that replace ``<|audio|>`` placeholders, clips in batch
+    order. With ``input_values_mask`` [B, S] (1 = real sample; right padding only, as the feature
+    extractor makes it) each clip keeps ``ceil(real samples / samples_per_token)`` tokens."""
+    out = host.audio_tower(input_values)  # [B, T, H_text]
+    if input_values_mask is None:
+        kept = out.reshape(-1, out.shape[-1])
+    else:
+        if input_values_mask.shape != input_values.shape:
+            raise InputError("must have the shape of input_values", field="input_values_mask",
+                             value=tuple(input_values_mask.shape), fix="pass the feature extractor's mask")
+        step = host.audio_tower.config.samples_per_token
+        tokens = (input_values_mask.sum(-1) + step - 1) // step
+        keep = torch.arange(out.shape[1], device=out.device)[None, :] < tokens.to(out.device)[:, None]
+        kept = out[keep]
+    # the text embedding's weightless norm (transformers: embed_tokens.embed_norm, eps = text rms_norm_eps)
+    return rms(kept, host.perception_emb_norm.eps)
+
+
+def media_token_ids(config: TowersConfig) -> dict[str, int]:
+    return {"image": config.image_token_id, "video": config.video_token_id, "audio": config.audio_token_id}
+
+
+def text_input_ids(input_ids: torch.Tensor, config: TowersConfig) -> torch.Tensor:
+    """``input_ids`` with every media placeholder replaced by 0, the ids the text embedding sees
+    (their embeddings are overwritten by :func:`scatter_media`)."""
+    ids = input_ids.clone()
+    ids[torch.isin(ids, torch.tensor(list(media_token_ids(config).values()), device=ids.device))] = 0
+    return ids
+
+
+def scatter_media(input_ids: torch.Tensor, inputs_embeds: torch.Tensor, config: TowersConfig, *,
+                  image: torch.Tensor | None = None, video: torch.Tensor | None = None,
+                  audio: torch.Tensor | None = None) -> torch.Tensor:
+    """``inputs_embeds`` [B, T, H] with each medium's placeholders (row-major over the batch)
+    replaced by its feature rows [n, H] in order. A medium given as None is left as is.
+
+    Raises InputError naming the first batch row where the placeholders and the feature rows part
+    ways when their counts differ."""
+    out = inputs_embeds
+    for kind, features in (("image", image), ("video", video), ("audio", audio)):
+        if features is None:
+            continue
+        token_id = media_token_ids(config)[kind]
+        mask = input_ids == token_id
+        per_row = mask.sum(dim=1).tolist()
+        if features.ndim != 2 or features.shape[1] != inputs_embeds.shape[-1]:
+            raise InputError(f"{kind} features must be [rows, {inputs_embeds.shape[-1]}]", field=f"{kind} features",
+                             value=tuple(features.shape), fix="compute them with this model's towers")
+        if sum(per_row) != features.shape[0]:
+            seen, row = 0, len(per_row) - 1
+            for r, count in enumerate(per_row):
+                seen += count
+                if seen > features.shape[0]:
+                    row = r
+                    break
+            raise InputError(
+                f"{sum(per_row)} {kind} placeholder tokens (id {token_id}; per batch row {per_row}) but "
+                f"{features.shape[0]} {kind} feature rows; row {row} of input_ids is the first whose "
+                f"placeholders do not line up with the features",
+                field=f"input_ids[{row}]", value=per_row[row],
+                fix=f"render each {kind} with as many placeholders as its features have rows "
+                    f"({'t*h*w / merge_size^2 per image' if kind != 'audio' else 'ceil(samples / samples_per_token) per clip'})")
+        out = out.masked_scatter(mask[..., None].to(out.device), features.to(out.device, out.dtype))
+    return out
+
+
+class MuseSparkPerception(nn.Module):
+    """The perception modules on their own (names as under ``model.``), with the media path:
+    a host for :func:`image_features`, :func:`audio_features` and :func:`scatter_media`."""
+
+    def __init__(self, config: TowersConfig, *, text_hidden_size: int, text_rms_norm_eps: float) -> None:
+        super().__init__()
+        self.config = config
+        add_perception_modules(self, config, text_hidden_size=text_hidden_size, text_rms_norm_eps=text_rms_norm_eps)
+
+    def image_features(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        return image_features(self, pixel_values, grid_thw)
+
+    def audio_features(self, input_values: torch.Tensor, input_values_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return audio_features(self, input_values, input_values_mask)
+
+    def embed_media(self, input_ids: torch.Tensor, text_embeds: torch.Tensor, *,
+                    pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
+                    pixel_values_videos: torch.Tensor | None = None, video_grid_thw: torch.Tensor | None = None,
+                    input_values: torch.Tensor | None = None,
+                    input_values_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``text_embeds`` (the normed embeddings of :func:`text_input_ids`) with the media in place."""
+        image = self.image_features(pixel_values, image_grid_thw) if pixel_values is not None else None
+        video = self.image_features(pixel_values_videos, video_grid_thw) if pixel_values_videos is not None else None
+        audio = self.audio_features(input_values, input_values_mask) if input_values is not None else None
+        return scatter_media(input_ids, text_embeds, self.config, image=image, video=video, audio=audio)

@@ -1,0 +1,258 @@
+"""Muse Spark's vision tower (transformers' ``MuseSparkVisionModel``), written from the math.
+
+Module tree (parameter names are transformers', relative to ``model.vision_tower``)::
+
+    MuseSparkVisionModel
+      patch_embedder.patch_embedding.weight        [D, T*3*P*P]   no bias
+      patch_embedder.position_embedding_table.weight  [S*S, D]    learned S x S grid (S = pos_emb_height)
+      ln_pre.{weight,bias}                         [D]
+      layers.{l}.norm1.{weight,bias}               [D]            LayerNorm, eps 1e-5
+      layers.{l}.attn.{q,k,v}_proj.{weight,bias}   [D, D], [D]
+      layers.{l}.attn.proj.{weight,bias}           [D, D], [D]
+      layers.{l}.norm2.{weight,bias}               [D]
+      layers.{l}.mlp.fc1.{weight,bias}             [I, D], [I]    exact GELU between
+      layers.{l}.mlp.fc2.{weight,bias}             [D, I], [D]
+      ln_post.{weight,bias}                        [D]
+
+Input: ``pixel_values`` [N, T*3*P*P], one row per patch, frames of each image or video in order
+and patches in raster order within a frame, as transformers' image and video processors lay
+them out (each row is (temporal, channel, row, column)); ``grid_thw`` [num_media, 3] gives
+(t, h, w) in patches for each. Output: [N / m^2, D * m^2] with m = merge_size.
+
+The forward, per frame of h x w patches:
+
+1. ``x = patch_embedding(p) + pos``, where ``pos`` is the S x S table resampled bilinearly
+   (``align_corners=False``, zero padding outside the table: ``F.grid_sample``) to a grid of w
+   rows and h columns, read in the patches' raster order. For a square grid that is the table
+   resampled to h x w; for a non-square one it is the reference's layout, a (w, h) grid read
+   row by row, which transformers reproduces (its patch embedder swaps h and w).
+2. ``x = ln_pre(x)``.
+3. Pre-LN blocks ``x += attn(norm1(x)); x += mlp(norm2(x))``. Attention is bidirectional,
+   with 2D axial RoPE and one of two scopes: ``full_attention`` layers attend within the frame;
+   ``window_attention`` layers within S x S-patch windows tiled from the frame's top-left corner
+   (the last row and column of windows may be partial).
+4. ``x = ln_post(x)``, then the pixel shuffle: each m x m block of patches becomes one token of
+   width D*m^2 whose channel ``d * m^2 + k`` is channel d of the block's patch k (k = row * m +
+   column within the block); tokens in block raster order.
+
+RoPE: the head is split into rotate-half pairs (j, j + head_dim/2). The first head_dim/4 pairs
+rotate by ``(col + 1) * f_j``, the next head_dim/4 by ``(row + 1) * f_j``, with
+``f_j = theta^(-4j / head_dim)``: transformers' axial layout, positions counted from 1 as in
+the reference.
+
+Numerics: activations in fp32, or float64 when the weights are float64; matmuls in the weights'
+dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from muse_stack.tower_config import VISION_BLOCK_NORM_EPS, VisionConfig
+
+
+def wide_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of activations: float64 stays float64, anything else computes in fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def dense(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` with ``x`` cast to the weight's dtype (the autocast dtype under autocast)."""
+    if not torch.is_autocast_enabled(x.device.type):
+        x = x.to(layer.weight.dtype)
+    return F.linear(x, layer.weight, layer.bias)
+
+
+def layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """LayerNorm in ``x``'s dtype (fp32 or float64)."""
+    return F.layer_norm(x, norm.normalized_shape, norm.weight.to(x.dtype), norm.bias.to(x.dtype), norm.eps)
+
+
+def patch_coordinates(grid_thw: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For every patch row of ``pixel_values``: (frame, row, col). ``frame`` numbers the frames of
+    all media in order, so that it identifies a frame globally."""
+    frames, rows, cols = [], [], []
+    frame_base = 0
+    for t, h, w in grid_thw.tolist():
+        r = torch.arange(h, device=device).repeat_interleave(w)
+        c = torch.arange(w, device=device).repeat(h)
+        frames.append(torch.arange(frame_base, frame_base + t, device=device).repeat_interleave(h * w))
+        rows.append(r.repeat(t))
+        cols.append(c.repeat(t))
+        frame_base += t
+    return torch.cat(frames), torch.cat(rows), torch.cat(cols)
+
+
+def axial_rope_cos_sin(rows: torch.Tensor, cols: torch.Tensor, head_dim: int, theta: float,
+                       dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [N, head_dim] of the 2D axial RoPE (see the module docstring)."""
+    quarter = head_dim // 4
+    inv_freq = theta ** (-torch.arange(quarter, dtype=torch.float64, device=rows.device) * 4 / head_dim)
+    col_angles = (cols.to(torch.float64) + 1)[:, None] * inv_freq
+    row_angles = (rows.to(torch.float64) + 1)[:, None] * inv_freq
+    angles = torch.cat([col_angles, row_angles, col_angles, row_angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def resampled_position_table(table: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """[height * width, D]: the S x S table [S*S, D] resampled bilinearly to ``height`` rows and
+    ``width`` columns (pixel centres, ``align_corners=False``; samples outside the table read 0),
+    in raster order."""
+    side = int(round(table.shape[0] ** 0.5))
+    grid = table.T.reshape(1, table.shape[1], side, side)  # [1, D, S rows, S cols]
+    # normalised sample coordinates of output pixel centres: (2i + 1) / n - 1
+    ys = (2 * torch.arange(height, dtype=table.dtype, device=table.device) + 1) / height - 1
+    xs = (2 * torch.arange(width, dtype=table.dtype, device=table.device) + 1) / width - 1
+    sample = torch.stack(torch.broadcast_tensors(xs[None, :], ys[:, None]), dim=-1)  # [height, width, (x, y)]
+    out = F.grid_sample(grid, sample[None], mode="bilinear", padding_mode="zeros", align_corners=False)
+    return out[0].reshape(table.shape[1], height * width).T
+
+
+def pixel_shuffle(x: torch.Tensor, grid_thw: torch.Tensor, merge: int) -> torch.Tensor:
+    """[N, D] patches -> [N / m^2, D * m^2] tokens: each m x m block of a frame becomes one token,
+    channel ``d * m^2 + k`` holding channel d of the block's patch k (row-major in the block)."""
+    out, start = [], 0
+    for t, h, w in grid_thw.tolist():
+        n = t * h * w
+        block = x[start:start + n].reshape(t, h // merge, merge, w // merge, merge, x.shape[-1])
+        # -> [t, block row, block col, channel, row in block, col in block]
+        block = block.permute(0, 1, 3, 5, 2, 4)
+        out.append(block.reshape(t * (h // merge) * (w // merge), x.shape[-1] * merge * merge))
+        start += n
+    return torch.cat(out)
+
+
+class MuseSparkVisionPatchEmbedder(nn.Module):
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        self.patch_embedding = nn.Linear(config.patch_dim, config.hidden_size, bias=False)
+        self.position_embedding_table = nn.Embedding(config.pos_emb_height * config.pos_emb_width, config.hidden_size)
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        embeds = dense(self.patch_embedding, pixel_values)
+        embeds = embeds.to(wide_dtype(embeds.dtype))
+        table = self.position_embedding_table.weight.to(embeds.dtype)
+        # per frame: a (w rows, h cols) resampling read in the (h, w) patches' raster order
+        pos = torch.cat([resampled_position_table(table, w, h).repeat(t, 1) for t, h, w in grid_thw.tolist()])
+        return embeds + pos
+
+
+class MuseSparkVisionAttention(nn.Module):
+    """Bidirectional multi-head attention with biases and 2D RoPE, within groups of patches."""
+
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d, d)
+        self.v_proj = nn.Linear(d, d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor, frame: torch.Tensor,
+                group: torch.Tensor | None) -> torch.Tensor:
+        """``x`` [N, D] (normed); attention runs within each frame and, when ``group`` [N] is given,
+        only between patches of the same group (window)."""
+        n = x.shape[0]
+        dtype = x.dtype
+        q, k, v = (dense(p, x).to(dtype).view(n, self.num_heads, self.head_dim) for p in
+                   (self.q_proj, self.k_proj, self.v_proj))
+        q = q * cos[:, None] + rotate_half(q) * sin[:, None]
+        k = k * cos[:, None] + rotate_half(k) * sin[:, None]
+        out = torch.empty_like(q)
+        for f in torch.unique(frame).tolist():
+            idx = (frame == f).nonzero().squeeze(1)
+            mask = None
+            if group is not None:
+                g = group[idx]
+                mask = g[:, None] == g[None, :]
+            qf, kf, vf = (t[idx].transpose(0, 1) for t in (q, k, v))  # [heads, n_f, head_dim]
+            out[idx] = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask).transpose(0, 1)
+        return dense(self.proj, out.reshape(n, -1)).to(dtype)
+
+
+class MuseSparkVisionMLP(nn.Module):
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dense(self.fc2, F.gelu(dense(self.fc1, x).to(x.dtype))).to(x.dtype)
+
+
+class MuseSparkVisionEncoderLayer(nn.Module):
+    def __init__(self, config: VisionConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_type = config.layer_types[layer_idx]
+        self.norm1 = nn.LayerNorm(config.hidden_size, eps=VISION_BLOCK_NORM_EPS)
+        self.attn = MuseSparkVisionAttention(config)
+        self.norm2 = nn.LayerNorm(config.hidden_size, eps=VISION_BLOCK_NORM_EPS)
+        self.mlp = MuseSparkVisionMLP(config)
+
+    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor, frame: torch.Tensor,
+                window: torch.Tensor) -> torch.Tensor:
+        group = window if self.layer_type == "window_attention" else None
+        x = x + self.attn(layer_norm(self.norm1, x), cos=cos, sin=sin, frame=frame, group=group)
+        return x + self.mlp(layer_norm(self.norm2, x))
+
+
+class MuseSparkVisionModel(nn.Module):
+    """``model.vision_tower``."""
+
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.patch_embedder = MuseSparkVisionPatchEmbedder(config)
+        self.ln_pre = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.layers = nn.ModuleList(MuseSparkVisionEncoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.ln_post = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        #: side of a window in patches, and the RoPE base (plain attributes, read at every forward)
+        self.window = config.window_patches
+        self.rope_theta = config.rope_theta
+
+    def check_inputs(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> None:
+        from muse_stack.errors import InputError
+
+        cfg = self.config
+        if grid_thw.ndim != 2 or grid_thw.shape[1] != 3:
+            raise InputError("must be [num_images_or_videos, 3] (t, h, w in patches)", field="grid_thw",
+                             value=tuple(grid_thw.shape), fix="pass the image processor's image_grid_thw")
+        if pixel_values.ndim != 2 or pixel_values.shape[1] != cfg.patch_dim:
+            raise InputError(f"must be [patches, {cfg.patch_dim}] (frames x 3 x patch_size^2 per row)",
+                             field="pixel_values", value=tuple(pixel_values.shape),
+                             fix="pass the image processor's pixel_values")
+        for i, (t, h, w) in enumerate(grid_thw.tolist()):
+            if t < 1 or h % cfg.merge_size or w % cfg.merge_size or h < 1 or w < 1:
+                raise InputError(f"row {i} is not a positive grid whose h and w are multiples of merge_size "
+                                 f"{cfg.merge_size}", field="grid_thw", value=(t, h, w),
+                                 fix="make the inputs with the image or video processor")
+        total = int(grid_thw.prod(dim=1).sum())
+        if total != pixel_values.shape[0]:
+            raise InputError(f"grid_thw covers {total} patches but pixel_values has {pixel_values.shape[0]} rows",
+                             field="pixel_values", value=tuple(pixel_values.shape),
+                             fix="pass pixel_values and grid_thw from the same processor call")
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        """``pixel_values`` [N, T*3*P*P], ``grid_thw`` [M, 3] -> merged features [N / m^2, D m^2]."""
+        self.check_inputs(pixel_values, grid_thw)
+        cfg = self.config
+        x = self.patch_embedder(pixel_values, grid_thw)
+        frame, row, col = patch_coordinates(grid_thw, x.device)
+        cos, sin = axial_rope_cos_sin(row, col, cfg.head_dim, self.rope_theta, x.dtype)
+        # window id within a frame: (row // S, col // S), tiled from the top-left corner
+        cols_of_windows = -(-int(grid_thw[:, 2].max()) // self.window)
+        window = (row // self.window) * cols_of_windows + col // self.window
+        x = layer_norm(self.ln_pre, x)
+        for layer in self.layers:
+            x = layer(x, cos=cos, sin=sin, frame=frame, window=window)
+        x = layer_norm(self.ln_post, x)
+        return pixel_shuffle(x, grid_thw, cfg.merge_size)
