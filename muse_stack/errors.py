@@ -2,11 +2,15 @@
 
 Every user-facing failure in muse-stack raises a subclass of :class:`MuseStackError`;
 the CLI prints it and exits with its ``exit_code`` without leaving partial output behind.
+An error never shows a credential: its value is shown bounded, and a credential-shaped one as
+``'<redacted>'`` (:mod:`muse_stack.credentials`).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from muse_stack.credentials import REDACTED, redact_text, shape, short_repr
 
 # Exit codes of the command line:
 #   0  success
@@ -45,8 +49,6 @@ class MuseStackError(Exception):
     def render(self) -> str:
         parts = []
         if self.field is not None:
-            from muse_stack.safeio import short_repr
-
             parts.append(f"{self.field} = {short_repr(self.value)}: {self.message}")
         else:
             parts.append(self.message)
@@ -54,26 +56,19 @@ class MuseStackError(Exception):
             parts.append(f"  rule: {self.rule}")
         if self.fix:
             parts.append(f"  fix:  {self.fix}")
-        from muse_stack.safeio import redact_urls
-
-        return redact_urls("\n".join(parts))
+        return redact_text("\n".join(parts))
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "error": type(self).__name__,
-            "message": self.message,
+            "message": redact_text(self.message),
             "field": self.field,
             "value": self.value if isinstance(self.value, (int, float, bool, type(None)))
-            else self.value[:2000] if isinstance(self.value, str) else _short(self.value),
-            "rule": self.rule,
-            "fix": self.fix,
+            else REDACTED if isinstance(self.value, str) and shape(self.value)
+            else redact_text(self.value[:2000]) if isinstance(self.value, str) else short_repr(self.value),
+            "rule": self.rule and redact_text(self.rule),
+            "fix": self.fix and redact_text(self.fix),
         }
-
-
-def _short(value: Any) -> str:
-    from muse_stack.safeio import short_repr
-
-    return short_repr(value)
 
 
 class RecipeError(MuseStackError):

@@ -10,42 +10,40 @@ memoisation, so counting is linear in the graph) before any Python object is bui
 from __future__ import annotations
 
 import json
-import re
-import reprlib
 from pathlib import Path
 from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from muse_stack.credentials import FIX, REDACTED, URL_CREDENTIALS, findings, redact_text, shape, short_repr
 from muse_stack.errors import InputError, RecipeError
+
+__all__ = ["MAX_TEXT_BYTES", "MAX_YAML_NODES", "REDACTED", "URL_CREDENTIALS", "load_json", "load_yaml", "read_json",
+           "read_text", "redact_urls", "refuse_secrets", "short_repr"]
 
 #: nodes a document may hold once its aliases are expanded (the largest recipe holds ~600)
 MAX_YAML_NODES = 200_000
 #: a file larger than this is not a recipe, record or metadata file
 MAX_TEXT_BYTES = 64 * 1024 * 1024
 
-#: user:password@ (or token@) after a URL's scheme
-URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s:]+(:[^/@\s]*)?@")
-REDACTED = "<redacted>"
+#: the credential shapes, kept in :mod:`muse_stack.credentials` (which imports nothing of muse-stack)
+redact_urls = redact_text
 
 
-def redact_urls(text: str) -> str:
-    """``text`` with the credentials of every URL in it replaced: scheme://<redacted>@host/..."""
-    return URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text) if "://" in text else text
-
-
-_repr = reprlib.Repr()
-_repr.maxstring = 120
-_repr.maxother = 120
-_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 8
-_repr.maxlevel = 3
-
-
-def short_repr(value: Any) -> str:
-    """repr() bounded in length and depth (error messages never repr an unbounded value), with
-    URL credentials redacted."""
-    return redact_urls(_repr.repr(value))
+def refuse_secrets(data: Any, *, field: str, error: type[Exception] = RecipeError,
+                   what: str = "the value") -> None:
+    """Raise ``error`` naming ``field`` (and the path inside ``data``) when ``data`` holds a literal
+    credential (:func:`muse_stack.credentials.findings`); the value is never shown."""
+    found = findings(data, field) if isinstance(data, (dict, list)) else \
+        [(field, f"{what} holds {shape(data)}")] if isinstance(data, str) and shape(data) else []
+    if found:
+        where, why = found[0]
+        raise error(f"{why}; a credential is never written to a recipe, a run directory, a launch file or "
+                    "the terminal", field=where, value=REDACTED,
+                    rule="secrets come only by reference, ${env:NAME}, resolved when the job runs"
+                         + (f"; also at {', '.join(p for p, _ in found[1:4])}" if len(found) > 1 else ""),
+                    fix=FIX)
 
 
 def read_text(path: str | Path, *, field: str, what: str = "file", missing: type[Exception] = InputError,

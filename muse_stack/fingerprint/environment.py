@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from muse_stack.credentials import REDACTED, redact_text
+
 ALLOWED_PREFIXES = (
     "NCCL_",
     "NVTE_",
@@ -62,8 +64,6 @@ SECRET_NAME = re.compile(
 )
 # names that look secret but are well-known, harmless settings
 NOT_SECRET = frozenset({"TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_IMPLICIT_TOKEN"})
-URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s:]+(:[^/@\s]*)?@")
-REDACTED = "<redacted>"
 MIN_SECRET_LEN = 8
 
 
@@ -105,11 +105,12 @@ _TOKEN_CHAR = r"[A-Za-z0-9_]"
 def scrub_text(text: str, secrets: list[str]) -> str:
     """``text`` with every secret value replaced where it stands as a whole value or token (the
     whole string, or bounded by characters that cannot continue a token: spaces, quotes, '=', ':',
-    '@', ...), never inside a longer word; then URL credentials."""
+    '@', ...), never inside a longer word; then every credential of a known shape (URL
+    credentials, tokens: :func:`muse_stack.credentials.redact_text`)."""
     for value in secrets:
         if value in text:
             text = re.sub(rf"(?<!{_TOKEN_CHAR}){re.escape(value)}(?!{_TOKEN_CHAR})", REDACTED, text)
-    return URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+    return redact_text(text)
 
 
 def redact(obj: Any, secrets: list[str], *, secret_keys: bool = False) -> Any:

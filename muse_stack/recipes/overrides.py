@@ -12,7 +12,15 @@ _KEY_PART = re.compile(r"[A-Za-z0-9_-]{1,100}")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
+    """``key.path=value`` as (path, value). A literal secret is refused here, before its value is
+    parsed, so that no error (not even a YAML error on a malformed value) can show it: a value under
+    a secret-named key that is not a reference (``${env:NAME}``), or a credential-shaped key or value
+    (:mod:`muse_stack.credentials`)."""
+    from muse_stack.credentials import ENV_REFERENCE, SHELL_REFERENCE, is_secret_key, shape
+    from muse_stack.safeio import refuse_secrets
+
     if "=" not in text:
+        refuse_secrets(text, field="override")
         raise RecipeError(
             "an override needs the form key.path=value",
             field="override", value=text, fix="write e.g. layout.ep=4 or batch.gbs=64",
@@ -21,12 +29,29 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key = key.strip()
     if not key:
         raise RecipeError("the override has no key", field="override", value=text, fix="write e.g. layout.ep=4")
+    refuse_secrets(key, field="override", what="the key")
     path = key.split(".")
     bad = next((part for part in path if not _KEY_PART.fullmatch(part)), None)
     if bad is not None:
         raise RecipeError("each part of an override's key is a name: letters, digits, '_' or '-', none empty",
                           field="override", value=key, rule="key.path=value with non-empty names between the dots",
                           fix=f"write e.g. layout.tp=2 (check {'an empty part' if not bad else repr(bad[:40])})")
+    if shape(raw):  # name the element that holds it where the value parses; never show the value
+        from muse_stack.safeio import load_yaml
+
+        try:
+            parsed = load_yaml(raw, source="the value", field=key)
+        except Exception:
+            parsed = raw
+        refuse_secrets(parsed, field=key)
+        refuse_secrets(raw, field=key)
+    reference = ENV_REFERENCE.fullmatch(raw.strip()) or SHELL_REFERENCE.fullmatch(raw.strip())
+    if raw.strip() and not reference and any(is_secret_key(part) for part in path):
+        from muse_stack.credentials import FIX, REDACTED
+
+        raise RecipeError("a secret-named key is given a literal value; recipes, run directories and launch "
+                          "files are shared, so secrets never go in them", field=key, value=REDACTED,
+                          rule="secrets come only by reference, ${env:NAME}, resolved when the job runs", fix=FIX)
     if raw.strip():
         from muse_stack.safeio import load_yaml
 

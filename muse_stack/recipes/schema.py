@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from muse_stack.model_config import ModelConfig
-from muse_stack.safeio import URL_CREDENTIALS
+from muse_stack.credentials import ENV_REFERENCE, findings, is_secret_key
 
 #: recipe and run names: they become folder names (runs/, the data cache), Slurm job names and
 #: Kubernetes label values, so only letters, digits, '.', '_' and '-' (starting and ending with a
@@ -25,7 +25,7 @@ NAME_RULE = "1-63 letters, digits, '.', '_' or '-', starting and ending with a l
 #: an environment variable name as a shell and Kubernetes accept it
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: a reference to the launching environment, resolved when the job runs and never written: ${env:NAME}
-ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+#: (ENV_REFERENCE, from muse_stack.credentials)
 
 # size bounds: generous beyond any real run, so a mistyped size fails here instead of in a loop
 MAX_GPUS = 1 << 20
@@ -42,47 +42,12 @@ def check_name(value: str, field: str = "name") -> str:
     return value
 
 
-_SECRET_WORD = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|AUTH|COOKIE|PRIVATE|"
-                          r"SIGNATURE|SESSION)$", re.I)
-
-
-def is_secret_key(name: str, *, env: bool = False) -> bool:
-    """An environment variable name under the fingerprint redactor's rule (``env``); any other key
-    when one of its words (split at '_', '-', '.' and case changes) is or ends in a secret word:
-    ``api_key``, ``hfToken`` and ``password`` are, ``tokenizer`` and ``row_tokens`` are not."""
+def _env_secret_name(name: str) -> bool:
+    """An ``env`` name is secret by the word rule or by the fingerprint redactor's (any name holding
+    TOKEN, KEY, SECRET, ...)."""
     from muse_stack.fingerprint.environment import is_secret_name
 
-    if env:
-        return is_secret_name(name)
-    words = re.split(r"[_\-.\s]+|(?<=[a-z0-9])(?=[A-Z])", name)
-    return any(_SECRET_WORD.search(w) for w in words if w)
-
-
-def secret_findings(data: Any, path: str, *, env: bool = False) -> list[str]:
-    """Dotted paths under ``data`` where a secret-named key holds a literal string (not ${env:NAME})."""
-    out: list[str] = []
-    if isinstance(data, dict):
-        for key, value in data.items():
-            where = f"{path}.{key}"
-            if is_secret_key(str(key), env=env) and isinstance(value, str) and value and \
-                    not ENV_REFERENCE.fullmatch(value):
-                out.append(where)
-            else:
-                out.extend(secret_findings(value, where))
-    elif isinstance(data, list):
-        for i, value in enumerate(data):
-            out.extend(secret_findings(value, f"{path}[{i}]"))
-    elif isinstance(data, str) and URL_CREDENTIALS.search(data):
-        out.append(path)
-    return out
-
-
-def _url_credential_paths(data: Any, path: str) -> list[str]:
-    if isinstance(data, dict):
-        return [p for k, v in data.items() for p in _url_credential_paths(v, f"{path}.{k}" if path else str(k))]
-    if isinstance(data, list):
-        return [p for i, v in enumerate(data) for p in _url_credential_paths(v, f"{path}[{i}]")]
-    return [path] if isinstance(data, str) and URL_CREDENTIALS.search(data) else []
+    return is_secret_key(name) or is_secret_name(name)
 
 
 def _value_at(model: Any, path: str) -> Any:
@@ -445,24 +410,23 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "Recipe":
-        found: list[str] = []
-        for path, part in (("env", self.env), ("data.template_kwargs", self.data.template_kwargs),
-                           ("data.details", self.data.details), ("model.overrides", self.model.overrides),
-                           ("correctness", self.correctness), ("author", self.author)):
-            found.extend(secret_findings(part, path, env=path == "env"))
-        found.extend(p for p in _url_credential_paths(self.model_dump(mode="json", exclude={"env"}), "")
-                     if p not in found)
+        # every key and string of the recipe, whatever it is called: a literal under a secret-named key,
+        # or a value shaped like a credential (muse_stack.credentials)
+        doc = self.model_dump(mode="json", exclude={"env"})
+        found = findings(self.env, "env", secret_name=_env_secret_name) + findings(doc)
         if found:
+            from muse_stack.credentials import FIX
             from muse_stack.errors import RecipeError
 
+            where, why = found[0]
             raise RecipeError(
-                "a secret is written in the recipe; recipes, run directories and launch files are shared, so "
-                "secrets never go in them", field=found[0], value="<redacted>",
-                rule="values of secret-named keys (token, key, secret, password, auth, ...) and credentials in URLs "
-                     "are refused" + (f"; also at {', '.join(found[1:4])}" if len(found) > 1 else ""),
-                fix="reference the environment instead, resolved when the job runs and never written: e.g. "
-                    "env: {WANDB_API_KEY: ${env:WANDB_API_KEY}}; give a URL's credentials through the environment "
-                    "(HF_TOKEN, ~/.netrc), not in the URL")
+                f"{why}; recipes, run directories and launch files are shared, so secrets never go in them",
+                field=where, value="<redacted>",
+                rule="literal values of secret-named keys (token, key, secret, password, pass, pwd, auth, bearer, "
+                     "pat, ...) and credential-shaped values under any key (URL user:password@, ?token=, Bearer, "
+                     "ghp_/hf_/sk-/AWS keys, JWTs, high-entropy strings) are refused"
+                     + (f"; also at {', '.join(p for p, _ in found[1:4])}" if len(found) > 1 else ""),
+                fix=FIX)
         if self.data.build_name is not None and not NAME_PATTERN.fullmatch(self.data.build_name):
             from muse_stack.errors import RecipeError
 

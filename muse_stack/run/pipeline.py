@@ -49,6 +49,9 @@ def _with_start(recipe: Recipe, pretrained: str | None) -> Recipe:
     """The checkpoint the run starts from, recorded in the recipe (``--pretrained-checkpoint``
     is ``model.pretrained_checkpoint``), and refused when the recipe requires one not given."""
     if pretrained is not None:
+        from muse_stack.safeio import refuse_secrets
+
+        refuse_secrets(str(pretrained), field="--pretrained-checkpoint", error=UsageError, what="the path")
         recipe = recipe.model_copy(update={"model": recipe.model.model_copy(
             update={"pretrained_checkpoint": str(pretrained)})})
     if recipe.model.pretrained_checkpoint == REQUIRED_PATH:
