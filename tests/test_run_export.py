@@ -14,7 +14,8 @@ from muse_stack.errors import InputError
 from muse_stack.model import MuseSparkForCausalLM, load_checkpoint, save_checkpoint
 from muse_stack.recipes.catalogue import load_recipe, recipe_yaml
 from muse_stack.run import checkpoints
-from muse_stack.run.export import dist_key_to_hf, export_run
+from muse_stack.engines.mcore.weights import dist_key_to_hf
+from muse_stack.run.export import export_run
 from muse_stack.run.pipeline import run
 
 IDS = torch.tensor([[1, 5, 9, 33, 2, 70, 11, 400, 3, 3, 17, 250]])

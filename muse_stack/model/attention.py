@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from muse_stack.model.linear import Projection
-from muse_stack.model.norms import rms_norm
+from muse_stack.model.norms import rms_norm, upcast
 from muse_stack.model.rope import apply_rope
 from muse_stack.model_config import ModelConfig
 
@@ -62,7 +62,7 @@ class MuseSparkAttention(nn.Module):
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
         o = o.transpose(1, 2)  # [B, T, heads, head_dim]
-        o = rms_norm(o, self.eps) * torch.sigmoid(g.float())
+        o = rms_norm(o, self.eps) * torch.sigmoid(upcast(g))
         return self.o_proj(o.reshape(batch, seq_len, self.num_heads * self.head_dim))
 
     def extra_repr(self) -> str:

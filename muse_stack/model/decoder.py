@@ -44,7 +44,7 @@ from muse_stack.model.init import init_weights
 from muse_stack.model.linear import Projection
 from muse_stack.model.loss import LossResult, causal_lm_loss
 from muse_stack.model.moe import MuseSparkMoE
-from muse_stack.model.norms import CenteredRMSNorm, GainFirstRMSNorm, StoredGainRMSNorm, rms_norm
+from muse_stack.model.norms import CenteredRMSNorm, GainFirstRMSNorm, StoredGainRMSNorm, rms_norm, upcast
 from muse_stack.model.packing import (
     CuSeqlens,
     attention_mask,
@@ -173,7 +173,7 @@ class MuseSparkForCausalLM(nn.Module):
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """Soft-capped logits: ``softcap * tanh(hidden Wlm * output_multiplier / softcap)`` (fp32)."""
         cap = self.config.final_logit_softcapping
-        raw = self.lm_head(hidden).float()
+        raw = upcast(self.lm_head(hidden))
         return cap * torch.tanh(raw * (self.config.output_multiplier / cap))
 
     def forward(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor | None = None,

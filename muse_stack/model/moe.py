@@ -57,7 +57,8 @@ class MuseSparkExperts(nn.Module):
         token_of = order // top_k
         weight_of = weights.reshape(-1)[order]
         counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()
-        mixture = torch.zeros(num_tokens, h.shape[-1], dtype=torch.float32, device=h.device)
+        mixture = torch.zeros(num_tokens, h.shape[-1], dtype=torch.promote_types(h.dtype, torch.float32),
+                              device=h.device)
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:

@@ -21,9 +21,15 @@ import torch
 from torch import nn
 
 
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in fp32, or as it is when it is already fp64 (a float64 model computes in float64
+    throughout, as transformers' does)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """Weightless RMS norm over the last axis, computed and returned in fp32."""
-    x = x.float()
+    """Weightless RMS norm over the last axis, computed and returned in fp32 (fp64 for fp64 input)."""
+    x = upcast(x)
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
 
 
@@ -36,7 +42,7 @@ class CenteredRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.eps) * (1.0 + self.weight.float())
+        return rms_norm(x, self.eps) * (1.0 + upcast(self.weight))
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}, gain=1+w"
@@ -51,7 +57,7 @@ class GainFirstRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x.float() * (1.0 + self.weight.float()), self.eps)
+        return rms_norm(upcast(x) * (1.0 + upcast(self.weight)), self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}, gain=1+w applied before rms"
@@ -66,7 +72,7 @@ class StoredGainRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.eps) * self.weight.float()
+        return rms_norm(x, self.eps) * upcast(self.weight)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}, gain=w as stored"

@@ -13,13 +13,15 @@ import math
 import torch
 from torch import nn
 
+from muse_stack.model.norms import upcast
+
 #: floor under alpha^2
 ALPHA_SQUARED_FLOOR = 1e-3
 
 
 def residual_gate_coefficients(gate: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(alpha, beta) in fp32 from a stored gate vector."""
-    u = gate.float() / temperature
+    u = upcast(gate) / temperature
     beta = torch.sigmoid(u)
     alpha = torch.sqrt(torch.clamp(torch.sigmoid(-u) * (1.0 + beta), min=ALPHA_SQUARED_FLOOR))
     return alpha, beta
@@ -53,7 +55,7 @@ class GatedResidual(nn.Module):
     def forward(self, stream: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
         """The new residual stream (fp32)."""
         alpha, beta = self.coefficients()
-        return alpha * stream.float() + beta * branch.float()
+        return alpha * upcast(stream) + beta * upcast(branch)
 
     def extra_repr(self) -> str:
         return f"{self.gate.shape[0]}, temperature={self.temperature}"

@@ -24,12 +24,11 @@ refused.
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import yaml
@@ -37,9 +36,13 @@ import yaml
 from muse_stack import atomic
 from muse_stack.errors import InputError
 from muse_stack.model.checkpoint import CONFIG_NAME, DEFAULT_MAX_SHARD_BYTES, INDEX_FILE, SINGLE_FILE
+from muse_stack.hf_config import full_config
 from muse_stack.model_config import ModelConfig
 from muse_stack.recipes.catalogue import parse_recipe
 from muse_stack.run import checkpoints
+
+if TYPE_CHECKING:
+    from muse_stack.model.hf_export import Towers
 
 
 @dataclass(frozen=True)
@@ -97,35 +100,12 @@ def _st_dtype(name: str) -> torch.dtype:
             "I64": torch.int64, "I32": torch.int32}[name]
 
 
-_LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
-
-
-def dist_key_to_hf(key: str) -> str | None:
-    """HF name of a megatron-core dist-checkpoint model key (global names; None: not a weight).
-
-    megatron-core writes a layer's tensors as ``decoder.layers.{global layer}.<name>``; the
-    grouped experts' modules gain a second ``experts.`` (``mlp.experts.experts.linear_fc1.weight``,
-    one tensor [experts, ...] over all experts, the GLU's gate and up halves in HF order
-    whatever ETP split them)."""
-    from muse_stack.engines.mcore.weights import EXPERT_NAMES, LAYER_NAMES, LM, TOP_NAMES
-
-    if key in TOP_NAMES:
-        return TOP_NAMES[key]
-    m = _LAYER_KEY.match(key)
-    if m is None:
-        return None
-    layer, rest = int(m.group(1)), m.group(2).replace("mlp.experts.experts.", "mlp.experts.")
-    if rest in LAYER_NAMES:
-        return f"{LM}layers.{layer}.{LAYER_NAMES[rest]}"
-    if rest in EXPERT_NAMES:
-        return f"{LM}layers.{layer}.{EXPERT_NAMES[rest]}"
-    return None
-
-
 def megatron_source(folder: Path) -> tuple[list[Spec], Getter]:
     """The model tensors of a megatron-core torch_dist checkpoint, by HF name."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from muse_stack.engines.mcore.weights import dist_key_to_hf
 
     reader = dcp.FileSystemReader(str(folder))
     try:
@@ -136,7 +116,7 @@ def megatron_source(folder: Path) -> tuple[list[Spec], Getter]:
     keys: dict[str, str] = {}
     specs: list[Spec] = []
     for key, md in meta.state_dict_metadata.items():
-        hf = dist_key_to_hf(key)
+        hf = dist_key_to_hf(key)  # the engine's own mapping
         if hf is None or not isinstance(md, TensorStorageMetadata):
             continue
         if hf in keys:
@@ -170,8 +150,16 @@ def plan_shards(specs: list[Spec], max_bytes: int) -> list[list[Spec]]:
 
 
 def write_hf(out: Path, config: ModelConfig, specs: list[Spec], get: Getter, *,
-             max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, progress: Callable[[int], None] | None = None) -> Path:
+             max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, progress: Callable[[int], None] | None = None,
+             towers: "Towers | None" = None, extras: Callable[[Path], None] | None = None) -> Path:
+    """Write the decoder's tensors (``specs``, read through ``get``) and ``towers`` (default: the
+    placeholder towers of seed 0) in transformers' layout; ``extras`` adds files to the folder
+    before it is renamed to ``out``."""
     from safetensors.torch import save_file
+
+    from muse_stack.model.hf_export import placeholder_towers
+
+    towers = towers if towers is not None else placeholder_towers(config, seed=0)
 
     expected = expected_tensors(config)
     have = {s.name: s for s in specs}
@@ -185,14 +173,17 @@ def write_hf(out: Path, config: ModelConfig, specs: list[Spec], get: Getter, *,
                              field="checkpoint", value=listed[:5],
                              fix="export a checkpoint written by this version of muse-stack for this recipe")
     ordered = [have[n] for n in expected]  # the model's own order
+    tower_specs = [Spec(n, towers.shapes[n], towers.dtypes[n]) for n in towers.names]
+    sources = {**{s.name: get for s in ordered}, **{s.name: towers.get for s in tower_specs}}
+    ordered += tower_specs
     shards = plan_shards(ordered, max_shard_bytes)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    staging = atomic.make_temp_dir(out)
     try:
         weight_map: dict[str, str] = {}
         for i, shard in enumerate(shards, start=1):
             file = SINGLE_FILE if len(shards) == 1 else f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            tensors = {s.name: get(s.name).contiguous() for s in shard}
+            tensors = {s.name: sources[s.name](s.name).contiguous() for s in shard}
             save_file(tensors, str(staging / file), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(tensors, file))
             del tensors
@@ -201,7 +192,9 @@ def write_hf(out: Path, config: ModelConfig, specs: list[Spec], get: Getter, *,
         if len(shards) > 1:
             atomic.write_json(staging / INDEX_FILE, {"metadata": {"total_size": sum(s.nbytes for s in ordered)},
                                                      "weight_map": weight_map})
-        atomic.write_json(staging / CONFIG_NAME, config.to_hf_config())
+        atomic.write_json(staging / CONFIG_NAME, full_config(config, towers.config))
+        if extras is not None:
+            extras(staging)
         os.rename(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -375,14 +368,41 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
         specs, get = megatron_source(current.path)
     else:
         specs, get = reference_source(current.path)
+    towers, extras = _export_companions(run_dir, recipe, config, current.step, out)
     if not progress:
-        return write_hf(out, config, specs, get, max_shard_bytes=max_shard_bytes), current.step, len(specs)
+        write_hf(out, config, specs, get, max_shard_bytes=max_shard_bytes, towers=towers, extras=extras)
+        return out, current.step, len(specs)
     from rich.progress import Progress
 
     with Progress(transient=True) as bar:
-        task = bar.add_task(f"export step {current.step}", total=len(specs))
+        task = bar.add_task(f"export step {current.step}", total=len(specs) + len(towers.names))
         write_hf(out, config, specs, get, max_shard_bytes=max_shard_bytes,
-                 progress=lambda n: bar.update(task, advance=n))
+                 progress=lambda n: bar.update(task, advance=n), towers=towers, extras=extras)
     return out, current.step, len(specs)
+
+
+def _export_companions(run_dir: Path, recipe, config: ModelConfig, step: int, out: Path):
+    """The towers an export carries (the pretrained checkpoint's, else placeholders from the run's
+    seed) and the writer of its other files: generation config, tokenizer and model card."""
+    from muse_stack.model import hf_export
+
+    towers = None
+    pretrained = recipe.model.pretrained_checkpoint
+    if pretrained and Path(pretrained).is_dir():
+        towers = hf_export.towers_from_checkpoint(pretrained)
+    if towers is None:
+        towers = hf_export.placeholder_towers(config, seed=recipe.training.seed)
+    tokenizer = Path(recipe.data.tokenizer) if recipe.data is not None and recipe.data.tokenizer else None
+
+    def extras(folder: Path) -> None:
+        atomic.write_json(folder / "generation_config.json", hf_export.generation_config(config, tokenizer))
+        copied = hf_export.copy_tokenizer(tokenizer, folder)
+        card = hf_export.model_card(recipe=recipe.name, run_dir=run_dir.resolve(), step=step,
+                                    loss=hf_export.final_loss(run_dir, step),
+                                    fingerprint_sha256=hf_export.file_sha256(run_dir / "fingerprint.json"),
+                                    towers=towers, tokenizer_files=copied, out_name=str(out))
+        atomic.write_text(folder / "README.md", card)
+
+    return towers, extras
 
 

@@ -94,6 +94,26 @@ def mcore_to_hf(name: str) -> Target:
     raise KeyError(f"not a Muse Spark megatron-core tensor: {name}")
 
 
+def dist_key_to_hf(key: str) -> str | None:
+    """HF name of a key of this engine's dist-checkpoint (global names; None: not a weight).
+
+    megatron-core writes a layer's tensors as ``decoder.layers.{global layer}.<name>``; the
+    grouped experts' modules gain a second ``experts.`` (``mlp.experts.experts.linear_fc1.weight``,
+    one tensor [experts, ...] over all experts, the GLU's gate and up halves in HF order
+    whatever ETP split them)."""
+    if key in TOP_NAMES:
+        return TOP_NAMES[key]
+    match = _LAYER.match(key)
+    if match is None:
+        return None
+    layer, rest = int(match.group(1)), match.group(2).replace("mlp.experts.experts.", "mlp.experts.")
+    if rest in LAYER_NAMES:
+        return f"{LM}layers.{layer}.{LAYER_NAMES[rest]}"
+    if rest in EXPERT_NAMES:
+        return f"{LM}layers.{layer}.{EXPERT_NAMES[rest]}"
+    return None
+
+
 def hf_to_mcore(hf_name: str, num_experts: int) -> list[str]:
     """Global megatron-core names that read ``hf_name`` (a stacked expert tensor gives one per expert)."""
     for mc, hf in TOP_NAMES.items():
