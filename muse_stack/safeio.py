@@ -17,10 +17,10 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from muse_stack.credentials import FIX, REDACTED, URL_CREDENTIALS, findings, redact_text, shape, short_repr
-from muse_stack.errors import InputError, RecipeError
+from muse_stack.errors import InputError, MuseStackError, RecipeError
 
 __all__ = ["MAX_TEXT_BYTES", "MAX_YAML_NODES", "REDACTED", "URL_CREDENTIALS", "load_json", "load_yaml", "read_json",
-           "read_text", "redact_urls", "refuse_secrets", "short_repr"]
+           "read_text", "read_yaml", "redact_urls", "refuse_secrets", "short_repr"]
 
 #: nodes a document may hold once its aliases are expanded (the largest recipe holds ~600)
 MAX_YAML_NODES = 200_000
@@ -144,6 +144,20 @@ def load_yaml(text: str, *, source: str, field: str, error: type[Exception] = Re
     except RecursionError as exc:
         raise error(f"{source} nests too deeply", field=field, value=source,
                     fix="flatten the document") from exc
+
+
+def read_yaml(path: str | Path, *, field: str, what: str = "YAML file", fix: str | None = None,
+              error: type[Exception] = InputError) -> Any:
+    """A YAML file read and parsed; missing, binary, not UTF-8 or malformed is ``error`` (an
+    :class:`InputError` by default: a damaged file) naming ``field``."""
+    text = read_text(path, field=field, what=what, fix=fix)
+    try:
+        return load_yaml(text, source=str(path), field=field, error=error)
+    except MuseStackError as exc:
+        if fix and exc.fix != fix:
+            exc.fix = fix
+            exc.args = (exc.render(),)
+        raise
 
 
 def load_yaml_all(text: str, *, source: str, field: str, error: type[Exception] = RecipeError) -> list[Any]:

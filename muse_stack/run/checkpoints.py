@@ -61,6 +61,10 @@ def _size(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+#: what to do about a damaged file in a checkpoint folder
+DAMAGED = "the checkpoint is damaged: restore it from a copy, or point checkpoints/latest at an earlier step folder"
+
+
 def folder_name(step: int) -> str:
     return f"step-{step:08d}"
 
@@ -79,14 +83,20 @@ class Checkpoint:
     path: Path
 
     def recipe_text(self) -> str | None:
+        from muse_stack.safeio import read_text
+
         file = self.path / RECIPE
-        return file.read_text() if file.is_file() else None
+        return read_text(file, field="--resume", what="checkpoint recipe", fix=DAMAGED) if file.is_file() else None
 
     def metrics_rows(self) -> list[dict[str, Any]] | None:
+        from muse_stack.safeio import load_json, read_text
+
         file = self.path / METRICS
         if not file.is_file():
             return None
-        return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+        text = read_text(file, field="--resume", what="metrics log", fix=DAMAGED, limit=None)
+        return [load_json(line, source=f"{file} line {i}", field="--resume", fix=DAMAGED)
+                for i, line in enumerate(text.splitlines(), start=1) if line.strip()]
 
 
 def latest(run_dir: Path) -> Checkpoint | None:

@@ -87,8 +87,30 @@ def register(app: typer.Typer) -> None:
                                            help="adapter runs: the adapters in the Hugging Face peft layout"),
     ) -> None:
         """Write the run's latest checkpoint as a Hugging Face checkpoint (safetensors shards + config.json)."""
+        from muse_stack.errors import InputError
+        from muse_stack.run import checkpoints
         from muse_stack.run.export import export_run
 
-        out, step, count = export_run(run_dir, hf, max_shard_bytes=int(max_shard_mb * 10**6), progress=True,
-                                      merge=merge, adapters_only=adapters_only)
+        under = next((p for p in hf.absolute().parents if p.exists() and not p.is_dir()), None)
+        if under is not None:
+            raise InputError(f"the export directory would be under {under}, which is a file", field="--hf",
+                             value=str(hf), fix="choose a path under a directory (or a new one)")
+        for attempt in range(3):
+            before = checkpoints.latest(run_dir)
+            try:
+                out, step, count = export_run(run_dir, hf, max_shard_bytes=int(max_shard_mb * 10**6), progress=True,
+                                              merge=merge, adapters_only=adapters_only)
+                break
+            except FileNotFoundError as exc:  # a step folder removed while it was read
+                after = checkpoints.latest(run_dir)
+                moved = before is not None and after is not None and after.step != before.step
+                if moved and attempt < 2 and not hf.exists():
+                    continue  # the running job saved a newer checkpoint and pruned this one: export that one
+                raise InputError(
+                    f"the checkpoint{f' at step {before.step}' if before else ''} lost a file while it was read "
+                    f"({exc.filename or exc}): " + ("the run is still saving checkpoints and pruned it"
+                                                    if moved else "it is incomplete"),
+                    field="RUN_DIR", value=str(run_dir),
+                    fix="export again once the run has stopped (or saved its next checkpoint)" if moved else
+                        "restore the step folder, or point checkpoints/latest at a complete one") from exc
         console.print(f"exported step {step}: {count} tensors to {out}")

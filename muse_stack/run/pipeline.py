@@ -36,6 +36,7 @@ def check_runnable(recipe: Recipe, name: str) -> Recipe:
 
     plan, _ = make_plan(recipe)
     check_recipe(recipe)  # what the engine would refuse or not train as written, before any output
+    _check_vocab(recipe)
     if plan.fits is False:
         raise LayoutError(
             f"the plan does not fit: {plan.peak_memory_gib:.1f} GiB estimated on stage {plan.peak_stage} "
@@ -43,6 +44,28 @@ def check_runnable(recipe: Recipe, name: str) -> Recipe:
             rule="estimated peak memory within the GPU's memory less headroom",
             fix=f"see `muse-stack plan {name}`: raise EP or PP, turn on full recompute, or use more GPUs")
     return recipe
+
+
+def _check_vocab(recipe: Recipe) -> None:
+    """The model's embedding holds every id the recipe's tokenizer gives (a smaller vocab_size
+    would index past the embedding at the first step)."""
+    from muse_stack.data.build import plan_for_recipe
+
+    if recipe.data.kind in ("synthetic", "multimodal"):
+        return  # synthetic ids come from the model's vocabulary; image-text rows are not built here
+    data = plan_for_recipe(recipe, require_tokenizer=False)
+    if data.tokenizer_dir is None:
+        return  # a missing tokenizer is the data build's error
+    from muse_stack.data.chat import ChatTokenizer
+
+    ids = ChatTokenizer(data.tokenizer_dir).vocab_size
+    vocab = recipe.model_config_resolved().vocab_size
+    if vocab < ids:
+        raise RecipeError(f"the model's vocabulary ({vocab:,}) is smaller than the tokenizer's ({ids:,} ids, "
+                          f"{data.tokenizer_dir})", field="model.vocab_size", value=vocab,
+                          rule="vocab_size at least the tokenizer's vocabulary size (added tokens included)",
+                          fix=f"set model.overrides.vocab_size={ids} or more (a multiple of 128 pads it for GPUs), "
+                              "or use the model's own tokenizer")
 
 
 def _with_start(recipe: Recipe, pretrained: str | None) -> Recipe:

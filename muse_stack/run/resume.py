@@ -20,6 +20,7 @@ from muse_stack.errors import InputError
 from muse_stack.recipes.catalogue import parse_recipe, recipe_sha256
 from muse_stack.recipes.overrides import apply_overrides
 from muse_stack.recipes.schema import Recipe
+from muse_stack.safeio import load_yaml, read_yaml
 from muse_stack.run import checkpoints, rundir
 
 
@@ -46,17 +47,23 @@ class ResumePlan:
     change: dict[str, Any] | None  #: the recorded change, when --allow-change accepted one
 
 
+#: what to do about a damaged recipe.yaml in a run directory
+_DAMAGED = "the run directory's recipe.yaml is damaged: restore it (its checkpoint keeps a copy), or start a new run"
+
+
 def plan_resume(path: Path, extra: list[str], allow_change: bool) -> ResumePlan:
     if not (path / rundir.RECIPE).is_file():
         raise InputError("not a run directory (no recipe.yaml)", field="--resume", value=str(path),
                          fix="give a directory written by `muse-stack run`")
     current = checkpoints.latest(path)
-    on_disk = yaml.safe_load((path / rundir.RECIPE).read_text())
+    on_disk = read_yaml(path / rundir.RECIPE, field="--resume", what="recipe", fix=_DAMAGED)
     wanted = parse_recipe(apply_overrides(on_disk, extra) if extra else on_disk, str(path / rundir.RECIPE))
     # the recipe the saved state was trained with: the checkpoint's copy; before the first
     # checkpoint, recipe.yaml as the fingerprint's hash recorded it
     if current is not None and current.recipe_text() is not None:
-        baseline = parse_recipe(yaml.safe_load(current.recipe_text()), str(current.path / checkpoints.RECIPE))
+        baseline = parse_recipe(load_yaml(current.recipe_text(), source=str(current.path / checkpoints.RECIPE),
+                                          field="--resume", error=InputError),
+                                str(current.path / checkpoints.RECIPE))
         before_sha = recipe_sha256(baseline)
         fields = changed_fields(baseline, wanted)
     else:
