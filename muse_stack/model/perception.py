@@ -150,6 +150,36 @@ def scatter_media(input_ids: torch.Tensor, inputs_embeds: torch.Tensor, config: 
     return out
 
 
+@torch.no_grad()
+def init_perception_weights(host: nn.Module, seed: int = 0, std: float = 0.02) -> None:
+    """(Re)initialise the perception modules on ``host`` as transformers' ``_init_weights`` does:
+    linear, conv and embedding weights N(0, std), biases 0, LayerNorm and RMSNorm gains 1. Each
+    tensor draws from its own generator seeded by (seed, its name under ``host``), as
+    :func:`muse_stack.model.init.init_weights` does for the decoder; meta tensors are skipped."""
+    from muse_stack.model.audio import RMSNorm
+    from muse_stack.model.init import _generator
+
+    for prefix in PERCEPTION_MODULES:
+        root = getattr(host, prefix)
+        for name, module in root.named_modules(prefix=prefix):
+            params = [p for p in module.parameters(recurse=False) if not p.is_meta]
+            if not params:
+                continue
+            if isinstance(module, (nn.Linear, nn.Conv1d, nn.Embedding)):
+                values = torch.empty(module.weight.shape, dtype=torch.float32, device=module.weight.device)
+                values.normal_(0.0, std, generator=_generator(seed, f"{name}.weight", module.weight.device))
+                module.weight.copy_(values)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+            elif isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+            elif isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+            else:  # a parameter-holding module this function does not know would stay uninitialised
+                raise TypeError(f"init_perception_weights: no rule for {name} ({type(module).__name__})")
+
+
 class MuseSparkPerception(nn.Module):
     """The perception modules on their own (names as under ``model.``), with the media path:
     a host for :func:`image_features`, :func:`audio_features` and :func:`scatter_media`."""
@@ -171,6 +201,11 @@ class MuseSparkPerception(nn.Module):
                     input_values: torch.Tensor | None = None,
                     input_values_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``text_embeds`` (the normed embeddings of :func:`text_input_ids`) with the media in place."""
+        for values, grid, names in ((pixel_values, image_grid_thw, ("pixel_values", "image_grid_thw")),
+                                    (pixel_values_videos, video_grid_thw, ("pixel_values_videos", "video_grid_thw"))):
+            if values is not None and grid is None:
+                raise InputError(f"is needed with {names[0]}", field=names[1], value=None,
+                                 fix="pass both outputs of the image or video processor")
         image = self.image_features(pixel_values, image_grid_thw) if pixel_values is not None else None
         video = self.image_features(pixel_values_videos, video_grid_thw) if pixel_values_videos is not None else None
         audio = self.audio_features(input_values, input_values_mask) if input_values is not None else None

@@ -157,10 +157,9 @@ class MuseSparkVisionAttention(nn.Module):
         self.v_proj = nn.Linear(d, d)
         self.proj = nn.Linear(d, d)
 
-    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor, frame: torch.Tensor,
-                group: torch.Tensor | None) -> torch.Tensor:
-        """``x`` [N, D] (normed); attention runs within each frame and, when ``group`` [N] is given,
-        only between patches of the same group (window)."""
+    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        """``x`` [N, D] (normed); each patch attends to the patches of its own ``group`` [N] (its
+        frame, or its window within the frame)."""
         n = x.shape[0]
         dtype = x.dtype
         q, k, v = (dense(p, x).to(dtype).view(n, self.num_heads, self.head_dim) for p in
@@ -168,14 +167,11 @@ class MuseSparkVisionAttention(nn.Module):
         q = q * cos[:, None] + rotate_half(q) * sin[:, None]
         k = k * cos[:, None] + rotate_half(k) * sin[:, None]
         out = torch.empty_like(q)
-        for f in torch.unique(frame).tolist():
-            idx = (frame == f).nonzero().squeeze(1)
-            mask = None
-            if group is not None:
-                g = group[idx]
-                mask = g[:, None] == g[None, :]
-            qf, kf, vf = (t[idx].transpose(0, 1) for t in (q, k, v))  # [heads, n_f, head_dim]
-            out[idx] = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask).transpose(0, 1)
+        order = torch.argsort(group, stable=True)
+        sizes = torch.unique_consecutive(group[order], return_counts=True)[1].tolist()
+        for idx in torch.split(order, sizes):
+            qg, kg, vg = (t[idx].transpose(0, 1) for t in (q, k, v))  # [heads, patches of the group, head_dim]
+            out[idx] = F.scaled_dot_product_attention(qg, kg, vg).transpose(0, 1)
         return dense(self.proj, out.reshape(n, -1)).to(dtype)
 
 
@@ -200,8 +196,9 @@ class MuseSparkVisionEncoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor, frame: torch.Tensor,
                 window: torch.Tensor) -> torch.Tensor:
-        group = window if self.layer_type == "window_attention" else None
-        x = x + self.attn(layer_norm(self.norm1, x), cos=cos, sin=sin, frame=frame, group=group)
+        """``frame`` and ``window`` [N]: each patch's frame and window ids (global)."""
+        group = window if self.layer_type == "window_attention" else frame
+        x = x + self.attn(layer_norm(self.norm1, x), cos=cos, sin=sin, group=group)
         return x + self.mlp(layer_norm(self.norm2, x))
 
 
@@ -248,9 +245,10 @@ class MuseSparkVisionModel(nn.Module):
         x = self.patch_embedder(pixel_values, grid_thw)
         frame, row, col = patch_coordinates(grid_thw, x.device)
         cos, sin = axial_rope_cos_sin(row, col, cfg.head_dim, self.rope_theta, x.dtype)
-        # window id within a frame: (row // S, col // S), tiled from the top-left corner
+        # window (row // S, col // S) of the frame, tiled from its top-left corner; numbered globally
+        rows_of_windows = -(-int(grid_thw[:, 1].max()) // self.window)
         cols_of_windows = -(-int(grid_thw[:, 2].max()) // self.window)
-        window = (row // self.window) * cols_of_windows + col // self.window
+        window = (frame * rows_of_windows + row // self.window) * cols_of_windows + col // self.window
         x = layer_norm(self.ln_pre, x)
         for layer in self.layers:
             x = layer(x, cos=cos, sin=sin, frame=frame, window=window)
