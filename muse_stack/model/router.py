@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from muse_stack.model.norms import upcast
 from muse_stack.model_config import ModelConfig
 
 
@@ -25,15 +26,16 @@ class Routing(NamedTuple):
 
 
 class Fp32Module(nn.Module):
-    """A module whose parameters and buffers stay fp32 through ``.to(dtype)``/``.bfloat16()``."""
+    """A module whose parameters and buffers stay at least fp32 through ``.to(dtype)``/``.bfloat16()``
+    (fp64 stays fp64, as in transformers' float64 model)."""
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[override]
         super()._apply(fn, recurse)
         for param in self.parameters(recurse=False):
-            if param.is_floating_point() and param.dtype != torch.float32:
+            if param.is_floating_point() and param.dtype not in (torch.float32, torch.float64):
                 param.data = param.data.float()
         for name, buf in list(self._buffers.items()):
-            if buf is not None and buf.is_floating_point() and buf.dtype != torch.float32:
+            if buf is not None and buf.is_floating_point() and buf.dtype not in (torch.float32, torch.float64):
                 self._buffers[name] = buf.float()
         return self
 
@@ -57,7 +59,7 @@ class MuseSparkRouter(Fp32Module):
     def forward(self, x: torch.Tensor) -> Routing:
         """Route tokens ``x`` [N, H]."""
         with torch.autocast(device_type=x.device.type, enabled=False):
-            logits = F.linear(x.float(), self.weight.float())
+            logits = F.linear(upcast(x), upcast(self.weight).to(upcast(x).dtype))
         scores = torch.sigmoid(logits * self.output_multiplier)
         indices = select_top_k(scores.detach() + self.e_score_correction_bias, self.top_k)
         picked = scores.gather(-1, indices)
