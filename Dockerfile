@@ -66,6 +66,13 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 # --- gpu: CUDA devel base; the wheel set (PyTorch, cuDNN, NCCL, TE core, DeepEP, megatron-core,
 #     ...), then TE's PyTorch extension and flash-attn compiled from the set's sdists; EFA ------
 FROM base AS stack-gpu
+# the registry base is pulled by its pinned index digest, or the build stops here (a direct
+# `docker buildx build` without the lock's BASE_DIGEST, or with a BASE_REF by tag, is refused)
+ARG BASE_REF
+ARG BASE_DIGEST
+RUN : "${BASE_DIGEST:?the lock pins no base.digest: run make pins gpu=TARGET on a networked builder, then make image}" \
+    && case "${BASE_REF}" in *"@${BASE_DIGEST}") ;; \
+         *) echo "BASE_REF ${BASE_REF} is not pulled by the lock's digest ${BASE_DIGEST}"; exit 1 ;; esac
 ARG CUDA_VERSION
 ARG TORCH_INDEX_URL
 ARG PIP_FIND_LINKS=""
@@ -86,14 +93,19 @@ RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     && apt-get install -y --no-install-recommends python3-dev build-essential git curl \
     && nvcc --version | grep -q "release ${CUDA_VERSION}," \
     || { echo "the base image's CUDA is not the lock's ${CUDA_VERSION}:"; nvcc --version; exit 1; }
-# the base's apt cuDNN goes first: cuDNN 9's libcudnn.so.9 opens its sub-libraries by soname, so a
-# second cuDNN on the loader's path mixes two versions in one process (seen on an H200 machine)
+# the base's apt cuDNN and NCCL go first: cuDNN 9's libcudnn.so.9 opens its sub-libraries by
+# soname, so a second cuDNN on the loader's path mixes two versions in one process (seen on an H200
+# machine); the base's held libnccl2 in /usr/lib/<triplet> would be a second NCCL for any process
+# whose loader path reaches that folder first. Neither is left in a system folder.
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
     if [ "${CUDNN_PURGE_APT}" = "1" ]; then \
       apt-get purge -y --allow-change-held-packages 'libcudnn*' 'cudnn*' || true; \
       ! ldconfig -p | grep -q 'libcudnn' || { echo "apt cuDNN still present"; exit 1; }; \
     fi \
+    && { apt-get purge -y --allow-change-held-packages 'libnccl2' 'libnccl-dev' || true; } \
+    && ldconfig \
+    && { ! ldconfig -p | grep -q 'libnccl\.so' || { echo "apt NCCL still present:"; ldconfig -p | grep 'libnccl\.so'; exit 1; }; } \
     && lock-env install-set "${PIP_FIND_LINKS}" "${TORCH_INDEX_URL}" \
     && lock-env link-libs /opt/muse-stack/cuda-libs
 # TE looks for cuDNN in CUDNN_HOME before anywhere else; the set's cuDNN and NCCL come first on
@@ -106,18 +118,23 @@ ENV CUDNN_HOME=/opt/muse-stack/cuda-libs/cudnn \
 # Transformer Engine: the core from the set's wheel and the PyTorch extension compiled from the
 # set's sdist against this torch (NVTE_PYTORCH_FORCE_BUILD: never a prebuilt download), or the
 # whole of TE from a pinned source commit where the registry has no wheel (the lock says which).
-# MAX_JOBS: parallel compiles; each nvcc job takes about 3 GB, so 8 wants about 24 GB
+# MAX_JOBS: parallel compiles; each nvcc job takes about 3 GB, so 8 wants about 24 GB.
+# NVTE_WITH_NCCL_EP: the lock's components.transformer_engine.with_nccl_ep (TE's optional NCCL EP
+# extension), passed to both builds. A source build runs CMake: the set's `cmake` wheel, in the venv.
 ARG MAX_JOBS=8
 ARG TE_SOURCE_REPO
 ARG TE_SOURCE_COMMIT
 ARG NVTE_CUDA_ARCHS
+ARG NVTE_WITH_NCCL_EP
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
-    export NVTE_FRAMEWORK=pytorch NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS="${MAX_JOBS}" NVTE_CUDA_ARCHS \
+    export NVTE_FRAMEWORK=pytorch NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS="${MAX_JOBS}" NVTE_CUDA_ARCHS NVTE_WITH_NCCL_EP \
            CPATH="${CUDNN_HOME}/include:${NCCL_HOME}/include" \
     && : "${NVTE_CUDA_ARCHS:?the lock gives no Transformer Engine CUDA archs}" \
+    && : "${NVTE_WITH_NCCL_EP:?the lock states no components.transformer_engine.with_nccl_ep}" \
     && if [ "${TE_BUILD}" = "source" ]; then \
          : "${TE_SOURCE_COMMIT:?the lock has no components.transformer_engine.source_commit; pin it to build TE from source}"; \
+         command -v cmake >/dev/null || { echo "no cmake in the venv: the wheel set of a source-built TE carries the cmake wheel (muse-stack stack resolve TARGET)"; exit 1; }; \
          lock-env git-checkout "${TE_SOURCE_REPO}" "${TE_SOURCE_COMMIT}" /tmp/te \
          && lock-env pip-install --no-build-isolation --no-deps /tmp/te \
          && rm -rf /tmp/te \
@@ -141,14 +158,18 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && rm -rf /tmp/fa \
     && lock-env pip-check "${FLASH_ATTN_VERSION}" "${FLASH_ATTN_PACKAGE}"
 
-# DeepEP and megatron-core came with the set (DeepEP as its registry wheel; the lock's DeepEP
-# archs describe that wheel and are checked at run time by the fingerprint, not compiled here)
+# DeepEP and megatron-core came with the set (DeepEP as its registry wheel, not compiled here). The
+# lock's DeepEP archs are the machine code that wheel carries: `stack selfcheck` at the end of the
+# build reads the .nv_fatbin of the loaded deep_ep extension and fails unless it is exactly that list
 ARG DEEPEP_TORCH_CUDA_ARCH_LIST
 RUN lock-env pip-check "${DEEPEP_VERSION}" "${DEEPEP_PACKAGE}" \
     && lock-env pip-check "${MEGATRON_CORE_VERSION}" "${MEGATRON_CORE_PACKAGE}" \
-    && echo "DeepEP wheel; the lock records its archs as ${DEEPEP_TORCH_CUDA_ARCH_LIST}"
+    && : "${DEEPEP_TORCH_CUDA_ARCH_LIST:?the lock gives no DeepEP CUDA archs}"
 
-# AWS EFA: libfabric and the aws-ofi-nccl plugin; no kernel module, limits or self-test in a container
+# AWS EFA: libfabric and the aws-ofi-nccl plugin; no kernel module, limits or self-test in a container.
+# The tarball is checked against the lock's sha256 or the build stops (an empty sha256 is refused).
+# On Ubuntu the installer puts the plugin in /opt/amazon/ofi-nccl/lib/<triplet> (flat lib/ on NGC
+# bases): `lock-env efa-links` finds both folders wherever they are and links them at fixed paths.
 ARG EFA_INSTALLER_VERSION
 ARG EFA_INSTALLER_URL
 ARG EFA_INSTALLER_SHA256
@@ -158,28 +179,34 @@ ARG LIBFABRIC_VERSION
 RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
     --mount=type=secret,id=ca \
-    lock-env fetch "${EFA_INSTALLER_URL}" /tmp/efa.tar.gz "${EFA_INSTALLER_SHA256}" \
+    : "${EFA_INSTALLER_SHA256:?the lock pins no components.efa.installer_sha256: run make pins gpu=TARGET on a networked builder}" \
+    && lock-env fetch "${EFA_INSTALLER_URL}" /tmp/efa.tar.gz "${EFA_INSTALLER_SHA256}" \
     && mkdir /tmp/efa && tar -xzf /tmp/efa.tar.gz -C /tmp/efa --strip-components=1 \
     && (cd /tmp/efa && apt-get update && ./efa_installer.sh -y ${EFA_INSTALL_FLAGS}) \
     && rm -rf /tmp/efa /tmp/efa.tar.gz \
     && grep -q "${EFA_INSTALLER_VERSION}" /opt/amazon/efa_installed_packages \
-    && ls /opt/amazon/ofi-nccl/lib*/libnccl-net-ofi.so \
+    && lock-env efa-links /opt/amazon /opt/muse-stack/efa \
     && /opt/amazon/efa/bin/fi_info --version | grep -q "${LIBFABRIC_VERSION}" \
     && { grep -q "${AWS_OFI_NCCL_VERSION}" /opt/amazon/efa_installed_packages \
          || echo "note: efa_installed_packages does not name aws-ofi-nccl ${AWS_OFI_NCCL_VERSION}; check the NET/OFI log line at run time"; }
-ENV LD_LIBRARY_PATH=/opt/muse-stack/cuda-libs/cudnn/lib:/opt/muse-stack/cuda-libs/nccl/lib:/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib \
+# the set's cuDNN and NCCL first, then the EFA folders; NCCL loads aws-ofi-nccl (libnccl-net-ofi.so)
+# for every process, so a plain `docker run` across EFA nodes uses EFA (on a host without EFA the
+# plugin's init fails and NCCL falls back to its own InfiniBand or socket transport)
+ENV LD_LIBRARY_PATH=/opt/muse-stack/cuda-libs/cudnn/lib:/opt/muse-stack/cuda-libs/nccl/lib:/opt/muse-stack/efa/ofi-nccl-lib:/opt/muse-stack/efa/libfabric-lib \
+    NCCL_NET_PLUGIN=ofi \
     FI_EFA_USE_HUGE_PAGE=0
 
 # ---------------------------------------------------------------------------------------------
 FROM stack-${STACK_KIND} AS image
-# muse-stack's own dependencies came with the wheel set; the source tree is installed editable
-# without dependency resolution, so nothing here can change the set (the self-check below proves it)
+# muse-stack's own dependencies and build backend (setuptools) came with the wheel set; the source
+# tree is installed editable without dependency resolution and without build isolation (no
+# unpinned setuptools download), so nothing here can change the set (the self-check below proves it)
 COPY pyproject.toml /opt/muse-stack/pyproject.toml
 COPY muse_stack /opt/muse-stack/muse_stack
 ARG MUSE_STACK_VERSION
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
-    lock-env pip-install --no-deps --editable /opt/muse-stack \
+    lock-env pip-install --no-deps --no-build-isolation --editable /opt/muse-stack \
     && lock-env pip-check "${MUSE_STACK_VERSION}" muse-stack
 COPY recipes /opt/muse-stack/recipes
 COPY data /opt/muse-stack/data

@@ -4,27 +4,37 @@
 # Host driver: the NVIDIA container toolkit (and enroot/pyxis) inject libcuda.so.1 from the host
 # driver somewhere in the container (/usr/lib/<arch>-linux-gnu, /usr/local/nvidia/lib64, ...).
 # Nix-built binaries look for it in /run/opengl-driver/lib only. If that path lacks it, link the
-# injected driver there when we may, else put the driver's directory on LD_LIBRARY_PATH.
+# injected driver there when we may; else (uid 1000 cannot create /run/opengl-driver) put the
+# driver's folder on LD_LIBRARY_PATH *after* what is there: that folder (/usr/lib/<triplet>) is a
+# system folder and must never come before the set's cuDNN and NCCL.
+# Only shell builtins, awk and coreutils are used: the Nix image carries nothing else (no sed).
+# MUSE_STACK_DRIVER_DIRS and MUSE_STACK_OPENGL_DRIVER override the folders searched and the link's
+# place (for tests).
 set -eu
 
+driver_dirs="${MUSE_STACK_DRIVER_DIRS:-/usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib64 /usr/lib /usr/local/cuda/compat/lib}"
+opengl="${MUSE_STACK_OPENGL_DRIVER:-/run/opengl-driver}"
+
 find_libcuda() {
-  if command -v ldconfig >/dev/null 2>&1; then
+  if [ -z "${MUSE_STACK_DRIVER_DIRS:-}" ] && command -v ldconfig >/dev/null 2>&1; then
     p=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
     if [ -n "$p" ] && [ -e "$p" ]; then echo "$p"; return 0; fi
   fi
-  for d in /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/local/nvidia/lib64 \
-           /usr/local/nvidia/lib /usr/lib64 /usr/lib /usr/local/cuda/compat/lib; do
+  for d in $driver_dirs; do
     if [ -e "$d/libcuda.so.1" ]; then echo "$d/libcuda.so.1"; return 0; fi
   done
   return 1
 }
 
-if [ ! -e /run/opengl-driver/lib/libcuda.so.1 ] && lib=$(find_libcuda); then
+if [ ! -e "$opengl/lib/libcuda.so.1" ] && lib=$(find_libcuda); then
   dir=$(dirname "$lib")
-  if mkdir -p /run/opengl-driver 2>/dev/null && ln -sfn "$dir" /run/opengl-driver/lib 2>/dev/null; then
+  if mkdir -p "$opengl" 2>/dev/null && ln -sfn "$dir" "$opengl/lib" 2>/dev/null; then
     :
   else
-    export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    case ":${LD_LIBRARY_PATH:-}:" in
+      *":$dir:"*) ;;
+      *) export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$dir" ;;
+    esac
   fi
 fi
 
@@ -37,7 +47,7 @@ runs_notice() {
   info="${MUSE_STACK_MOUNTINFO:-/proc/self/mountinfo}"
   [ -r "$info" ] || return 0
   line=$(awk -v d="$runs" '$5 == d { r = $4; for (i = 7; i <= NF; i++) if ($i == "-") { s = $(i + 2) } }
-                           END { if (r != "") print r "\t" s }' "$info" | sed 's/\\040/ /g')
+                           END { if (r != "") { gsub(/\\040/, " ", r); gsub(/\\040/, " ", s); print r "\t" s } }' "$info")
   root=${line%%"$(printf '\t')"*}
   src=${line#*"$(printf '\t')"}
   case "$root" in

@@ -3,6 +3,7 @@
 #   make image-test gpu=cpu                 build the cpu image with podman and run it (CI proof)
 #   make image-args gpu=...                 print the build arguments the lock yields
 #   make image-check                        validate every lock
+#   make pins gpu=...                       (networked) read and pin the base digest and EFA checksum
 # Variables: PY (python with muse_stack), ENGINE (docker|podman), CA_BUNDLE (extra CA as build
 # secret `ca`), PUSH=1 (docker buildx --push), FIND_LINKS (local wheel dir, podman).
 PY ?= .venv/bin/python
@@ -36,3 +37,10 @@ image-args:
 
 image-check:
 	@for l in $(IMAGE_LOCKS); do $(PY) -m muse_stack.cli stack check $$l || exit 1; done
+
+# On a networked builder: read the lock's base index digest and EFA installer sha256 from their
+# sources, compare them with the lock, and write the ones it leaves null (muse-stack stack pins)
+.PHONY: pins
+pins: setup
+	@test -f containers/locks/$(gpu).toml || { echo "gpu=$(gpu): no containers/locks/$(gpu).toml (have: $(IMAGE_LOCKS))"; exit 2; }
+	$(PY) -m muse_stack.cli stack pins $(gpu) --write

@@ -3,13 +3,15 @@
 # Trusts an extra CA bundle passed as build secret `ca` (TLS-intercepting proxies), then:
 #   lock-env pip-install ARGS...                  pip install ARGS in the image's venv
 #   lock-env pip-check VERSION DIST...            fail unless each DIST is installed at VERSION
-#   lock-env fetch URL DEST [SHA256]              download, verify the checksum when pinned
+#   lock-env fetch URL DEST SHA256                download, verify the checksum (required)
 #   lock-env git-checkout REPO COMMIT DIR         clone and check out exactly COMMIT (and submodules)
 #   lock-env set-pins NAME VERSION ...            fail unless the wheel set pins each NAME at VERSION
 #   lock-env install-set [FIND_LINKS] [EXTRA_INDEX]  every wheel of the set, hashes required, no resolver
 #   lock-env install-sdist NAME                   build and install NAME from the set's sdist (hash-checked)
 #   lock-env fetch-sdist NAME DIR                 download NAME's sdist (hash-checked), unpack to DIR/src
 #   lock-env link-libs DIR                        DIR/cudnn, DIR/nccl -> the set's cuDNN and NCCL wheels
+#   lock-env efa-links ROOT DIR                   DIR/ofi-nccl-lib, DIR/libfabric-lib -> the folders the EFA
+#                                                 installer used under ROOT (lib, lib64 or lib/<triplet>)
 set -eu
 SET=${MUSE_STACK_WHEELSET:-/usr/local/lib/muse-stack/wheelset.toml}
 PYLOCK=${MUSE_STACK_PYLOCK:-/usr/local/lib/muse-stack/pylock.py}
@@ -70,12 +72,27 @@ PY
     done ;;
   fetch)
     url="$1"; dest="$2"; sum="${3:-}"
+    # nothing is downloaded without the checksum it must have
+    [ -n "$sum" ] || { echo "lock-env fetch: no sha256 for $url; the lock must pin it (make pins gpu=TARGET)" >&2; exit 1; }
     curl -fsSL --retry 3 -o "$dest" "$url"
-    if [ -n "$sum" ]; then
-      echo "$sum  $dest" | sha256sum -c -
-    else
-      echo "warning: no sha256 pinned for $url; got $(sha256sum "$dest" | cut -d' ' -f1)" >&2
-    fi ;;
+    echo "$sum  $dest" | sha256sum -c - ;;
+  efa-links)
+    root="$1"; dir="$2"
+    mkdir -p "$dir"
+    # first folder (flat lib, lib64, then the multiarch lib/<triplet>) holding the file
+    find_dir() {
+      for d in "$1/lib" "$1/lib64" "$1"/lib/*-linux-gnu; do
+        if [ -e "$d/$2" ]; then echo "$d"; return 0; fi
+      done
+      return 1
+    }
+    plugin=$(find_dir "$root/ofi-nccl" libnccl-net-ofi.so) \
+      || { echo "no libnccl-net-ofi.so under $root/ofi-nccl/lib, lib64 or lib/<triplet>" >&2; exit 1; }
+    fabric=$(find_dir "$root/efa" libfabric.so.1) \
+      || { echo "no libfabric.so.1 under $root/efa/lib, lib64 or lib/<triplet>" >&2; exit 1; }
+    ln -sfn "$plugin" "$dir/ofi-nccl-lib"
+    ln -sfn "$fabric" "$dir/libfabric-lib"
+    echo "aws-ofi-nccl: $plugin; libfabric: $fabric" ;;
   git-checkout)
     repo="$1"; commit="$2"; dir="$3"
     git init -q "$dir"

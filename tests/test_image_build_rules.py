@@ -141,14 +141,32 @@ def test_lock_env_installs_the_whole_set_with_hashes_and_without_its_sdists(tmp_
 # --- make image: one refusal before any download ------------------------------------------------
 
 
+def _unpinned(tmp_path: Path, name: str = "b200") -> Path:
+    """A copy of a GPU lock (and its wheel set) with the base digest and EFA checksum left null."""
+    text = (ROOT / "containers" / "locks" / f"{name}.toml").read_text()
+    text = re.sub(r'^digest = "sha256:[0-9a-f]+"\n', 'digest = { null = "not resolved in this copy" }\n', text, flags=re.M)
+    text = re.sub(r'^installer_sha256 = "[0-9a-f]+"\n', 'installer_sha256 = { null = "not resolved in this copy" }\n',
+                  text, flags=re.M)
+    text = re.sub(r'^(digest|installer_sha256)_sources = \[\n(?:  .*\n)*\]\n', "", text, flags=re.M)
+    d = tmp_path / "locks"
+    d.mkdir(exist_ok=True)
+    (d / f"{name}.toml").write_text(text)
+    (d / f"pylock.{name}.toml").write_text((ROOT / "containers" / "locks" / f"pylock.{name}.toml").read_text())
+    return d / f"{name}.toml"
+
+
 def test_preflight_lists_every_problem_with_its_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no docker, no podman
     monkeypatch.delenv("BASE_DIGEST", raising=False)
-    found = problems(load("b200"), "docker")
+    found = problems(load(_unpinned(tmp_path)), "docker")
     text = "\n".join(p for p, _ in found)
     assert "base.digest is not pinned" in text
     assert "components.efa.installer_sha256 is not pinned" in text
     assert "`docker` is not on PATH" in text
+    fixes = "\n".join(f for _, f in found)
+    assert "make pins gpu=b200" in fixes and "skopeo inspect --raw" in fixes and "curl -fsSL URL | sha256sum" in fixes
+    # the committed locks have both pins: only the missing tool is left
+    assert [p for p, _ in problems(load("b200"), "docker")] == ["`docker` is not on PATH"]
     assert problems(load("b200"), "kaniko")[0][0].startswith("ENGINE=kaniko")
 
 
@@ -174,7 +192,9 @@ def test_make_image_refuses_before_any_download(tmp_path):
            "ENGINE": "docker"}
     env.pop("BASE_DIGEST", None)
     _stub(tmp_path, "docker", f'echo called >> {tmp_path}/docker-called; exit 1')
-    proc = subprocess.run(["bash", "containers/build-image.sh", "b200"], cwd=ROOT, env=env, capture_output=True, text=True)
+    lock = _unpinned(tmp_path)
+    proc = subprocess.run(["bash", "containers/build-image.sh", str(lock)], cwd=ROOT, env=env, capture_output=True,
+                          text=True)
     assert proc.returncode == 2
     assert "refused before any download" in proc.stderr and "base.digest" in proc.stderr
     calls = (tmp_path / "docker-called").read_text().splitlines() if (tmp_path / "docker-called").exists() else []

@@ -36,15 +36,18 @@ def test_gb200_is_arm64_sm100_and_builds_te_from_source():
     lk = load("gb200").lock
     assert lk.platform == "linux/arm64"
     c = lk.components
-    for comp in (c.transformer_engine, c.flash_attn, c.deepep):
+    for comp in (c.transformer_engine, c.flash_attn):  # compiled in the image
         assert comp.cuda_archs == ["10.0"]
-    assert c.transformer_engine.build == "source"
+    # DeepEP's aarch64 registry wheel is not compiled here: the lock states the machine code it carries
+    assert c.deepep.cuda_archs == ["9.0", "10.0", "10.3"]
+    assert c.transformer_engine.build == "source" and c.transformer_engine.with_nccl_ep is False
     # the v2.17 release tag's commit, checked against the 2.17.0 wheel's and sdist's files
     assert c.transformer_engine.source_commit == "2e559f062497bef768dfbe9d7e45548fadeca80a"
     args = build_args(load("gb200"))
     assert args["NVTE_CUDA_ARCHS"] == "100"
     assert args["FLASH_ATTN_CUDA_ARCHS"] == "100"
-    assert args["DEEPEP_TORCH_CUDA_ARCH_LIST"] == "10.0"
+    assert args["DEEPEP_TORCH_CUDA_ARCH_LIST"] == "9.0;10.0;10.3"
+    assert args["NVTE_WITH_NCCL_EP"] == "0"
     assert args["PLATFORM"] == "linux/arm64"
 
 
@@ -67,7 +70,8 @@ def test_b200_reproduces_the_recorded_stack():
     assert args["FLASH_ATTN_CUDA_ARCHS"] == "90;100"
     assert args["DEEPEP_TORCH_CUDA_ARCH_LIST"] == "9.0;10.0;10.3"
     assert args["EFA_INSTALL_FLAGS"] == "--skip-kmod --skip-limit-conf --no-verify"
-    assert cuda_capabilities(lk) == ["9.0", "10.0", "10.3"]
+    # what the image compiles (TE, flash-attn); DeepEP's wheel is checked, not built
+    assert cuda_capabilities(lk) == ["9.0", "10.0"]
 
 
 RECORDED = {  # the recorded stack of attune-b200, as the recipe contract gives it
@@ -128,16 +132,63 @@ def test_cpu_lock_has_no_cuda_components_and_says_why():
     assert isinstance(lk.base.digest, Null)
 
 
-def test_unknown_digests_are_explicit_nulls_never_invented():
-    for t in TARGETS:
-        data = tomllib.loads(_lock_text(t))
-        d = data["base"]["digest"]
-        assert isinstance(d, dict) and set(d) == {"null"}, t
-    assert [f for f, _ in unresolved(load("gb200").lock)] == ["base.digest", "components.efa.installer_sha256"]
+# the tag's index digest and the EFA 1.49.0 installer's sha256, as public sources give them
+CUDA_INDEX_DIGEST = "sha256:1e8ac7a54c184a1af8ef2167f28fa98281892a835c981ebcddb1fad04bdd452d"
+EFA_149_SHA256 = "cf2e9281a2328a243c76f911a490faed43ca0fecfe4733c25e34b2e92a32c309"
+GPU = ["gb200", "b200", "h200"]
+
+
+def test_gpu_locks_pin_the_base_index_digest_and_the_efa_checksum_with_their_sources():
+    for t in GPU:
+        lk = load(t).lock
+        assert (lk.base.image, lk.base.tag) == ("docker.io/nvidia/cuda", "13.0.0-devel-ubuntu24.04"), t
+        assert lk.base.digest == CUDA_INDEX_DIGEST and lk.base.ref == f"docker.io/nvidia/cuda@{CUDA_INDEX_DIGEST}"
+        assert lk.components.efa.installer_sha256 == EFA_149_SHA256
+        # each value cites more than one source, and the sources name the value's own digits
+        for value, sources in ((lk.base.digest, lk.base.digest_sources),
+                               (lk.components.efa.installer_sha256, lk.components.efa.installer_sha256_sources)):
+            assert len(sources) >= 2, (t, value)
+            short = value.removeprefix("sha256:")[:8]
+            assert sum(short in src for src in sources) >= 1 or all(len(src) > 40 for src in sources)
+        assert unresolved(lk) == [], t
+        assert build_args(load(t))["BASE_REF"].endswith("@" + CUDA_INDEX_DIGEST)
+    assert isinstance(load("cpu").lock.base.digest, Null)  # made locally by debootstrap
     # a source build without its commit is unresolved
     data = tomllib.loads(_lock_text("gb200"))
     data["components"]["transformer_engine"]["source_commit"] = {"null": "not yet looked up"}
     assert "components.transformer_engine.source_commit" in [f for f, _ in unresolved(parse(data))]
+
+
+def test_a_pin_must_name_its_source():
+    e = _broken(lambda d: d["base"].pop("digest_sources"))
+    assert e.field == "base.digest_sources" and "make pins" in e.fix
+    e = _broken(lambda d: d["components"]["efa"].pop("installer_sha256_sources"))
+    assert e.field == "components.efa.installer_sha256_sources"
+
+
+def unpinned_copy(tmp_path: Path, name: str = "b200") -> Path:
+    """A copy of a GPU lock (and its wheel set) with the digest and the EFA checksum left null."""
+    text = _lock_text(name)
+    text = re.sub(r'^digest = "sha256:[0-9a-f]+"\n', 'digest = { null = "not resolved in this copy" }\n', text, flags=re.M)
+    text = re.sub(r'^installer_sha256 = "[0-9a-f]+"\n', 'installer_sha256 = { null = "not resolved in this copy" }\n',
+                  text, flags=re.M)
+    text = re.sub(r'^(digest|installer_sha256)_sources = \[\n(?:  .*\n)*\]\n', "", text, flags=re.M)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    (tmp_path / f"pylock.{name}.toml").write_text((ROOT / "containers" / "locks" / f"pylock.{name}.toml").read_text())
+    return path
+
+
+def test_an_unpinned_lock_fails_strict_and_says_what_a_networked_builder_runs(tmp_path, capsys):
+    path = unpinned_copy(tmp_path)
+    assert [f for f, _ in unresolved(load(path).lock)] == ["base.digest", "components.efa.installer_sha256"]
+    assert main(["stack", "check", str(path)]) == 0  # valid, with two pins pending
+    assert main(["stack", "check", "--strict", str(path)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "base.digest, components.efa.installer_sha256" in err
+    for cmd in ("make pins gpu=b200", "skopeo inspect --raw docker://IMAGE:TAG | sha256sum", "crane digest IMAGE:TAG",
+                "curl -fsSL URL | sha256sum"):
+        assert cmd in err, cmd
 
 
 # --- broken locks: the error names the field and the fix ------------------------------------
@@ -232,8 +283,8 @@ def test_cli_build_args_lines_and_json(capsys):
 def test_cli_check_and_show(capsys, tmp_path):
     for t in TARGETS:
         assert main(["stack", "check", t]) == 0
-    assert main(["stack", "check", "--strict", "cpu"]) == 0
-    assert main(["stack", "check", "--strict", "b200"]) == 1  # digest and EFA checksum unresolved
+    for t in TARGETS:  # every pin resolved
+        assert main(["stack", "check", "--strict", t]) == 0, t
     assert main(["stack", "show", "gb200"]) == 0
     assert "linux/arm64" in capsys.readouterr().out
     bad = tmp_path / "cpu.toml"

@@ -33,11 +33,12 @@ let
     "linux/arm64" = "aarch64-linux";
   }.${lock.platform} or (throw "${toString lockFile}: platform ${lock.platform} is not linux/amd64 or linux/arm64");
 
-  # every capability any component is compiled for: nixpkgs' config.cudaCapabilities
+  # every capability the image compiles for (TE, flash-attn): nixpkgs' config.cudaCapabilities.
+  # DeepEP comes as its registry wheel; its archs are checked against the wheel, not built
   cudaCapabilities =
     let
       all = builtins.concatLists (map (n: let c = comp n; in if c == null then [ ] else c.cuda_archs)
-        [ "transformer_engine" "flash_attn" "deepep" ]);
+        [ "transformer_engine" "flash_attn" ]);
       uniq = foldl' (acc: x: if elem x acc then acc else acc ++ [ x ]) [ ] all;
     in
     sort (a: b: compareVersions a b < 0) uniq;
@@ -66,6 +67,7 @@ let
     TE_SOURCE_REPO = get "transformer_engine" "source_repo";
     TE_SOURCE_COMMIT = get "transformer_engine" "source_commit";
     NVTE_CUDA_ARCHS = archs "transformer_engine" dotless;
+    NVTE_WITH_NCCL_EP = get "transformer_engine" "with_nccl_ep";
     CUDNN_PACKAGE = get "cudnn" "package";
     CUDNN_VERSION = get "cudnn" "version";
     CUDNN_PURGE_APT = get "cudnn" "purge_apt_cudnn";

@@ -123,6 +123,7 @@ let
         NVTE_FRAMEWORK = "pytorch";
         NVTE_PYTORCH_FORCE_BUILD = "TRUE";
         NVTE_CUDA_ARCHS = l.buildArgs.NVTE_CUDA_ARCHS;
+        NVTE_WITH_NCCL_EP = l.buildArgs.NVTE_WITH_NCCL_EP;
       };
       # the extension includes cudnn.h and nccl.h, which its sdist does not carry: the set's
       # cuDNN and NCCL wheels have them (nvidia/cudnn/include, nvidia/nccl/include)

@@ -3,6 +3,10 @@
 CUDA, cuBLAS, cuDNN and NCCL are initialised first (a small matmul, a small convolution,
 the NCCL version call) so the lazily loaded parts are mapped; then each library's version
 is asked of the loaded file itself through ctypes, next to what torch reports.
+
+``device_code`` records the GPU architectures of the loaded extension modules of the stack's
+kernels (DeepEP, flash-attn, Transformer Engine) as their .nv_fatbin states them
+(muse_stack.fingerprint.fatbin): the machine code a run could execute, not the build's intent.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import ctypes
 import os
 from typing import Any
 
-from muse_stack.fingerprint import hashing, procmaps
+from muse_stack.fingerprint import fatbin, hashing, procmaps
 from muse_stack.fingerprint.absent import absent, guarded
 from muse_stack.fingerprint.gpu import cuda_version_text
 
@@ -125,6 +129,20 @@ def initialise(torch: Any) -> list[str]:
     return done
 
 
+# loaded extension modules whose machine code is recorded: DeepEP, flash-attn, Transformer Engine
+DEVICE_CODE = r"(^|/)(deep_ep/_C\.|deep_ep_cpp|flash_attn_2_cuda|transformer_engine_torch|libtransformer_engine)[^/]*\.so"
+
+
+def device_code(loaded: list[str]) -> dict[str, Any]:
+    """The .nv_fatbin architectures of each loaded DeepEP, flash-attn and TE extension module."""
+    import re
+
+    files = sorted({p for p in loaded if re.search(DEVICE_CODE, p)})
+    if not files:
+        return absent("no DeepEP, flash-attn or Transformer Engine extension module is mapped in this process")
+    return fatbin.module_archs(files)
+
+
 def _multiple_copies(paths: list[str]) -> list[str]:
     """Library names (up to ".so") mapped from more than one distinct file."""
     by_stem: dict[str, set[str]] = {}
@@ -215,4 +233,5 @@ def collect(torch: Any) -> dict[str, Any]:
         if name in ("nvrtc", "nvjitlink", "nvshmem") and not paths:
             continue  # optional libraries: only recorded when loaded
         section[name] = entry
+    section["device_code"] = guarded("reading the extensions' .nv_fatbin", lambda: device_code(loaded))
     return section

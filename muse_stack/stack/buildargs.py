@@ -32,6 +32,7 @@ KEYS: tuple[str, ...] = (
     "TE_SOURCE_REPO",
     "TE_SOURCE_COMMIT",
     "NVTE_CUDA_ARCHS",
+    "NVTE_WITH_NCCL_EP",
     "CUDNN_PACKAGE",
     "CUDNN_VERSION",
     "CUDNN_PURGE_APT",
@@ -71,9 +72,10 @@ def torch_arch_list(caps: list[str]) -> str:
 
 
 def cuda_capabilities(lock: Lock) -> list[str]:
-    """Every capability any component is compiled for (nixpkgs' cudaCapabilities), sorted numerically."""
+    """Every capability the image compiles for (nixpkgs' cudaCapabilities): Transformer Engine's and
+    flash-attn's, sorted numerically. DeepEP comes as its registry wheel; its archs are checked, not built."""
     caps: set[str] = set()
-    for c in ("transformer_engine", "flash_attn", "deepep"):
+    for c in ("transformer_engine", "flash_attn"):
         comp = getattr(lock.components, c)
         if not isinstance(comp, Null):
             caps.update(comp.cuda_archs)
@@ -129,6 +131,7 @@ def build_args(loaded: LoadedLock) -> dict[str, str]:
         "TE_SOURCE_REPO": get(te, "source_repo"),
         "TE_SOURCE_COMMIT": get(te, "source_commit"),
         "NVTE_CUDA_ARCHS": archs(te, nvte_archs),
+        "NVTE_WITH_NCCL_EP": get(te, "with_nccl_ep"),
         "CUDNN_PACKAGE": get(cudnn, "package"),
         "CUDNN_VERSION": get(cudnn, "version"),
         "CUDNN_PURGE_APT": get(cudnn, "purge_apt_cudnn"),

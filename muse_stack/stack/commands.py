@@ -13,7 +13,7 @@ from rich.table import Column, Table
 from muse_stack import __version__
 from muse_stack.stack import buildargs as ba
 from muse_stack.stack import record
-from muse_stack.stack.lock import LoadedLock, LockError, Null, load, unresolved
+from muse_stack.stack.lock import LoadedLock, LockError, Null, load, pin_fix, unresolved
 
 console = Console()
 
@@ -106,8 +106,9 @@ def _against_record(loaded: LoadedLock) -> list[str]:
         return []
     checks = record.compare(loaded.lock, stack.model_dump() if hasattr(stack, "model_dump") else dict(stack))
     same = sum(x.ok for x in checks)
-    covering = sum((not x.ok) and x.deviation for x in checks)
     declared = [d.field for d in loaded.lock.deviations]
+    # deviations (not pins): how many of the declared ones cover at least one compared pin that differs
+    covering = len(record.covering_deviations(loaded.lock, checks))
     # the same deviations `stack show` lists: every one the lock declares, whether or not it covers
     # a compared version pin (the base image is not a version pin, and a fork at the same version matches)
     console.print(
@@ -201,11 +202,11 @@ def register(app: typer.Typer) -> None:
             )
         if strict and pending:
             raise LockError(
-                f"{len(pending)} unresolved pin(s) in {loaded.path}",
+                f"{len(pending)} unresolved pin(s) in {loaded.path}: " + ", ".join(f for f, _ in pending),
                 field=pending[0][0],
                 value=None,
                 rule="--strict: a release lock pins every digest, checksum and source commit",
-                fix="pin the values named above",
+                fix=pin_fix(loaded.name, [f for f, _ in pending]),
                 exit_code=1,
             )
         console.print(
@@ -213,6 +214,19 @@ def register(app: typer.Typer) -> None:
             + (f" ({len(pending)} unresolved)" if pending else ""),
             highlight=False,
         )
+
+    @stack.command("pins")
+    def pins(
+        target: str = _TARGET,
+        write: bool = typer.Option(False, "--write", help="Write the pins the lock leaves null (with their source)."),
+    ) -> None:
+        """On a networked builder: read the base image's index digest and the EFA installer's sha256
+        from the registry and the download, compare them with the lock, and (--write) pin the null ones."""
+        from muse_stack.stack import pins as pn
+
+        for p in pn.run(target, write=write):
+            state = "ok" if p.ok else ("written" if write and p.locked is None else "unpinned")
+            console.print(f"{state:9} {p.field} = {p.found}  ({p.how})", highlight=False, markup=False)
 
     @stack.command("preflight")
     def preflight(

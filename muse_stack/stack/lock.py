@@ -56,7 +56,10 @@ class Base(_Strict):
     source: Literal["registry", "debootstrap"]
     image: str = Field(pattern=r"^[a-z0-9][a-z0-9./_-]*$")
     tag: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+    # the tag's index (manifest list) digest, which FROM pulls for every platform of the lock
     digest: str | Null
+    # where the pinned digest was read (public build logs and Dockerfiles, or the command that resolved it)
+    digest_sources: list[str] = []
     suite: str | None = None
     mirror: str | None = None
     variant: str | None = None
@@ -73,6 +76,12 @@ class Base(_Strict):
     def _debootstrap(self) -> Base:
         if self.source == "debootstrap" and not (self.suite and self.mirror and self.variant):
             raise ValueError("a debootstrap base needs suite, mirror and variant")
+        if isinstance(self.digest, str) and not self.digest_sources:
+            raise _Rule(
+                "base.digest_sources",
+                "a pinned digest names where it was read",
+                "add `digest_sources = [\"...\"]` (the public sources, or `make pins gpu=TARGET` on a networked builder)",
+            )
         return self
 
     @property
@@ -133,6 +142,9 @@ class TransformerEngine(_Archs):
     meta_package: str | None = None
     source_repo: str = Field(pattern=r"^https://")
     source_commit: str | Null
+    # TE's optional NCCL EP extension (NVTE_WITH_NCCL_EP; a submodule built for sm90 and later): stated,
+    # never left to TE's default
+    with_nccl_ep: bool
     # build = "source": the runtime requirements of the source tree's setup.py, which the wheel
     # set must carry because the source build is installed without dependency resolution
     source_requires: list[str] = []
@@ -184,6 +196,8 @@ class Efa(_Strict):
     installer_version: str = Field(pattern=r"^\d+\.\d+\.\d+$")
     installer_url: str = Field(pattern=r"^https://.*\.tar\.gz$")
     installer_sha256: str | Null
+    # where the pinned checksum was read
+    installer_sha256_sources: list[str] = []
     install_flags: list[str]
     aws_ofi_nccl: str = Field(pattern=r"^\d+\.\d+\.\d+$")
     libfabric: str
@@ -207,6 +221,12 @@ class Efa(_Strict):
     def _url(self) -> Efa:
         if self.installer_version not in self.installer_url:
             raise ValueError("installer_url does not name installer_version")
+        if isinstance(self.installer_sha256, str) and not self.installer_sha256_sources:
+            raise _Rule(
+                "components.efa.installer_sha256_sources",
+                "a pinned checksum names where it was read",
+                "add `installer_sha256_sources = [\"...\"]` (the public sources, or `make pins gpu=TARGET`)",
+            )
         return self
 
 
@@ -421,6 +441,24 @@ def load(target_or_path: str | os.PathLike[str]) -> LoadedLock:
             fix=f'set name = "{path.stem}" or rename the file to {lock.name}.toml',
         )
     return LoadedLock(lock=lock, path=path, sha256=hashlib.sha256(raw).hexdigest(), data=data)
+
+
+def pin_fix(name: str, fields: list[str]) -> str:
+    """What a networked builder runs to resolve the named unresolved pins of lock NAME."""
+    how = []
+    if any(f in ("base.digest", "components.efa.installer_sha256") for f in fields):
+        how.append(
+            f"on a networked builder run `make pins gpu={name}` (muse-stack stack pins {name} --write): it reads "
+            "the tag's index digest (`skopeo inspect --raw docker://IMAGE:TAG | sha256sum`, else `crane digest "
+            "IMAGE:TAG`, else `docker buildx imagetools inspect IMAGE:TAG`) and hashes the EFA installer "
+            "(`curl -fsSL URL | sha256sum`), then writes each value and its source into the lock"
+        )
+    if "components.transformer_engine.source_commit" in fields:
+        how.append(
+            "pin components.transformer_engine.source_commit to the full commit of the release tag "
+            "(`git ls-remote SOURCE_REPO refs/tags/vX.Y^{}`)"
+        )
+    return "; ".join(how) or "pin the values named above"
 
 
 def unresolved(lock: Lock) -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from muse_stack.stack import wheelset
-from muse_stack.stack.lock import LoadedLock, LockError, unresolved
+from muse_stack.stack.lock import LoadedLock, LockError, pin_fix, unresolved
 
 ENGINES = ("docker", "podman")
 _MACHINE = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
@@ -53,7 +53,7 @@ def problems(loaded: LoadedLock, engine: str) -> list[tuple[str, str]]:
     for field, reason in unresolved(loaded.lock):
         if field == "base.digest" and os.environ.get("BASE_DIGEST"):
             continue  # a locally made base (the cpu image test): its digest is passed in
-        out.append((f"{loaded.name}: {field} is not pinned ({reason})", f"pin {field} in {loaded.path}"))
+        out.append((f"{loaded.name}: {field} is not pinned ({reason})", pin_fix(loaded.name, [field])))
     res = wheelset.check(loaded)
     for p in res.problems:
         out.append((f"{loaded.name} wheel set: {p}", f"muse-stack stack resolve {loaded.name} (or make wheelsets)"))

@@ -94,19 +94,26 @@ def compare(lock: Lock, stack: dict[str, Any]) -> list[FieldCheck]:
         )
 
     devs = [d.field for d in lock.deviations]
-
-    def covered(field: str) -> bool:
-        for d in devs:
-            if field == d or field.startswith(d + ".") or d == "components":
-                return True
-            if "*" in d and re.fullmatch(d.replace(".", r"\.").replace("*", r"[^.]+"), field):
-                return True
-        return False
-
     return [
-        FieldCheck(f, k, locked, found, _match(locked, found) if locked else False, covered(f))
+        FieldCheck(f, k, locked, found, _match(locked, found) if locked else False,
+                   any(covers(d, f) for d in devs))
         for f, k, locked, found in pairs
     ]
+
+
+def covers(deviation: str, field: str) -> bool:
+    """Whether a declared deviation's field names this compared field."""
+    d = deviation
+    if field == d or field.startswith(d + ".") or d == "components":
+        return True
+    return "*" in d and re.fullmatch(d.replace(".", r"\.").replace("*", r"[^.]+"), field) is not None
+
+
+def covering_deviations(lock: Lock, checks: list[FieldCheck]) -> list[str]:
+    """The declared deviations that cover at least one compared pin that differs from the record
+    (one count per deviation, however many pins it covers)."""
+    differing = [x.field for x in checks if not x.ok]
+    return [d.field for d in lock.deviations if any(covers(d.field, f) for f in differing)]
 
 
 def problems(checks: list[FieldCheck]) -> list[str]:

@@ -7,9 +7,12 @@ inside the cpu image, and on any machine with `muse-stack stack selfcheck TARGET
   else is, apart from the venv's own pip/setuptools, muse-stack and the packages compiled in
   the image from the set's sdists;
 - every component imports, and reports the locked version: torch, Transformer Engine (core and
-  PyTorch extension), cuDNN and NCCL *as the loaded libraries report them* (cudnnGetVersion,
-  ncclGetVersion; not torch's view, which is the version torch was compiled against),
-  flash-attn, DeepEP, megatron-core and Python.
+  PyTorch extension, loaded by TE's own loader whether it came from the sdist or a source build),
+  cuDNN and NCCL *as the loaded libraries report them* (cudnnGetVersion, ncclGetVersion; not
+  torch's view, which is the version torch was compiled against) and loaded from the wheel set's
+  folder, flash-attn, DeepEP, megatron-core and Python;
+- the machine code DeepEP's and flash-attn's extensions carry (the architectures of their
+  .nv_fatbin, muse_stack.fingerprint.fatbin) is exactly the lock's list.
 """
 
 from __future__ import annotations
@@ -70,15 +73,51 @@ def _lib_dir(package: str) -> Path | None:
     return None
 
 
-def _mapped(prefix: str) -> list[str]:
-    """Distinct files named <prefix>*.so* mapped into this process (/proc/self/maps)."""
+def in_family(basename: str, stem: str) -> bool:
+    """libcudnn.so.9 and its sub-libraries libcudnn_graph.so.9, ... are the family of "libcudnn";
+    libnccl-net-ofi.so (a network plugin) is not of "libnccl"'s."""
+    name = basename.split(".so")[0]
+    return name == stem or name.startswith(stem + "_")
+
+
+def _mapped(stem: str) -> list[str]:
+    """Distinct files of the library family `stem` mapped into this process (/proc/self/maps)."""
     from muse_stack.fingerprint.procmaps import loaded_shared_objects
 
     try:
         loaded = loaded_shared_objects()
     except OSError:
         return []
-    return sorted({os.path.realpath(p) for p in loaded if os.path.basename(p).startswith(prefix)})
+    return sorted({os.path.realpath(p) for p in loaded if in_family(os.path.basename(p), stem)})
+
+
+# cuDNN 9's libcudnn.so.9 is a shim: each sub-library is opened by soname the first time one of its
+# functions is called. The version checks below need no GPU and make the shim open each of them
+# through its own loader path, so the folder check sees every sub-library the process would use.
+CUDNN_SUBLIBRARY_CALLS = ("cudnnGraphVersionCheck", "cudnnOpsVersionCheck", "cudnnCnnVersionCheck",
+                          "cudnnAdvVersionCheck")
+
+
+def _map_sublibraries(handle: ctypes.CDLL, package: str, stem: str) -> list[str]:
+    """Make the shim open its sub-libraries; returns what was done (for the report)."""
+    done = []
+    for name in CUDNN_SUBLIBRARY_CALLS:
+        fn = getattr(handle, name, None)
+        if fn is None:
+            continue
+        fn.restype = ctypes.c_int
+        fn()
+        done.append(name)
+    if not done:
+        # no forwarding entry points: open each sub-library of the wheel by soname, as the shim would
+        lib = _lib_dir(package)
+        for f in sorted(glob.glob(str(lib / f"{stem}_*.so.*"))) if lib else []:
+            try:
+                ctypes.CDLL(os.path.basename(f))
+                done.append(os.path.basename(f))
+            except OSError:
+                pass
+    return done
 
 
 def _loaded_version(package: str, soname: str, symbol: str, decode) -> tuple[str | None, str]:
@@ -90,12 +129,18 @@ def _loaded_version(package: str, soname: str, symbol: str, decode) -> tuple[str
     failure whatever their versions.
     """
     stem = soname.split(".so")[0]
-    family = _mapped(stem)  # libcudnn.so.9 and its sub-libraries libcudnn_graph.so.9, ...
-    dirs = sorted({os.path.dirname(p) for p in family})
-    if len(dirs) > 1:
-        # cuDNN 9's libcudnn.so.9 is a shim that dlopens its sub-libraries by soname: a second
-        # cuDNN on the loader's path (an apt one in /usr/lib) supplies them and its version wins
-        return None, f"{stem} libraries mapped from {len(dirs)} folders: " + ", ".join(family)
+
+    def mixed(family: list[str]) -> str | None:
+        dirs = sorted({os.path.dirname(p) for p in family})
+        if len(dirs) > 1:
+            # a second copy on the loader's path (an apt one in /usr/lib/<triplet>) supplies part of
+            # the family (cuDNN 9's shim opens its sub-libraries by soname), and its version wins there
+            return f"{stem} libraries mapped from {len(dirs)} folders: " + ", ".join(family)
+        return None
+
+    family = _mapped(stem)
+    if mixed(family):  # already mixed by what this process loaded before
+        return None, mixed(family)  # type: ignore[return-value]
     mapped = [p for p in family if os.path.basename(p).split(".so")[0] == stem]
     if len(mapped) > 1:
         return None, "two copies loaded in one process: " + ", ".join(mapped)
@@ -113,12 +158,19 @@ def _loaded_version(package: str, soname: str, symbol: str, decode) -> tuple[str
         rc = handle.ncclGetVersion(ctypes.byref(v))
         if rc != 0:
             return None, f"ncclGetVersion returned {rc}"
-        return decode(v.value), path
-    fn = getattr(handle, symbol)
-    fn.restype = ctypes.c_size_t
-    got = decode(int(fn()))
+        got = decode(v.value)
+    else:
+        fn = getattr(handle, symbol)
+        fn.restype = ctypes.c_size_t
+        got = decode(int(fn()))
+        if stem == "libcudnn":
+            _map_sublibraries(handle, package, stem)
+    # only now, with the sub-libraries mapped, is the family complete
+    problem = mixed(_mapped(stem))
+    if problem:
+        return None, problem
     lib = _lib_dir(package)
-    if lib is not None and not path.startswith(str(lib.resolve())):
+    if lib is not None and not os.path.realpath(path).startswith(str(lib.resolve())):
         return got, f"{path} (not the wheel set's copy under {lib})"
     return got, path
 
@@ -144,6 +196,41 @@ def _import_version(module: str, attr_path: str = "__version__") -> tuple[str | 
     return (str(obj) if obj is not None else None), getattr(mod, "__file__", "") or ""
 
 
+def _extension_file(modules: tuple[str, ...], package: str) -> str | None:
+    """The shared object of an imported extension module (the first of `modules` that is loaded),
+    else the first extension file in the package's folder."""
+    for name in modules:
+        mod = sys.modules.get(name)
+        f = getattr(mod, "__file__", None) if mod else None
+        if f and ".so" in os.path.basename(f):
+            return f
+    try:
+        pkg = importlib.import_module(package)
+    except Exception:  # the import's failure is reported by the import item
+        return None
+    for base in list(getattr(pkg, "__path__", [])):
+        found = sorted(glob.glob(os.path.join(base, "*.so")))
+        if found:
+            return found[0]
+    return None
+
+
+def device_code_item(what: str, want: list[str], file: str | None) -> Item:
+    """The architectures of a loaded extension's machine code (.nv_fatbin) against the lock's list."""
+    from muse_stack.fingerprint.fatbin import FatbinError, fatbin_archs
+
+    want_text = ";".join(want)
+    if file is None:
+        return Item(what, want_text, "-", False, "no extension module found")
+    try:
+        archs = fatbin_archs(file)
+    except (OSError, FatbinError) as exc:
+        return Item(what, want_text, "-", False, f"{file}: {exc}")
+    got = ";".join(archs.sass) or "none"
+    note = file + (f" (PTX {';'.join(archs.ptx)})" if archs.ptx else "")
+    return Item(what, want_text, got, list(archs.sass) == list(want), note)
+
+
 def _te_torch_extension() -> tuple[str | None, str]:
     """Load TE's PyTorch extension the way TE does (its loader checks the metapackage, core and
     extension versions agree); needs no GPU."""
@@ -155,6 +242,12 @@ def _te_torch_extension() -> tuple[str | None, str]:
     except Exception as exc:  # the failure is the finding
         return None, f"{type(exc).__name__}: {exc}"
     return "loads", getattr(mod, "__file__", "") or ""
+
+
+def library_item(what: str, want: str, got: str | None, where: str) -> Item:
+    """A loaded CUDA library: the locked version, and the wheel set's own copy (not one that merely
+    reports the same version from a system folder)."""
+    return Item(what, want, got or "-", got == want and "not the wheel set" not in where, where)
 
 
 def components(loaded: LoadedLock, installed: dict[str, str]) -> list[Item]:
@@ -173,26 +266,30 @@ def components(loaded: LoadedLock, installed: dict[str, str]) -> list[Item]:
         if te.build == "wheel":
             dist = installed.get(pylock.canonical(te.torch_package))
             items.append(Item(f"{te.torch_package} (compiled here)", te.version, dist or "-", dist == te.version))
-            got, where = _te_torch_extension()
-            items.append(Item("TE PyTorch extension (loaded by TE)", "loads", "loads" if got else "-",
-                              got is not None, where))
+        # the extension TE's loader finds, from the sdist build or from the source build alike
+        got, where = _te_torch_extension()
+        items.append(Item(f"TE PyTorch extension (loaded by TE; {te.build} build)", "loads", "loads" if got else "-",
+                          got is not None, where))
     if not isinstance(c.cudnn, Null):
-        got, where = _loaded_version("cudnn", "libcudnn.so.*", "cudnnGetVersion", _cudnn)
         want = ".".join(c.cudnn.version.split(".")[:3])
-        items.append(Item("cuDNN (cudnnGetVersion of the loaded library)", want, got or "-",
-                          got == want and "not the wheel set" not in where, where))
+        items.append(library_item("cuDNN (cudnnGetVersion of the loaded library)", want,
+                                  *_loaded_version("cudnn", "libcudnn.so.*", "cudnnGetVersion", _cudnn)))
     if not isinstance(c.nccl, Null):
-        got, where = _loaded_version("nccl", "libnccl.so.*", "ncclGetVersion", _nccl)
-        items.append(Item("NCCL (ncclGetVersion of the loaded library)", c.nccl.version, got or "-",
-                          got == c.nccl.version, where))
+        items.append(library_item("NCCL (ncclGetVersion of the loaded library)", c.nccl.version,
+                                  *_loaded_version("nccl", "libnccl.so.*", "ncclGetVersion", _nccl)))
     if not isinstance(c.flash_attn, Null):
         got, where = _import_version("flash_attn")
         items.append(Item("flash_attn (import)", c.flash_attn.version, got or "-", got == c.flash_attn.version, where))
+        if got is not None:
+            items.append(device_code_item("flash-attn machine code (.nv_fatbin of flash_attn_2_cuda)",
+                                          c.flash_attn.cuda_archs, _extension_file(("flash_attn_2_cuda",), "flash_attn")))
     if not isinstance(c.deepep, Null):
         mod, where = _import_version("deep_ep", "__name__")
         dist = installed.get(pylock.canonical(c.deepep.package))
         items.append(Item(f"deep_ep (import; {c.deepep.package})", c.deepep.version,
                           dist if mod else "-", mod is not None and dist == c.deepep.version, where))
+        items.append(device_code_item("DeepEP machine code (.nv_fatbin of deep_ep's extension)",
+                                      c.deepep.cuda_archs, _extension_file(("deep_ep._C", "deep_ep_cpp"), "deep_ep")))
     if not isinstance(c.megatron_core, Null):
         got, where = _import_version("megatron.core", "package_info.__version__")
         items.append(Item("megatron.core (import)", c.megatron_core.version, got or "-",

@@ -33,6 +33,11 @@ from muse_stack.stack.lock import LoadedLock, LockError, Null, TransformerEngine
 # setuptools/wheel/packaging for both setup.py files, ninja for parallel compiles, pybind11 for
 # Transformer Engine's build_ext, psutil for flash-attn's job count
 BUILD_TOOLS = ("setuptools", "wheel", "packaging", "ninja", "pybind11", "psutil")
+# Transformer Engine built from a source commit (the gb200 lock) runs CMake for its core library:
+# TE's build_tools find the `cmake` wheel's binary first (cmake.CMAKE_BIN_DIR), then PATH
+SOURCE_TE_BUILD_TOOLS = ("cmake",)
+# the optional extras of muse-stack that every GPU image carries (logging.wandb runs in the image)
+GPU_EXTRAS = ("wandb",)
 
 ARCH = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 
@@ -41,9 +46,22 @@ def set_path(loaded: LoadedLock) -> Path:
     return loaded.path.parent / f"pylock.{loaded.name}.toml"
 
 
+def _pyproject() -> dict:
+    return tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+
+
 def _project_dependencies() -> list[str]:
-    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
-    return list(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
+    return list(_pyproject()["project"]["dependencies"])
+
+
+def _build_requires() -> list[str]:
+    """muse-stack's own build backend (pyproject [build-system] requires): the image installs the
+    source tree without build isolation, from the set's setuptools, never an unpinned download."""
+    return list(_pyproject()["build-system"]["requires"])
+
+
+def _extra_dependencies(extra: str) -> list[str]:
+    return list(_pyproject()["project"].get("optional-dependencies", {}).get(extra, []))
 
 
 def sdist_packages(loaded: LoadedLock) -> list[str]:
@@ -76,14 +94,19 @@ def component_pins(loaded: LoadedLock) -> dict[str, str]:
 
 
 def requirements(loaded: LoadedLock) -> list[str]:
-    """What the resolver is asked for: the lock's components, muse-stack's own dependencies,
-    the build tools of the compiled packages and, for a source-built TE, its runtime needs."""
+    """What the resolver is asked for: the lock's components, muse-stack's own dependencies and
+    build backend, the GPU images' extras (wandb), the build tools of the compiled packages and,
+    for a source-built TE, its runtime needs and CMake."""
     reqs = [f"{k}=={v}" for k, v in component_pins(loaded).items()]
     te = loaded.lock.components.transformer_engine
     if isinstance(te, TransformerEngine) and te.build == "source":
         reqs += te.source_requires
+        reqs += list(SOURCE_TE_BUILD_TOOLS)
     reqs += _project_dependencies()
+    reqs += _build_requires()
     if loaded.lock.kind == "gpu":
+        for extra in GPU_EXTRAS:
+            reqs += _extra_dependencies(extra)
         reqs += list(BUILD_TOOLS)
     return reqs
 
