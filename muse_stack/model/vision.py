@@ -220,9 +220,10 @@ class MuseSparkVisionModel(nn.Module):
         from muse_stack.errors import InputError
 
         cfg = self.config
-        if grid_thw.ndim != 2 or grid_thw.shape[1] != 3:
+        if grid_thw is None or grid_thw.ndim != 2 or grid_thw.shape[1] != 3:
             raise InputError("must be [num_images_or_videos, 3] (t, h, w in patches)", field="grid_thw",
-                             value=tuple(grid_thw.shape), fix="pass the image processor's image_grid_thw")
+                             value=None if grid_thw is None else tuple(grid_thw.shape),
+                             fix="pass the image processor's image_grid_thw")
         if pixel_values.ndim != 2 or pixel_values.shape[1] != cfg.patch_dim:
             raise InputError(f"must be [patches, {cfg.patch_dim}] (frames x 3 x patch_size^2 per row)",
                              field="pixel_values", value=tuple(pixel_values.shape),
