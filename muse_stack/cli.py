@@ -22,8 +22,9 @@ app = typer.Typer(
     name="muse-stack",
     help="Reproducible training stack for Muse Spark Open: recipes, planner, runner, fingerprints.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every command and group
 )
 
 # module paths whose register(app) adds commands; one line per area

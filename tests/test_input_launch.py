@@ -102,7 +102,8 @@ def _render_or_refuse(spec, **kw):
 def test_cpu_sbatch_runs_nothing_injected(cpu_spec, stubs, tmp_path_factory, key, value, name, description, run_name,
                                           override, runs_dir, python, partition, account, time_limit):
     recipe = cpu_spec.recipe.model_copy(update={"name": name, "description": description})  # unvalidated on purpose
-    spec = dataclasses.replace(cpu_spec, recipe=recipe, env={key: value}, run_name=run_name or None,
+    spec = dataclasses.replace(cpu_spec, recipe=recipe, env={key: value},
+                               run_name=quoting.DNS_LABEL.fullmatch(run_name) and run_name or "r",
                                run_overrides=[f"env.X={override}"])
     text = _render_or_refuse(spec, runs_dir="rel/" + runs_dir, python=python or "python3", partition=partition,
                              account=account, time_limit=time_limit)
@@ -122,7 +123,14 @@ def test_cpu_sbatch_runs_nothing_injected(cpu_spec, stubs, tmp_path_factory, key
 @given(key=env_key, value=hostile, image=hostile, data_dir=hostile, checkpoint_dir=hostile)
 def test_gpu_sbatch_runs_nothing_injected(gpu_spec, stubs, tmp_path_factory, key, value, image, data_dir,
                                           checkpoint_dir):
-    spec = dataclasses.replace(gpu_spec, env={**gpu_spec.env, key: value}, image=image or "img")
+    from muse_stack.launch.image import parse
+
+    try:
+        ref = parse(image or "img:1")
+    except UsageError as exc:  # refused naming --image, never written
+        assert exc.field == "--image" and exc.fix
+        return
+    spec = dataclasses.replace(gpu_spec, env={**gpu_spec.env, key: value}, image=ref)
     text = _render_or_refuse(spec, runs_dir="runs", data_dir="rel/" + data_dir,
                              checkpoint_dir="rel/" + checkpoint_dir)
     if text is None:
@@ -130,7 +138,9 @@ def test_gpu_sbatch_runs_nothing_injected(gpu_spec, stubs, tmp_path_factory, key
     work = tmp_path_factory.mktemp("job")
     env, args, job_env = _run_script(text, work, stubs)
     assert env[key] == _expected(value, job_env)
-    assert f"--container-image={image or 'img'}" in args
+    assert f"--container-image={ref.enroot()}" in args
+    mounts = next(a for a in args if a.startswith("--container-mounts=")).split("=", 1)[1].split(",")
+    assert [m.split(":")[1] for m in mounts] == ["/data", "/checkpoints", "/runs"]  # no mount added
 
 
 @FAST
@@ -139,7 +149,7 @@ def test_gpu_sbatch_runs_nothing_injected(gpu_spec, stubs, tmp_path_factory, key
 def test_manifest_is_exactly_two_documents(gpu_spec, key, value, name, run_name, override, namespace, claim):
     recipe = gpu_spec.recipe.model_copy(update={"name": name})
     spec = dataclasses.replace(gpu_spec, recipe=recipe, env={key: value}, run_overrides=[f"env.X={override}"],
-                               run_name=quoting.DNS_LABEL.fullmatch(run_name) and run_name or None)
+                               run_name=quoting.DNS_LABEL.fullmatch(run_name) and run_name or "r")
     try:
         text = k8s.render(spec, namespace=namespace, claim=claim or "c")
     except MuseStackError as exc:
@@ -167,7 +177,7 @@ def test_cli_refuses_unsafe_values_and_writes_nothing(cli, tmp_path):
                         (["--image", "docker://user:pw1234567@registry.example.com#img:1"], "--image")]:
         rc, _, err = cli("launch", "tiny-cpu", "--slurm", *args, "-o", out)
         assert rc == 2 and field in err and "fix:" in err and not out.exists(), err
-    rc, _, err = cli("launch", "proxy-8gpu", "--k8s", "--namespace", "a\nkind: Pod", "-o", out)
+    rc, _, err = cli("launch", "proxy-8gpu", "--k8s", "--image", "img:1", "--namespace", "a\nkind: Pod", "-o", out)
     assert rc == 2 and "--namespace" in err and not out.exists()
     bad = tmp_path / "evil.yaml"
     src = (Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml").read_text()

@@ -17,18 +17,27 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 IMAGES = {"sft-192": "registry.example.com/muse-stack:gb200-0.1.0",
           "attune-b200": "registry.example.com/muse-stack@sha256:" + "ab" * 32}
 CASES = [("sft-192", "GB200", 48, 4, 4), ("attune-b200", "B200", 16, 8, 8)]
-# the optimizer values these recipes' sources leave unstated; launch refuses a recipe without them
-STATED = {"sft-192": ["optimizer.lr=1e-5", "optimizer.min_lr=1e-6", "optimizer.decay_style=cosine",
-                      "optimizer.warmup_steps=5", "optimizer.weight_decay=0.1", "optimizer.clip_grad=1.0",
-                      "optimizer.beta1=0.9", "optimizer.beta2=0.95", "optimizer.eps=1e-8"],
-          "attune-b200": ["optimizer.clip_grad=1.0", "optimizer.eps=1e-8"]}
+# no optimizer values: what the recipes leave unstated comes from their fill policy (test_recipes_fill.py)
+STATED = {"sft-192": [], "attune-b200": []}
+#: attune-b200 starts from a checkpoint the user supplies (Kubernetes: a path in the volume claim)
+START = {"sft-192": [], "attune-b200": ["--pretrained-checkpoint", "/checkpoints/muse-spark-open"]}
+RUN_NAME = "golden-run"
 
 
 def _render(cli, tmp_path, recipe: str, kind: str) -> str:
     out = tmp_path / f"{recipe}.{kind}"
-    rc, _, err = cli("launch", recipe, *STATED[recipe], f"--{kind}", "--image", IMAGES[recipe], "-o", out)
+    start = START[recipe] if kind == "k8s" else []
+    if recipe == "attune-b200" and kind == "slurm":
+        ckpt = tmp_path / "muse-spark-open"
+        ckpt.mkdir(exist_ok=True)
+        (ckpt / "config.json").write_text("{}")
+        (ckpt / "model.safetensors").write_bytes(b"")
+        start = ["--pretrained-checkpoint", str(ckpt)]
+    rc, _, err = cli("launch", recipe, *STATED[recipe], f"--{kind}", "--image", IMAGES[recipe], "--run-name", RUN_NAME,
+                     *start, "-o", out)
     assert rc == 0, err
-    return out.read_text()
+    text = out.read_text()
+    return text.replace(str(tmp_path), "/shared") if kind == "slurm" else text
 
 
 @pytest.mark.parametrize("recipe,kind", [(r, k) for r, *_ in CASES for k in ("slurm", "k8s")])
@@ -48,7 +57,9 @@ def test_sbatch_structure(cli, tmp_path, recipe, gpu, nodes, per_node, efa):
     directives = [line.split(None, 1)[1] for line in text.splitlines() if line.startswith("#SBATCH ")]
     assert f"--nodes={nodes}" in directives and "--ntasks-per-node=1" in directives
     assert f"--gpus-per-node={per_node}" in directives and "--signal=B:TERM@120" in directives
-    assert f"--nproc-per-node={per_node}" in text and f"--container-image={IMAGES[recipe]}" in text
+    enroot = IMAGES[recipe].replace("registry.example.com/", "registry.example.com#").replace("@sha256:", ":sha256:")
+    assert f"--nproc-per-node={per_node}" in text and f"\nIMAGE={enroot}\n" in text
+    assert '--container-image="$IMAGE"' in text and f"--cpus-per-task={per_node * (36 if gpu == 'GB200' else 24)}" in text
     assert '--rdzv-backend=c10d --rdzv-endpoint="$HEAD_NODE:$RDZV_PORT"' in text
     assert 'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
     assert "$DATA_DIR:/data,$CHECKPOINT_DIR:/checkpoints,$RUNS_DIR:/runs" in text
@@ -59,7 +70,8 @@ def test_sbatch_structure(cli, tmp_path, recipe, gpu, nodes, per_node, efa):
 
 @pytest.mark.parametrize("recipe,gpu,nodes,per_node,efa", CASES)
 def test_k8s_structure(cli, tmp_path, recipe, gpu, nodes, per_node, efa):
-    svc, job = list(yaml.safe_load_all(_render(cli, tmp_path, recipe, "k8s")))
+    docs = list(yaml.safe_load_all(_render(cli, tmp_path, recipe, "k8s")))
+    svc, job = docs[0], docs[-1]
     assert svc["kind"] == "Service" and svc["spec"]["clusterIP"] == "None"
     replicas = job["spec"]["pytorchReplicaSpecs"]
     assert replicas["Master"]["replicas"] + replicas["Worker"]["replicas"] == nodes
@@ -80,7 +92,8 @@ def test_k8s_structure(cli, tmp_path, recipe, gpu, nodes, per_node, efa):
 
 
 def test_validation_rejects_unknown_fields_and_wrong_types():
-    docs = k8s.manifests(resolve("attune-b200", STATED["attune-b200"], image="img:1"))
+    docs = k8s.manifests(resolve("attune-b200", STATED["attune-b200"], image="img:1", kubernetes=True,
+                                 pretrained_checkpoint="/checkpoints/x"))
     k8s.validate(docs)
     from muse_stack.errors import InputError
 
@@ -98,10 +111,16 @@ def test_validation_rejects_unknown_fields_and_wrong_types():
         k8s.validate([bad])
 
 
-def test_default_image_is_the_lock_tag():
+def test_default_image_is_the_lock_tag_imported_to_a_squashfs(tmp_path):
+    from muse_stack.launch import slurm
     from muse_stack.stack import image_tag, load
 
-    assert resolve("attune-b200", STATED["attune-b200"]).image == image_tag(load("b200"))
+    spec = resolve("sft-192")
+    assert spec.image is None and spec.default_image == image_tag(load("gb200"))
+    text = slurm.render(spec)
+    squashfs = image_tag(load("gb200")).replace(":", "-") + ".sqsh"
+    assert f'IMAGE="$IMAGES_DIR"/{squashfs}\n' in text and '--container-image="$IMAGE"' in text
+    assert f"dockerd://{image_tag(load('gb200'))}" in text  # how to import it, never a registry pull
 
 
 def test_broken_layout_writes_nothing(cli, tmp_path):
@@ -114,7 +133,8 @@ def test_broken_layout_writes_nothing(cli, tmp_path):
 
 
 def test_node_override_rescales_the_recipe(cli, tmp_path):
-    spec = resolve("attune-b200", ["layout.dp=8", *STATED["attune-b200"]], nodes=32)
+    spec = resolve("attune-b200", ["layout.dp=8", *STATED["attune-b200"]], nodes=32, kubernetes=True,
+                   pretrained_checkpoint="/checkpoints/x", image="img:1")
     assert spec.nodes == 32 and spec.world_size == 256 and "hardware.count=256" in spec.run_overrides
 
 

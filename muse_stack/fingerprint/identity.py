@@ -47,6 +47,15 @@ def image_digest() -> Any:
     return digest
 
 
+def image_reference() -> Any:
+    """The image reference the launcher ran the job from (MUSE_STACK_IMAGE: a registry reference
+    without credentials, or a squashfs path)."""
+    ref = os.environ.get("MUSE_STACK_IMAGE")
+    if not ref:
+        return absent("MUSE_STACK_IMAGE not set (not started by muse-stack launch)")
+    return ref
+
+
 def _git(cwd: Path, *args: str) -> str:
     out = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=5)
     if out.returncode != 0:
@@ -87,4 +96,5 @@ def collect() -> dict[str, Any]:
         "source_revision": source_revision(),
         "image": image_info(),
         "image_digest": image_digest(),
+        "image_reference": image_reference(),
     }

@@ -19,16 +19,31 @@ def register(app: typer.Typer) -> None:
         overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
         slurm: bool = typer.Option(False, "--slurm", help="render an sbatch script"),
         k8s: bool = typer.Option(False, "--k8s", help="render Kubernetes manifests (Kubeflow PyTorchJob)"),
-        image: Optional[str] = typer.Option(None, "--image", help="container image (default: the target lock's tag)"),
+        image: Optional[str] = typer.Option(None, "--image", help="container image: REGISTRY/NAME:TAG[@sha256:DIGEST], "
+                                            "REGISTRY#NAME:TAG (enroot) or a .sqsh file (default on Slurm: the target's "
+                                            "image imported to a squashfs under --images-dir; Kubernetes needs one)"),
         nodes: Optional[int] = typer.Option(None, "--nodes", help="nodes (default: the recipe's GPUs / GPUs per node)"),
         gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs (or CPU processes) in all"),
         steps: Optional[int] = typer.Option(None, "--steps", help="optimizer steps (overrides the recipe)"),
         run_name: Optional[str] = typer.Option(None, "--run-name",
-                                               help="run directory name (re-submitting it continues an interrupted run)"),
+                                               help="run directory name (default: the recipe, the time and a random "
+                                                    "suffix, fixed in the job file); every attempt under one name "
+                                                    "continues that run from its latest checkpoint"),
+        pretrained_checkpoint: Optional[str] = typer.Option(
+            None, "--pretrained-checkpoint", help="HF-style checkpoint folder to start from (Slurm: on shared storage, "
+                                                  "checked here and mounted read-only; Kubernetes: a path under "
+                                                  "/checkpoints/ in the volume claim)"),
+        fabric: Optional[str] = typer.Option(None, "--fabric", help="network between nodes: efa (AWS) or ib "
+                                             "(InfiniBand; default: the target's, efa for the AWS instances)"),
+        cpus_per_gpu: Optional[int] = typer.Option(None, "--cpus-per-gpu", help="the node's CPU cores per GPU "
+                                                   "(default: the target instance's); Slurm's --cpus-per-task is this "
+                                                   "x GPUs per node"),
         runs_dir: Optional[str] = typer.Option(None, "--runs-dir", help="shared host folder for run directories"),
         data_dir: Optional[str] = typer.Option(None, "--data-dir", help="shared host folder for data caches (Slurm)"),
         checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir",
                                                      help="shared host folder for checkpoints (Slurm)"),
+        images_dir: Optional[str] = typer.Option(None, "--images-dir", help="shared host folder holding the default "
+                                                 "image's squashfs (Slurm; default: images/ under the submit folder)"),
         time_limit: Optional[str] = typer.Option(None, "--time", help="Slurm time limit, e.g. 04:00:00 (required "
                                                  "with --submit; without it the partition's default applies)"),
         nccl_debug: Optional[str] = typer.Option(None, "--nccl-debug", help="NCCL_DEBUG level (default WARN): "
@@ -36,6 +51,8 @@ def register(app: typer.Typer) -> None:
         partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition"),
         account: Optional[str] = typer.Option(None, "--account", help="Slurm account"),
         namespace: Optional[str] = typer.Option(None, "--namespace", help="Kubernetes namespace"),
+        queue: str = typer.Option("muse-stack", "--queue", help="Kueue LocalQueue that admits the job (gang: all "
+                                  "pods or none)"),
         claim: str = typer.Option("muse-stack-shared", "--volume-claim",
                                   help="Kubernetes ReadWriteMany claim holding data/, checkpoints/, runs/"),
         env_secret: str = typer.Option("muse-stack-env", "--env-secret",
@@ -67,23 +84,24 @@ def register(app: typer.Typer) -> None:
                                   "minutes or unlimited",
                              fix="pass --time, e.g. --time 04:00:00 or --time 1-00:00:00")
         spec = resolve(name, overrides or [], nodes=nodes, gpus=gpus, steps=steps, image=image, run_name=run_name,
-                       nccl_debug=nccl_debug)
+                       nccl_debug=nccl_debug, fabric=fabric, cpus_per_gpu=cpus_per_gpu,
+                       pretrained_checkpoint=pretrained_checkpoint, kubernetes=k8s)
         if slurm:
             text = slurm_mod.render(spec, runs_dir=runs_dir, data_dir=data_dir, checkpoint_dir=checkpoint_dir,
                                     python=sys.executable, time_limit=time_limit, partition=partition,
-                                    account=account)
+                                    account=account, images_dir=images_dir)
         else:
-            text = k8s_mod.render(spec, namespace=namespace, claim=claim, secret=env_secret)
+            text = k8s_mod.render(spec, namespace=namespace, claim=claim, secret=env_secret, queue=queue)
         if output is not None:
             atomic.write_text(output, text, field="--output")
             if output.suffix in ("", ".sh", ".sbatch"):
                 output.chmod(0o755)
             console.print(f"wrote {output}: {spec.nodes} node{'s' if spec.nodes > 1 else ''} x {spec.per_node} "
-                          f"{'GPUs' if spec.target.container else 'processes'}")
+                          f"{'GPUs' if spec.target.container else 'processes'}, run {spec.run_name}")
         elif not submit:
             typer.echo(text, nl=False)
         if submit:
             job = slurm_mod.submit(text)
             typer.echo(job)
             runs = runs_dir or str(Path.cwd() / "runs")
-            console.print(f"submitted job {job}; run directory {runs}/{spec.run_name or f'{spec.recipe.name}-{job}'}")
+            console.print(f"submitted job {job}; run directory {runs}/{spec.run_name}")

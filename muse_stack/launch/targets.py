@@ -1,31 +1,54 @@
 """Per-target facts a launcher needs: GPUs per node, the stack lock that builds the image, the
-instance's EFA interfaces and the NCCL/EFA environment. This table is the one place they live.
+node's CPU cores, and the network fabrics with their NCCL settings. This table is the one place
+they live.
 
-The network settings follow the AWS EFA notes (docs/field-notes.md, "AWS EFA in containers"):
-the images install EFA 1.49 (libfabric and the aws-ofi-nccl plugin under /opt/amazon) without
-adding it to the library path, so the launcher puts it there and asks NCCL for the plugin.
+Fabrics (``launch --fabric``):
+
+- ``efa``: AWS Elastic Fabric Adapter through the aws-ofi-nccl plugin. The images install EFA
+  1.49 (libfabric and the plugin under /opt/amazon) without adding it to the library path, so
+  the launcher puts it there and asks NCCL for the plugin (the AWS EFA notes,
+  docs/field-notes.md, "AWS EFA in containers"); Kubernetes pods request
+  ``vpc.amazonaws.com/efa`` interfaces.
+- ``ib``: InfiniBand (or RoCE) through NCCL's own IB transport: no plugin, no EFA libraries;
+  ``NCCL_NET=IB`` makes NCCL fail at start-up when no IB device is visible rather than fall back
+  to TCP sockets without a word. Kubernetes pods get ``IPC_LOCK`` (RDMA registers pinned memory).
+
+GB200 NVL72 nodes also join a multi-node NVLink domain (``NCCL_MNNVL_ENABLE=1``, IMEX) whatever
+the fabric between domains.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from muse_stack.errors import LayoutError
+from muse_stack.errors import LayoutError, UsageError
 
 # where the EFA installer puts libfabric and the aws-ofi-nccl plugin in the image (prepended to the
 # image's own LD_LIBRARY_PATH inside the container, so the CUDA base's entries stay)
 EFA_LIBRARY_PATH = "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
 
-# settings every EFA target shares
-_EFA_ENV: dict[str, str] = {
-    "NCCL_NET_PLUGIN": "ofi",  # libnccl-net-ofi.so from aws-ofi-nccl
-    "FI_PROVIDER": "efa",
-    "FI_EFA_USE_HUGE_PAGE": "0",  # huge pages make forked workers (data loaders) run out of memory
+_COMMON_ENV: dict[str, str] = {
     "NCCL_SOCKET_IFNAME": "^lo,docker",  # NCCL's bootstrap on the host network, not loopback or docker
     # warnings only: INFO on every rank of a many-node job floods the logs; `launch --nccl-debug INFO`
     # (or the recipe's env) asks for more. The fingerprint reads the plugin's version from its binary.
     "NCCL_DEBUG": "WARN",
 }
+
+# settings of each fabric
+FABRIC_ENV: dict[str, dict[str, str]] = {
+    "efa": {
+        "NCCL_NET_PLUGIN": "ofi",  # libnccl-net-ofi.so from aws-ofi-nccl
+        "FI_PROVIDER": "efa",
+        "FI_EFA_USE_HUGE_PAGE": "0",  # huge pages make forked workers (data loaders) run out of memory
+        **_COMMON_ENV,
+    },
+    "ib": {
+        "NCCL_NET": "IB",  # NCCL's IB verbs transport, or an error at start-up: never a silent TCP fallback
+        "NCCL_IB_DISABLE": "0",
+        **_COMMON_ENV,
+    },
+}
+FABRICS = tuple(FABRIC_ENV)
 
 #: NCCL_DEBUG levels `launch --nccl-debug` takes
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
@@ -37,25 +60,35 @@ class Target:
     lock: str  # containers/locks/<lock>.toml builds this target's image
     gpus_per_node: int | None  # None: CPU processes, as many per node as the recipe says
     instance: str | None
-    efa_devices: int  # EFA interfaces per node, requested as vpc.amazonaws.com/efa
-    env: dict[str, str] = field(default_factory=dict)
+    efa_devices: int  # EFA interfaces per node, requested as vpc.amazonaws.com/efa (fabric efa)
+    cpus: int | None = None  # the instance's vCPUs: --cpus-per-gpu defaults to cpus / gpus_per_node
+    fabric: str | None = None  # the default fabric (--fabric overrides it)
+    env: dict[str, str] = field(default_factory=dict)  # target settings beside the fabric's
     note: str = ""
+    gpu_product: str | None = None  # the GPU feature discovery label nvidia.com/gpu.product
+    imex: bool = False  # nodes join a multi-node NVLink domain: Kubernetes pods claim an IMEX channel
 
     @property
     def container(self) -> bool:
         return self.gpus_per_node is not None
 
+    @property
+    def cpus_per_gpu(self) -> int | None:
+        return self.cpus // self.gpus_per_node if self.cpus and self.gpus_per_node else None
+
 
 TARGETS: dict[str, Target] = {
-    # p6e-gb200.36xlarge: 4 GPUs beside one Grace CPU; 18 of them form an NVL72 UltraServer with
-    # 28.8 Tb/s of EFAv4, 1.6 Tb/s per node = 4 x 400 Gb/s interfaces; IMEX joins the NVLink domain
-    "GB200": Target("GB200", "gb200", 4, "p6e-gb200.36xlarge", 4,
-                    {**_EFA_ENV, "NCCL_MNNVL_ENABLE": "1"}, "72-GPU NVLink domain (IMEX)"),
-    # p6-b200.48xlarge: 8 GPUs, 8 x 400 Gb/s EFAv4 (3.2 Tb/s, as the B200 record states)
-    "B200": Target("B200", "b200", 8, "p6-b200.48xlarge", 8, dict(_EFA_ENV), "3.2 Tb/s EFA per node"),
-    # p5en.48xlarge: 8 GPUs, 16 x 200 Gb/s EFAv3 (3.2 Tb/s)
-    "H200": Target("H200", "h200", 8, "p5en.48xlarge", 16, dict(_EFA_ENV), "3.2 Tb/s EFA per node"),
-    "cpu": Target("cpu", "cpu", None, None, 0, {}, "CPU processes, gloo"),
+    # p6e-gb200.36xlarge: 4 GPUs beside one Grace CPU (144 vCPUs); 18 of them form an NVL72
+    # UltraServer with 28.8 Tb/s of EFAv4, 1.6 Tb/s per node = 4 x 400 Gb/s interfaces; IMEX joins
+    # the NVLink domain. Many GB200 clusters outside AWS run InfiniBand: --fabric ib.
+    "GB200": Target("GB200", "gb200", 4, "p6e-gb200.36xlarge", 4, 144, "efa", {"NCCL_MNNVL_ENABLE": "1"},
+                    "72-GPU NVLink domain (IMEX)", "NVIDIA-GB200", imex=True),
+    # p6-b200.48xlarge: 8 GPUs, 192 vCPUs, 8 x 400 Gb/s EFAv4 (3.2 Tb/s, as the B200 record states)
+    "B200": Target("B200", "b200", 8, "p6-b200.48xlarge", 8, 192, "efa", {}, "3.2 Tb/s EFA per node",
+                   "NVIDIA-B200"),
+    # p5en.48xlarge: 8 GPUs, 192 vCPUs, 16 x 200 Gb/s EFAv3 (3.2 Tb/s)
+    "H200": Target("H200", "h200", 8, "p5en.48xlarge", 16, 192, "efa", {}, "3.2 Tb/s EFA per node", "NVIDIA-H200"),
+    "cpu": Target("cpu", "cpu", None, None, 0, None, None, {}, "CPU processes, gloo"),
 }
 
 
@@ -66,3 +99,15 @@ def target_for(gpu: str) -> Target:
                           fix="use a recipe for one of these targets, or add the target to muse_stack/launch/targets.py "
                               "with a stack lock under containers/locks/")
     return TARGETS[gpu]
+
+
+def fabric_for(target: Target, fabric: str | None) -> str | None:
+    """The fabric a launch uses: ``--fabric``, else the target's default; None for CPU processes."""
+    if fabric is not None and fabric not in FABRICS:
+        raise UsageError("not a fabric", field="--fabric", value=fabric, fix=f"use one of {', '.join(FABRICS)}")
+    if not target.container:
+        if fabric is not None:
+            raise UsageError("CPU processes talk over gloo on TCP; there is no fabric to choose", field="--fabric",
+                             value=fabric, fix="drop --fabric for a CPU recipe")
+        return None
+    return fabric or target.fabric

@@ -171,8 +171,8 @@ def register(app: typer.Typer) -> None:
                                              "that has one, with the recipe's value"),
                  json_out: bool = typer.Option(False, "--json", help="print the resolved recipe as JSON "
                                                "(filled values under \"filled\")")) -> None:
-        """The resolved recipe as YAML, each value its fill policy filled listed at the end (with
-        --bridge: the Bridge ConfigContainer keys it answers to; --json: JSON for scripts)."""
+        """The resolved recipe as YAML; each value its fill policy filled is under filled, with its source
+        (--json: JSON for scripts; --bridge: the Bridge ConfigContainer keys it answers to)."""
         recipe = load_recipe(name, overrides or [])
         if json_out:
             typer.echo(json.dumps(recipe.model_dump(mode="json"), indent=2))
