@@ -234,7 +234,8 @@ class TowersConfig(BaseModel):
         merged = self.vision_config.merged_hidden_size
         if self.out_hidden_size != merged:
             raise RecipeError("the adapter reads the pixel-shuffled vision output, hidden_size x merge_size^2 wide",
-                              field="out_hidden_size", value=self.out_hidden_size, fix=f"set out_hidden_size = {merged}")
+                              field="out_hidden_size", value=self.out_hidden_size,
+                              fix=f"set out_hidden_size = {merged}")
         ids = {"image_token_id": self.image_token_id, "video_token_id": self.video_token_id,
                "audio_token_id": self.audio_token_id}
         if len(set(ids.values())) != len(ids):

@@ -39,6 +39,8 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 from transformers import (
     MuseSparkAudioConfig,
@@ -76,8 +78,8 @@ VISION = dict(num_hidden_layers=3, hidden_size=32, num_attention_heads=2, interm
               pos_emb_height=6, pos_emb_width=6)
 AUDIO = dict(patch_sizes=[4, 3, 2, 2], hidden_sizes=[8, 12, 16, 24], depths=[1, 2, 0, 1], mlp_ratio=2.0,
              conv_kernel_size=5, out_hidden_size=40)
-TEXT = dict(vocab_size=64, bos_token_id=1, eos_token_id=2, hidden_size=40, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=8, moe_hidden_size=16, moe_intermediate_size=16, num_local_experts=4,
+TEXT = dict(vocab_size=64, bos_token_id=1, eos_token_id=2, hidden_size=40, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=8, moe_hidden_size=16, moe_intermediate_size=16, num_local_experts=4,
             num_experts_per_tok=2, rms_norm_eps=1e-4, sliding_window=8)
 MEDIA = dict(image_token_id=60, video_token_id=61, audio_token_id=62, out_hidden_size=128, projector_hidden_size=24)
 
@@ -229,6 +231,9 @@ def hf_vision(**overrides):
     return model
 
 
+HF_VISION = hf_vision()
+
+
 def ours_from(hf_model, cls, cfg):
     model = cls(cfg).double().eval()
     model.load_state_dict(hf_model.state_dict(), strict=True)
@@ -244,6 +249,9 @@ def hf_full():
     model = model.double().eval()
     perturb(model, 1)
     return model
+
+
+OURS_VISION = ours_from(HF_VISION, MuseSparkVisionModel, VisionConfig(**VISION))
 
 
 def towers_config() -> TowersConfig:
@@ -310,7 +318,8 @@ def test_parameter_counts_at_the_defaults_match_transformers_on_meta():
 def test_parameter_count_formulas_match_transformers_on_tiny_configs(vision, audio):
     hf = hf_modeling.MuseSparkVisionModel(MuseSparkVisionConfig(**vision))
     assert VisionConfig(**vision).parameter_count == _count(hf)
-    assert AudioConfig(**audio).parameter_count == _count(hf_modeling.MuseSparkAudioModel(MuseSparkAudioConfig(**audio)))
+    hf_audio = hf_modeling.MuseSparkAudioModel(MuseSparkAudioConfig(**audio))
+    assert AudioConfig(**audio).parameter_count == _count(hf_audio)
 
 
 def test_configs_round_trip_through_transformers():
@@ -349,6 +358,28 @@ def test_vision_tower_matches_transformers_on_images_and_video():
         tol = bound(vision_chain(cfg, int(grid[:, 1:].prod(1).max())), cfg.num_hidden_layers, expected)
         assert got.shape == expected.shape == (int(grid.prod(1).sum()) // 4, 4 * cfg.hidden_size)
         torch.testing.assert_close(got, expected, rtol=0, atol=tol)
+
+
+# sides (in patches) whose float32 interpolation coordinates are exact on the 6-wide table (see IMAGES)
+EXACT_SIDES = [2, 4, 6, 8, 12, 16, 24]
+
+
+@settings(max_examples=12, deadline=None)
+@given(grids=st.lists(st.tuples(st.sampled_from([1, 2]), st.sampled_from(EXACT_SIDES), st.sampled_from(EXACT_SIDES)),
+                      min_size=1, max_size=3),
+       seed=st.integers(0, 2**16))
+def test_vision_tower_matches_transformers_on_any_grid(grids, seed):
+    """Packed media of any mix of frame counts and sides (several windows across, partial ones)."""
+    hf = HF_VISION
+    cfg = VisionConfig(**VISION)
+    grid = torch.tensor(grids)
+    gen = torch.Generator().manual_seed(seed)
+    pixel_values = torch.randn(int(grid.prod(1).sum()), cfg.patch_dim, generator=gen, dtype=torch.float64)
+    expected = run_hf_vision(hf, pixel_values, grid)
+    with torch.no_grad():
+        got = OURS_VISION(pixel_values, grid)
+    tol = bound(vision_chain(cfg, int(grid[:, 1:].prod(1).max())), cfg.num_hidden_layers, expected)
+    torch.testing.assert_close(got, expected, rtol=0, atol=tol)
 
 
 def test_vision_tower_matches_transformers_as_shipped():

@@ -114,6 +114,10 @@ def text_input_ids(input_ids: torch.Tensor, config: TowersConfig) -> torch.Tenso
     return ids
 
 
+PER_ITEM = {"image": "t*h*w / merge_size^2 per image", "video": "t*h*w / merge_size^2 per video",
+            "audio": "ceil(samples / samples_per_token) per clip"}
+
+
 def scatter_media(input_ids: torch.Tensor, inputs_embeds: torch.Tensor, config: TowersConfig, *,
                   image: torch.Tensor | None = None, video: torch.Tensor | None = None,
                   audio: torch.Tensor | None = None) -> torch.Tensor:
@@ -144,18 +148,18 @@ def scatter_media(input_ids: torch.Tensor, inputs_embeds: torch.Tensor, config: 
                 f"{features.shape[0]} {kind} feature rows; row {row} of input_ids is the first whose "
                 f"placeholders do not line up with the features",
                 field=f"input_ids[{row}]", value=per_row[row],
-                fix=f"render each {kind} with as many placeholders as its features have rows "
-                    f"({'t*h*w / merge_size^2 per image' if kind != 'audio' else 'ceil(samples / samples_per_token) per clip'})")
+                fix=f"render each {kind} with as many placeholders as its features have rows ({PER_ITEM[kind]})")
         out = out.masked_scatter(mask[..., None].to(out.device), features.to(out.device, out.dtype))
     return out
 
 
 @torch.no_grad()
-def init_perception_weights(host: nn.Module, seed: int = 0, std: float = 0.02) -> None:
+def init_perception_weights(host: nn.Module, seed: int = 0, std: float = 0.02, *, prefix: str = "") -> None:
     """(Re)initialise the perception modules on ``host`` as transformers' ``_init_weights`` does:
     linear, conv and embedding weights N(0, std), biases 0, LayerNorm and RMSNorm gains 1. Each
-    tensor draws from its own generator seeded by (seed, its name under ``host``), as
-    :func:`muse_stack.model.init.init_weights` does for the decoder; meta tensors are skipped."""
+    tensor draws from its own generator seeded by (seed, ``prefix`` + its name under ``host``), as
+    :func:`muse_stack.model.init.init_weights` does for the decoder (pass ``prefix="model."`` for the
+    names of the full state dict); meta tensors are skipped."""
     from muse_stack.model.audio import RMSNorm
     from muse_stack.model.init import _generator
 
@@ -167,7 +171,7 @@ def init_perception_weights(host: nn.Module, seed: int = 0, std: float = 0.02) -
                 continue
             if isinstance(module, (nn.Linear, nn.Conv1d, nn.Embedding)):
                 values = torch.empty(module.weight.shape, dtype=torch.float32, device=module.weight.device)
-                values.normal_(0.0, std, generator=_generator(seed, f"{name}.weight", module.weight.device))
+                values.normal_(0.0, std, generator=_generator(seed, f"{prefix}{name}.weight", module.weight.device))
                 module.weight.copy_(values)
                 if getattr(module, "bias", None) is not None:
                     module.bias.zero_()
