@@ -158,20 +158,35 @@
         };
 
       locksOf = system: lib.filterAttrs (_: l: l.system == system) locks;
+
+      # Locks whose image Nix cannot build, and why: Transformer Engine from a source commit (the
+      # gb200 lock) needs the checkout's hash with its submodules, which the lock has no field for.
+      # Their image and dev shell are left out of the outputs (so `nix flake check` evaluates on
+      # every system); their wheel set builds, and the Dockerfile builds their image.
+      notBuiltByNix = lib.mapAttrs
+        (name: l: "Transformer Engine is built from source (${l.components.transformer_engine.source_repo} at "
+          + "${toString (l.components.transformer_engine.source_commit or "an unpinned commit")}); a Nix build of it "
+          + "needs the checkout's hash with submodules, which the lock does not pin. Build the image with the "
+          + "Dockerfile: make image gpu=${name}; nix build .#wheelset-${name} builds the wheel set alone")
+        (lib.filterAttrs
+          (_: l: (l.components.transformer_engine or null) != null && l.components.transformer_engine.build == "source")
+          locks);
+      nixImages = system: lib.filterAttrs (name: _: !(notBuiltByNix ? ${name})) (locksOf system);
     in
     {
       # the pure lock reading, for tooling: nix eval .#lib.locks.b200.buildArgs --json
       # and the wheel sets: nix eval .#lib.wheelsets.b200.files --json
-      lib = { inherit locks wheelsets; };
+      # and which images only the Dockerfile builds: nix eval .#lib.notBuiltByNix --json
+      lib = { inherit locks wheelsets notBuiltByNix; };
 
       packages = lib.genAttrs systems (system:
         lib.concatMapAttrs
           (name: l: {
-            "image-${name}" = imageFor system l;
             # the wheel set alone, installed into a venv (no compiled sdists): builds for every lock
             "wheelset-${name}" = (stackFor system l).wheels;
           })
-          (locksOf system));
+          (locksOf system)
+        // lib.mapAttrs' (name: l: lib.nameValuePair "image-${name}" (imageFor system l)) (nixImages system));
 
       # the lock's environment: the image's venv, with LD_LIBRARY_PATH as in the image
       devShells = lib.genAttrs systems (system:
@@ -187,7 +202,7 @@
                   export LD_LIBRARY_PATH=/run/opengl-driver/lib''${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:${s.runtimeLibraryPath}
                 '';
               })
-            (locksOf system);
+            (nixImages system);
         in
         shells // lib.optionalAttrs (shells ? cpu) { default = shells.cpu; });
     };

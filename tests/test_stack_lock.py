@@ -321,3 +321,55 @@ def test_check_and_show_agree_on_deviations(capsys):
         assert f"{len(shown)} declared deviation(s)" in out, out
         for dev in shown:
             assert dev["field"] in out
+
+
+# --- make pins: read the pins on a networked builder (skopeo/crane/docker and a download stubbed) ---
+
+
+def test_pins_reads_the_index_digest_from_the_registrys_raw_manifest(tmp_path, monkeypatch):
+    from muse_stack.stack import pins
+
+    raw = b'{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[]}'
+    (tmp_path / "raw").write_bytes(raw)
+    skopeo = tmp_path / "skopeo"
+    skopeo.write_text(f'#!/bin/sh\n[ "$1 $2 $3" = "inspect --raw docker://docker.io/nvidia/cuda:13.0.0-devel-ubuntu24.04" ] '
+                      f'|| exit 3\ncat {tmp_path / "raw"}\n')
+    skopeo.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")  # the stub first; sh, [ and cat for it
+    digest, how = pins.index_digest("docker.io/nvidia/cuda", "13.0.0-devel-ubuntu24.04")
+    assert digest == "sha256:" + hashlib.sha256(raw).hexdigest() and how.startswith("skopeo inspect --raw")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert pins.index_digest("docker.io/nvidia/cuda", "x")[0] is None
+
+
+def test_pins_writes_null_pins_with_their_source_and_never_overwrites_a_different_one(tmp_path, monkeypatch):
+    from muse_stack.stack import pins
+
+    path = unpinned_copy(tmp_path)
+    monkeypatch.setattr(pins, "index_digest", lambda image, tag: (CUDA_INDEX_DIGEST, f"skopeo inspect --raw docker://{image}:{tag} | sha256sum"))
+    monkeypatch.setattr(pins, "url_sha256", lambda url: (EFA_149_SHA256, f"curl -fsSL {url} | sha256sum"))
+    got = pins.run(str(path), write=False)
+    assert [(p.field, p.locked, p.ok) for p in got] == [("base.digest", None, False),
+                                                       ("components.efa.installer_sha256", None, False)]
+    assert unresolved(load(path).lock)  # --write not given: nothing written
+    pins.run(str(path), write=True)
+    lk = load(path).lock
+    assert lk.base.digest == CUDA_INDEX_DIGEST and lk.components.efa.installer_sha256 == EFA_149_SHA256
+    assert "skopeo inspect --raw" in lk.base.digest_sources[0] and "(make pins)" in lk.base.digest_sources[0]
+    assert unresolved(lk) == [] and main(["stack", "check", "--strict", str(path)]) == 0
+    # a source that now says something else is an error, and the lock is left as it is
+    before = path.read_text()
+    monkeypatch.setattr(pins, "url_sha256", lambda url: ("0" * 64, "curl"))
+    with pytest.raises(LockError, match="the source says 0000"):
+        pins.run(str(path), write=True)
+    assert path.read_text() == before
+
+
+def test_check_counts_the_deviations_that_cover_a_differing_pin_once_each(capsys):
+    assert main(["stack", "check", "cpu"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    # four declared deviations; all four cover some of the 11 pins that differ (not "11 of them")
+    assert "0 of 11 pins as recorded; 4 declared deviation(s)" in out and "4 of them cover a pin that differs" in out
+    assert main(["stack", "check", "h200"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "11 of 11 pins as recorded; 3 declared deviation(s)" in out and "0 of them cover" in out
