@@ -22,11 +22,34 @@ def _umask() -> int:
     return mask
 
 
-def write_bytes(path: str | os.PathLike[str], data: bytes, *, field: str = "output") -> Path:
+def make_temp_dir(target: str | os.PathLike[str]) -> Path:
+    """A hidden staging directory beside ``target`` that will be renamed to it: created with the
+    mode a plain ``mkdir`` gives (0777 less the umask: group-readable under a shared umask such as
+    0002 or 0027), not mkdtemp's private 0700, which the rename would give the published folder."""
+    target = Path(target)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    os.chmod(staging, 0o777 & ~_umask())
+    return staging
+
+
+def follow_umask(root: str | os.PathLike[str]) -> None:
+    """Give a folder written by libraries (safetensors writes its files 0600; mkdtemp makes 0700)
+    the modes a plain ``open`` and ``mkdir`` would have given: 0666 / 0777 less the umask. Called
+    on a checkpoint or an export before it is published."""
+    mask = _umask()
+    root = Path(root)
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes, *, field: str = "output",
+                private: bool = False) -> Path:
     """Write ``path`` whole or not at all. The file gets the mode a plain ``open`` would give it
     (0666 less the umask: 0644 by default), not mkstemp's private 0600, so a team on a shared
-    filesystem can read each other's runs. A parent that is a file or not writable is an
-    InputError naming ``field``."""
+    filesystem can read each other's runs; ``private`` keeps it 0600 whatever the umask (a file
+    that holds a secret). A parent that is a file or not writable is an InputError naming ``field``."""
     from muse_stack.errors import InputError
 
     path = Path(path)
@@ -41,7 +64,7 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, field: str = "outp
                          fix="choose a path under a directory you can write to") from exc
     try:
         with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o666 & ~_umask())
+            os.fchmod(fh.fileno(), 0o600 if private else 0o666 & ~_umask())
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -55,12 +78,12 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, field: str = "outp
     return path
 
 
-def write_text(path: str | os.PathLike[str], text: str, *, field: str = "output") -> Path:
+def write_text(path: str | os.PathLike[str], text: str, *, field: str = "output", private: bool = False) -> Path:
     """Write text whole; the credentials of any URL in it are redacted on the way (a URL is never
     written with its user:password)."""
     from muse_stack.safeio import redact_urls
 
-    return write_bytes(path, redact_urls(text).encode("utf-8"), field=field)
+    return write_bytes(path, redact_urls(text).encode("utf-8"), field=field, private=private)
 
 
 def write_json(path: str | os.PathLike[str], obj: Any, *, field: str = "output") -> Path:

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from muse_stack.atomic import write_json
+from muse_stack.atomic import follow_umask, make_temp_dir, write_json
 from muse_stack.errors import InputError
 from muse_stack.model.decoder import MuseSparkForCausalLM
 from muse_stack.model_config import ModelConfig
@@ -101,7 +100,7 @@ def save_checkpoint(model: MuseSparkForCausalLM, directory: str | os.PathLike[st
     target.parent.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
     shards = _shard(tensors, max_shard_bytes)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    staging = make_temp_dir(target)
     try:
         names: list[str] = []
         if len(shards) == 1:
@@ -119,6 +118,7 @@ def save_checkpoint(model: MuseSparkForCausalLM, directory: str | os.PathLike[st
             names.append(INDEX_FILE)
         write_json(staging / CONFIG_NAME, model.config.to_hf_config())
         names.append(CONFIG_NAME)
+        follow_umask(staging)  # safetensors writes its files 0600
         if target.exists():
             for entry in target.iterdir():
                 if not _is_checkpoint_file(entry.name):

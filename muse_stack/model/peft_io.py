@@ -20,14 +20,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from muse_stack.atomic import write_json
+from muse_stack.atomic import follow_umask, make_temp_dir, write_json
 from muse_stack.errors import InputError
 from muse_stack.model.peft import adapter_modules, adapter_state_dict, base_state_dict, merge_adapters
 from muse_stack.recipes.peft import EXPERT_TARGETS, PeftSettings
@@ -66,10 +65,11 @@ def _stage(target: Path) -> Path:
         raise InputError("the output path exists and is not a directory", field="--out", value=str(target),
                          fix="choose a directory path")
     target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    return make_temp_dir(target)
 
 
 def _publish(staging: Path, target: Path, *, replace: bool) -> None:
+    follow_umask(staging)  # safetensors writes its files 0600
     if target.exists():
         if not replace:
             shutil.rmtree(staging, ignore_errors=True)

@@ -58,6 +58,9 @@ BRIDGE_KEYS: dict[str, str] = {
     "train.micro_batch_size": "batch.mbs",
     "train.global_batch_size": "batch.gbs",
     "train.train_iters": "training.steps",
+    "train.manual_gc": "training.gc.manual",
+    "train.manual_gc_interval": "training.gc.interval",
+    "train.manual_gc_eval": "training.gc.eval",
     # OptimizerConfig (megatron.core); the first four have the same name in both
     "optimizer.lr": "optimizer.lr",
     "optimizer.min_lr": "optimizer.min_lr",
@@ -101,21 +104,25 @@ SHARED_SECTIONS = frozenset({"model", "optimizer", "peft"})
 
 
 def _recipe_fields() -> list[str]:
-    """Every dotted leaf field of the recipe schema (one level of nesting: section.field)."""
+    """Every dotted field of the recipe schema: section.field, and where a section's field is a
+    model both it and its fields (training.gc, training.gc.interval)."""
     from pydantic import BaseModel
 
     from muse_stack.recipes.schema import Recipe
 
-    out: list[str] = []
-    for name, info in Recipe.model_fields.items():
-        ann = info.annotation
-        sub = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)),
-                   None)
-        if sub is None:
-            out.append(name)
-        else:
-            out.extend(f"{name}.{f}" for f in sub.model_fields)
-    return out
+    def leaves(model: type[BaseModel], prefix: str) -> list[str]:
+        out: list[str] = []
+        for name, info in model.model_fields.items():
+            ann = info.annotation
+            sub = next((a for a in getattr(ann, "__args__", (ann,))
+                        if isinstance(a, type) and issubclass(a, BaseModel)), None)
+            if sub is None:
+                out.append(f"{prefix}{name}")
+            else:  # a model nested in a section is a field itself (given whole) and has fields of its own
+                out.extend([f"{prefix}{name}"] * bool(prefix) + leaves(sub, f"{prefix}{name}."))
+        return out
+
+    return leaves(Recipe, "")
 
 
 def _is_recipe_path(path: list[str]) -> bool:

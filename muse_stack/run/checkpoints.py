@@ -298,6 +298,7 @@ class CheckpointManager:
                 for name, text in files.items():
                     atomic.write_text(tmp / name, text)
                 atomic.write_text(tmp / TRAINER_STATE, json.dumps({"step": step}) + "\n")
+                atomic.follow_umask(tmp)  # the engines' writers (safetensors, torch) keep some files 0600
                 _fsync_dir(tmp)
                 if final.exists():  # an earlier attempt at this step that latest never named
                     shutil.rmtree(final)

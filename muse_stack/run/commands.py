@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -12,6 +13,21 @@ from rich.markup import escape
 console = Console()
 
 
+def _dry_run_line(r: dict) -> str:
+    where = r.get("run_dir")
+    action = r.get("action")
+    if action == "resume":
+        changes = r.get("changes") or {}
+        extra = f", with changes to {', '.join(changes)}" if changes else ""
+        return f"dry run: checks passed; would resume {where} from step {r.get('from_step')}{extra}; nothing written"
+    if action == "restart":
+        return (f"dry run: checks passed; would restart {where} at step 1 (its last attempt left no checkpoint); "
+                "nothing written")
+    if action == "completed":
+        return f"dry run: {where} completed ({r.get('steps_completed')} steps); nothing to do; nothing written"
+    return f"dry run: checks passed; would start a new run of {r.get('recipe')} in {where}; nothing written"
+
+
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
@@ -20,9 +36,11 @@ def register(app: typer.Typer) -> None:
         gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs (processes) to run on"),
         steps: Optional[int] = typer.Option(None, "--steps", help="optimizer steps (overrides the recipe)"),
         out: Optional[Path] = typer.Option(None, "--out", help="new run directory (default runs/NAME-TIME)"),
-        resume: Optional[Path] = typer.Option(
-            None, "--resume", help="continue a run directory from its latest checkpoint (after an interrupt, a "
-                                   "crash or a kill)"),
+        resume: Optional[str] = typer.Option(
+            None, "--resume", help="DIR: continue a run directory from its latest checkpoint (after an interrupt, "
+                                   "a crash or a kill); auto (with RECIPE and --out): resume --out when it holds a "
+                                   "checkpoint, else start or restart it there (what a cluster job runs on every "
+                                   "attempt; a folder named auto is ./auto)"),
         allow_change: bool = typer.Option(
             False, "--allow-change",
             help="with --resume: continue with an edited recipe.yaml, new overrides or --steps, recorded in the run"),
@@ -31,16 +49,26 @@ def register(app: typer.Typer) -> None:
         stop_after: Optional[int] = typer.Option(
             None, "--stop-after", min=1,
             help="interrupt after this step: the checkpoint is saved and --resume continues the run"),
-        no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+        no_progress: bool = typer.Option(False, "--no-progress",
+                                         help="no progress bar: a step line on stdout every training.log_interval "
+                                              "steps"),
+        dry_run: bool = typer.Option(False, "--dry-run", help="make every check and say what the run would do; "
+                                                              "write nothing"),
+        as_json: bool = typer.Option(False, "--json", help="the final summary as one JSON document on stdout "
+                                                           "(step lines go to stderr)"),
     ) -> None:
         """Validate, fingerprint and train a recipe; write results beside the fingerprint."""
-        from muse_stack.run.pipeline import run
+        import sys
 
+        from muse_stack.run.pipeline import run
+        from muse_stack.run.resume import AUTO
+
+        auto = resume == AUTO
         if resume is None and name is None:
             raise typer.BadParameter("give a recipe name, or --resume DIR")
-        if resume is not None and (name is not None and not name.startswith("-")):
+        if resume is not None and not auto and (name is not None and not name.startswith("-")):
             overrides = [name, *(overrides or [])] if "=" in name else overrides
-        if resume is None and name is not None:
+        if (resume is None or auto) and name is not None:
             # after what the engine refuses in the recipe itself (on any machine), the engine and the
             # device: on a machine without them, that is the error to see, not the process count or
             # the layout that --gpus would lead to
@@ -52,12 +80,28 @@ def register(app: typer.Typer) -> None:
             check_recipe(recipe, values=False)
             check_runnable_here(recipe, name)
             check_recipe(recipe)  # then the optimizer values neither the recipe nor its fill policy states
-        outcome = run(None if resume is not None else name, overrides=overrides or [], out=out, steps=steps,
-                      gpus=gpus, resume=resume, pretrained_checkpoint=pretrained_checkpoint,
-                      progress=not no_progress, stop_after=stop_after, allow_change=allow_change)
+        outcome = run(None if resume is not None and not auto else name, overrides=overrides or [], out=out,
+                      steps=steps, gpus=gpus, resume=resume if auto or resume is None else Path(resume),
+                      pretrained_checkpoint=pretrained_checkpoint, progress=not no_progress and not as_json,
+                      stop_after=stop_after, allow_change=allow_change, dry_run=dry_run,
+                      step_stream=sys.stderr if as_json else None)
         r = outcome.results
-        if not r:
+        if as_json:
+            typer.echo(json.dumps({"status": outcome.status, "run_dir": str(outcome.path), **(r or {})},
+                                  default=str))
+            if outcome.status not in ("completed", "dry-run"):
+                raise typer.Exit(1)
             return
+        if outcome.status == "dry-run":
+            console.print(_dry_run_line(r), highlight=False, markup=False)
+            return
+        if not r:
+            if outcome.status != "completed":
+                console.print(f"[bold]{outcome.status}[/]: the run directory is unchanged", highlight=False)
+                raise typer.Exit(1)
+            return
+        if r.get("note"):
+            console.print(escape(r["note"]), highlight=False)
         if r.get("error"):
             console.print(f"[bold]{outcome.status}[/]: {escape(r['error'])}", highlight=False)
         console.print(f"[bold]{outcome.status}[/]: {r.get('steps_completed')} steps, loss "
@@ -68,6 +112,11 @@ def register(app: typer.Typer) -> None:
             console.print(f"{r['tokens_per_s_per_gpu']:,.0f} tokens/s per {'GPU' if r['device'] != 'cpu' else 'process'}"
                           f" over steps {r['window'][0]}-{r['window'][1]}, step-time CV "
                           f"{r['step_time_cv_percent']:.1f}%{mfu}")
+            if r.get("step_time_median_s") is not None:
+                worst = (f", slowest step {r['step_time_worst_step']} at {r['step_time_worst_ratio']:.2f}x the "
+                         f"median" if r.get("step_time_worst_ratio") is not None else "")
+                console.print(f"step time mean {r['step_time_mean_s']:.4g} s, median {r['step_time_median_s']:.4g} s"
+                              f"{worst}", highlight=False)
         console.print(f"run directory: {outcome.path}")
         for f in ("recipe.yaml", "fingerprint.json", "metrics.jsonl", "results.json", "loss.png", "throughput.png",
                   "run.log", "checkpoints", "tensorboard"):

@@ -195,6 +195,7 @@ def write_hf(out: Path, config: ModelConfig, specs: list[Spec], get: Getter, *,
         atomic.write_json(staging / CONFIG_NAME, full_config(config, towers.config))
         if extras is not None:
             extras(staging)
+        atomic.follow_umask(staging)  # safetensors writes its files 0600
         os.rename(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

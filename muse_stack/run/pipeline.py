@@ -18,6 +18,7 @@ from muse_stack.errors import InputError, LayoutError, RecipeError, UsageError
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe
 from muse_stack.recipes.schema import REQUIRED_PATH, Recipe
 from muse_stack.run import dist, rundir
+from muse_stack.run.availability import check_inputs
 from muse_stack.run.lock import RunLock
 from muse_stack.run.signals import StopFlag
 from muse_stack.run.trainer import RunOutcome, Trainer
@@ -99,17 +100,94 @@ def _extra(overrides: list[str] | None, steps: int | None, gpus: int | None) -> 
     return extra
 
 
+def _new_recipe(name: str, overrides: list[str] | None, steps: int | None, gpus: int | None,
+                pretrained_checkpoint: str | None, env: "dist.DistEnv") -> Recipe:
+    """The recipe a new run trains, checked: plan, engine, process count, start checkpoint, loggers."""
+    from muse_stack.run.availability import check_inputs
+
+    recipe = prepare(name, overrides or [], steps, gpus)
+    recipe = _with_start(recipe, pretrained_checkpoint)
+    if recipe.hardware.gpu == "cpu" and env.world_size != recipe.hardware.count and env.world_size > 1:
+        recipe = parse_recipe({**recipe.model_dump(mode="json"),
+                               "hardware": {**recipe.hardware.model_dump(), "count": env.world_size}}, name)
+    if env.world_size != recipe.hardware.count:
+        raise LayoutError("the processes launched do not match the recipe's GPUs", field="hardware.count",
+                          value=recipe.hardware.count,
+                          rule=f"one process per GPU: {env.world_size} launched",
+                          fix=f"launch {recipe.hardware.count} processes (torchrun --nproc-per-node ...) "
+                              f"or pass --gpus {env.world_size}")
+    get_engine(recipe.engine)  # fail early, before any output, when the engine cannot run here
+    check_inputs(recipe, start=False)  # W&B importable: before the run directory exists
+    return recipe
+
+
+def _locked_by_another(path: Path) -> str | None:
+    """The pid holding the run directory's lock, read without taking it (a dry run writes nothing)."""
+    import fcntl
+    import os
+
+    from muse_stack.run.lock import LOCK
+
+    try:
+        fd = os.open(path / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except BlockingIOError:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)
+
+
 def run(name: str | None = None, *, overrides: list[str] | None = None, out: str | Path | None = None,
         steps: int | None = None, gpus: int | None = None, resume: str | Path | None = None,
         pretrained_checkpoint: str | None = None, progress: bool = True, base_dir: str | Path = "runs",
-        stop_after: int | None = None, allow_change: bool = False) -> RunOutcome:
-    """Run a recipe end to end, or continue one (``resume``). ``stop_after`` interrupts after
-    that many steps (the checkpoint is saved as on SIGTERM)."""
+        stop_after: int | None = None, allow_change: bool = False, dry_run: bool = False,
+        step_stream=None) -> RunOutcome:
+    """Run a recipe end to end, or continue one (``resume``: a run directory, or ``"auto"`` with
+    ``name`` and ``out``: resume, restart or start there, whatever the last attempt left; see
+    :func:`muse_stack.run.resume.inspect_out`). ``stop_after`` interrupts after that many steps
+    (the checkpoint is saved as on SIGTERM). ``dry_run``: every check, nothing written; the
+    outcome's status is ``dry-run`` and its results say what the run would do."""
+    from muse_stack.run import resume as resuming
+
     stop = StopFlag()
     with stop.installed():  # from the first line: a signal anywhere below only asks the run to stop
         env = dist.from_environment()
         lock: RunLock | None = None
         change = None
+        auto = resume is not None and str(resume) == resuming.AUTO
+        restart = False
+        wanted: Recipe | None = None
+        if auto:
+            if name is None:
+                raise UsageError("--resume auto needs the recipe the run trains", field="recipe", value=None,
+                                 fix="muse-stack run RECIPE --out RUN_DIR --resume auto")
+            if out is None:
+                raise UsageError("--resume auto needs the run directory", field="--out", value=None,
+                                 fix="muse-stack run RECIPE --out RUN_DIR --resume auto")
+            if allow_change:
+                raise UsageError("--allow-change is for --resume DIR: a requeued job continues with the recipe "
+                                 "its checkpoint was trained with", field="--allow-change", value=True,
+                                 fix="drop --allow-change, or continue the run with --resume DIR --allow-change")
+            wanted = _new_recipe(name, overrides, steps, gpus, pretrained_checkpoint, env)
+            found = resuming.inspect_out(Path(out), wanted, auto=True)
+            if found.action == "completed":  # a requeue after the end: nothing to do, nothing changed
+                if dry_run:
+                    return RunOutcome(path=found.path, status="dry-run", results={
+                        "dry_run": True, "action": "completed", "run_dir": str(found.path),
+                        "steps_completed": found.results.get("steps_completed")})
+                return RunOutcome(path=found.path, status="completed",
+                                  results={**found.results, "note": "the run had completed; nothing was changed"})
+            if found.action != "resume":
+                check_inputs(wanted)  # the checkpoint it starts from (a resume takes its own)
+            if found.action == "resume":
+                resume = found.path
+            else:
+                resume, restart = None, found.action == "restart"
         if resume is not None:
             from muse_stack.run.resume import plan_resume
 
@@ -118,12 +196,19 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
                 if not (path / rundir.RECIPE).is_file():
                     raise InputError("not a run directory (no recipe.yaml)", field="--resume", value=str(path),
                                      fix="give a directory written by `muse-stack run`")
-                lock = RunLock(path).acquire()
+                if dry_run:
+                    holder = _locked_by_another(path)
+                    if holder is not None:
+                        raise InputError(f"the run directory is being written by another process (pid {holder})",
+                                         field="--resume", value=str(path),
+                                         fix="wait for that process to finish (or stop it) before resuming this run")
+                else:
+                    lock = RunLock(path).acquire()
             try:
-                extra = _extra(overrides, steps, gpus)
-                if pretrained_checkpoint is not None:
+                extra = [] if auto else _extra(overrides, steps, gpus)
+                if pretrained_checkpoint is not None and not auto:
                     extra.append(f"model.pretrained_checkpoint={json.dumps(str(pretrained_checkpoint))}")
-                plan = plan_resume(path, extra, allow_change)
+                plan = plan_resume(path, extra, allow_change, wanted=wanted)
                 recipe, change = plan.recipe, plan.change
                 if env.world_size != recipe.hardware.count:
                     raise LayoutError("the processes launched do not match the run's GPUs", field="hardware.count",
@@ -133,45 +218,56 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
                                           f"{env.world_size} --allow-change to continue on {env.world_size}")
                 if change is not None:
                     check_runnable(recipe, str(path))
-                    if env.rank == 0:
-                        from muse_stack import atomic
-                        from muse_stack.recipes.catalogue import recipe_yaml
-
-                        atomic.write_text(path / rundir.RECIPE, recipe_yaml(recipe))
+                check_inputs(recipe, start=False)  # the recipe's loggers can start (W&B installed)
+                # the changed recipe.yaml is written by the trainer once the checkpoint has loaded
             except BaseException:
                 if lock is not None:
                     lock.release()
                 raise
+            if dry_run:
+                return RunOutcome(path=path, status="dry-run", results={
+                    "dry_run": True, "action": "resume", "run_dir": str(path),
+                    "from_step": plan.checkpoint.step if plan.checkpoint is not None else 0,
+                    "changes": change["fields"] if change is not None else {}})
         else:
             if name is None:
                 raise InputError("no recipe given", field="recipe", value=None, fix="muse-stack run RECIPE")
-            recipe = prepare(name, overrides or [], steps, gpus)
-            recipe = _with_start(recipe, pretrained_checkpoint)
-            if recipe.hardware.gpu == "cpu" and env.world_size != recipe.hardware.count and env.world_size > 1:
-                recipe = parse_recipe({**recipe.model_dump(mode="json"),
-                                       "hardware": {**recipe.hardware.model_dump(), "count": env.world_size}}, name)
-            if env.world_size != recipe.hardware.count:
-                raise LayoutError("the processes launched do not match the recipe's GPUs", field="hardware.count",
-                                  value=recipe.hardware.count,
-                                  rule=f"one process per GPU: {env.world_size} launched",
-                                  fix=f"launch {recipe.hardware.count} processes (torchrun --nproc-per-node ...) "
-                                      f"or pass --gpus {env.world_size}")
-            get_engine(recipe.engine)  # fail early, before any output, when the engine cannot run here
+            recipe = wanted or _new_recipe(name, overrides, steps, gpus, pretrained_checkpoint, env)
+            if wanted is None:
+                check_inputs(recipe)  # the checkpoint it starts from is readable
             path = Path(out) if out is not None else None
-            if path is not None and path.exists() and env.rank == 0:  # other ranks may start after rank 0 made it
-                raise InputError("the run directory already exists; a run never overwrites another", field="--out",
-                                 value=str(path), fix="choose a new --out path (or omit it for a fresh one), "
-                                                       "or continue an interrupted run with --resume")
+            if path is not None and not auto and env.rank == 0:  # other ranks may start after rank 0 made it
+                restart = resuming.inspect_out(path, recipe, auto=False).action == "restart"
             stop.check()
+            if dry_run:
+                where = path or rundir.default_run_dir(recipe.name, base_dir)
+                if restart and _locked_by_another(where) is not None:
+                    raise InputError("the run directory is being written by another process", field="--out",
+                                     value=str(where), fix="wait for that process to finish (or stop it)")
+                return RunOutcome(path=where, status="dry-run", results={
+                    "dry_run": True, "action": "restart" if restart else "new", "run_dir": str(where),
+                    "recipe": recipe.name, "steps": recipe.training.steps})
         dist.init(env, recipe.hardware.gpu != "cpu")
         try:
             if resume is None:
                 if env.rank == 0:
-                    path = rundir.create(path or rundir.default_run_dir(recipe.name, base_dir), recipe)
-                    lock = RunLock(path).acquire()
+                    if restart:  # an attempt without a checkpoint: start again in the same folder
+                        lock = RunLock(path).acquire()
+                        resuming.clear_outputs(path)
+                        from muse_stack import atomic
+                        from muse_stack.recipes.catalogue import recipe_yaml
+
+                        atomic.write_text(path / rundir.RECIPE, recipe_yaml(recipe))
+                        from muse_stack.run.trainer import console
+
+                        console.print(f"restarting in {path}: the last attempt left no checkpoint", markup=False,
+                                      highlight=False)
+                    else:
+                        path = rundir.create(path or rundir.default_run_dir(recipe.name, base_dir), recipe)
+                        lock = RunLock(path).acquire()
                 path = Path(dist.broadcast(str(path) if path else None))
             trainer = Trainer(recipe, path, env, stop, resuming=resume is not None, change=change, progress=progress,
-                              stop_after=stop_after)
+                              stop_after=stop_after, step_stream=step_stream)
             return trainer.run()
         finally:
             if lock is not None:

@@ -22,7 +22,9 @@ def summarise(metrics: list[dict[str, Any]], *, model: ModelConfig, world_size: 
               warmup: int, peak_tflops: float | None, peak_source: str, price_per_gpu_hour: float | None,
               wall_seconds: float, status: str, device: str, engine: str, peft=None) -> dict[str, Any]:
     """Everything results.json reports. tokens/s per GPU is Σ tokens / Σ step time / GPUs over
-    the window (the time-weighted mean of the per-step values in metrics.jsonl)."""
+    the window (the time-weighted mean of the per-step values in metrics.jsonl). Beside the mean
+    step time: the median and the slowest window step's ratio to it (a stall such as a garbage
+    collection shows there while the mean hides it), with that step's number."""
     done = len(metrics)
     window = measurement_window(done, warmup)
     flops = training_flops_per_token(model, seq_lens, peft=peft)
@@ -46,8 +48,9 @@ def summarise(metrics: list[dict[str, Any]], *, model: ModelConfig, world_size: 
         "peak_memory_gib": max((m["peak_memory_gib"] for m in metrics if m.get("peak_memory_gib") is not None),
                                default=None),
     }
-    keys = ("tokens_per_s_per_gpu", "step_time_mean_s", "step_time_cv_percent", "model_tflops_per_gpu", "mfu",
-            "mfu_6n", "usd_per_million_tokens", "window_tokens")
+    keys = ("tokens_per_s_per_gpu", "step_time_mean_s", "step_time_median_s", "step_time_worst_ratio",
+            "step_time_worst_step", "step_time_cv_percent", "model_tflops_per_gpu", "mfu", "mfu_6n",
+            "usd_per_million_tokens", "window_tokens")
     out.update({k: None for k in keys})
     if window is None:
         out["window_note"] = f"fewer than {warmup + 1} steps completed: no measurement window"
@@ -57,12 +60,17 @@ def summarise(metrics: list[dict[str, Any]], *, model: ModelConfig, world_size: 
     tokens = sum(r["tokens"] for r in rows)
     tps_gpu = tokens / sum(times) / world_size
     mean = statistics.fmean(times)
+    median = statistics.median(times)
+    worst = max(range(len(rows)), key=lambda i: times[i])  # the slowest window step (the first of equals)
     cv = statistics.stdev(times) / mean * 100 if len(times) > 1 else 0.0
     tflops = flops["training"] * tps_gpu / 1e12
     out.update({
         "tokens_per_s_per_gpu": tps_gpu,
         "window_tokens": tokens,
         "step_time_mean_s": mean,
+        "step_time_median_s": median,
+        "step_time_worst_ratio": times[worst] / median if median > 0 else None,
+        "step_time_worst_step": rows[worst]["step"],
         "step_time_cv_percent": cv,
         "model_tflops_per_gpu": tflops,
         "mfu": tflops / peak_tflops if peak_tflops else None,

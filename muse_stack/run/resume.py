@@ -51,13 +51,16 @@ class ResumePlan:
 _DAMAGED = "the run directory's recipe.yaml is damaged: restore it (its checkpoint keeps a copy), or start a new run"
 
 
-def plan_resume(path: Path, extra: list[str], allow_change: bool) -> ResumePlan:
+def plan_resume(path: Path, extra: list[str], allow_change: bool, wanted: Recipe | None = None) -> ResumePlan:
+    """``wanted``: the recipe a ``--resume auto`` command resolved (its name, overrides and
+    flags), compared with the checkpoint's as the run's own recipe.yaml plus ``extra`` is."""
     if not (path / rundir.RECIPE).is_file():
         raise InputError("not a run directory (no recipe.yaml)", field="--resume", value=str(path),
                          fix="give a directory written by `muse-stack run`")
     current = checkpoints.latest(path)
     on_disk = read_yaml(path / rundir.RECIPE, field="--resume", what="recipe", fix=_DAMAGED)
-    wanted = parse_recipe(apply_overrides(on_disk, extra) if extra else on_disk, str(path / rundir.RECIPE))
+    if wanted is None:
+        wanted = parse_recipe(apply_overrides(on_disk, extra) if extra else on_disk, str(path / rundir.RECIPE))
     # the recipe the saved state was trained with: the checkpoint's copy; before the first
     # checkpoint, recipe.yaml as the fingerprint's hash recorded it
     if current is not None and current.recipe_text() is not None:
@@ -83,8 +86,9 @@ def plan_resume(path: Path, extra: list[str], allow_change: bool) -> ResumePlan:
         raise InputError(f"resuming would change what the run trains: {listed}", field="--resume",
                          value=str(path), rule="a resumed run continues with the recipe its checkpoint was "
                                                "trained with",
-                         fix="restore recipe.yaml and drop the new overrides / --steps / --gpus, or pass "
-                             "--allow-change to continue with the change recorded in the run")
+                         fix="restore recipe.yaml and drop the new overrides / --steps / --gpus (with --resume "
+                             "auto: give the command the run was started with), or continue it with `--resume "
+                             "DIR --allow-change` to record the change in the run")
     change = None
     if fields:
         change = {"at_step": done, "fields": fields,
@@ -109,3 +113,87 @@ def _recorded_sha(path: Path) -> str | None:
         return json.loads((path / rundir.FINGERPRINT).read_text())["run_inputs"]["recipe_sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+#: ``--resume auto``: what the run directory holds decides (see :func:`inspect_out`)
+AUTO = "auto"
+
+#: what a run writes in its directory; a clean restart removes these (run.log keeps its lines and
+#: .lock, held by the restarting process, stays)
+OUTPUTS = (rundir.RECIPE, rundir.FINGERPRINT, "fingerprint.resumed.json", rundir.RANKS, rundir.METRICS,
+           rundir.RESULTS, "loss.png", "throughput.png", "tensorboard", "wandb", checkpoints.ROOT)
+
+
+@dataclass
+class Found:
+    """What an ``--out`` directory holds, and so what a run there does."""
+
+    action: str  #: new | restart | resume | completed
+    path: Path
+    results: dict[str, Any]
+    checkpoint: checkpoints.Checkpoint | None = None
+
+
+def inspect_out(path: Path, wanted: Recipe, *, auto: bool) -> Found:
+    """Decide what a run with ``--out PATH`` does (``auto``: ``--resume auto``), reading only.
+
+    Missing or empty: a new run. A run directory with a complete checkpoint: resume (auto only),
+    whatever results.json says. A completed run: nothing (auto only). A diverged run: refused.
+    A run without a checkpoint: a clean restart (auto), or without auto only when its last
+    attempt failed before it recorded a step. Anything else: refused, as an existing path."""
+    if not path.exists():
+        return Found("new", path, {})
+    if not path.is_dir():
+        raise InputError("the run directory path is a file", field="--out", value=str(path),
+                         fix="choose a directory path")
+    if not any(path.iterdir()):
+        return Found("new", path, {})
+    exists = InputError("the run directory already exists; a run never overwrites another", field="--out",
+                        value=str(path), fix="choose a new --out path (or omit it for a fresh one); continue the "
+                                             "run with `--resume auto` (a cluster job's command) or --resume DIR")
+    if not (path / rundir.RECIPE).is_file():
+        if auto:
+            raise InputError("the --out directory holds files but is not a run directory (no recipe.yaml); "
+                             "nothing there is removed", field="--out", value=str(path),
+                             fix="choose a new --out path, or an empty or missing one")
+        raise exists
+    results = _results(path)
+    current = checkpoints.latest(path)
+    status = results.get("status")
+    done = results.get("steps_completed") if isinstance(results.get("steps_completed"), int) else 0
+    if status == "completed" and (current is None or current.step <= done):
+        if not auto:
+            raise exists
+        on_disk = parse_recipe(yaml.safe_load((path / rundir.RECIPE).read_text()), str(path / rundir.RECIPE))
+        fields = changed_fields(on_disk, wanted)
+        if fields:
+            listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in fields.items()))
+            raise InputError(f"the run completed with another recipe: {listed}", field="--out", value=str(path),
+                             fix="give the command the run was started with, a new --out, or continue it with "
+                                 "`--resume DIR --steps N --allow-change`")
+        return Found("completed", path, results, current)
+    diverged_at = results.get("diverged_at_step")
+    if status == "diverged" and (current is None or not isinstance(diverged_at, int) or current.step < diverged_at):
+        raise InputError(f"the run diverged at step {diverged_at}; resuming it as it is would diverge again",
+                         field="--out", value=str(path),
+                         fix="continue it with `--resume DIR --allow-change` and a changed recipe (e.g. a lower "
+                             "optimizer.lr), or start a new run with a new --out")
+    if current is not None:
+        if not auto:
+            raise exists
+        return Found("resume", path, results, current)
+    if auto or (status == "failed" and done == 0 and not rundir.read_metrics(path)):
+        return Found("restart", path, results)
+    raise exists
+
+
+def clear_outputs(path: Path) -> None:
+    """Remove what an earlier attempt without a checkpoint wrote (:data:`OUTPUTS`)."""
+    import shutil
+
+    for name in OUTPUTS:
+        entry = path / name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        elif entry.exists() or entry.is_symlink():
+            entry.unlink()

@@ -34,7 +34,11 @@ def default_run_dir(recipe_name: str, base: str | os.PathLike[str] = "runs") -> 
 
 
 def create(path: Path, recipe: Recipe) -> Path:
-    """Make a new run directory and write the resolved recipe; refuse an existing path."""
+    """Make a new run directory and write the resolved recipe; refuse an existing path (an empty
+    directory aside: a job's mounted or pre-made output folder)."""
+    if path.is_dir() and not any(path.iterdir()):
+        atomic.write_text(path / RECIPE, recipe_yaml(recipe))
+        return path
     if path.exists():
         raise InputError("the run directory already exists; a run never overwrites another",
                          field="--out", value=str(path),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,6 +62,47 @@ class LogSink:
         pass
 
 
+class StdoutSink:
+    """Without a progress bar (cluster jobs, ``--no-progress``): one line on stdout every
+    ``log_interval`` steps and at the last step, with the step's loss, gradient norm and learning
+    rate, the tokens/s of the steps since the previous line and the time left at that pace::
+
+        step 40/100 | loss 2.3512 | grad_norm 0.812 | lr 0.000287 | 12,345 tokens/s | ETA 0:01:12
+    """
+
+    def __init__(self, interval: int, stream: Any = None) -> None:
+        self.interval = max(1, int(interval))
+        self.stream = stream
+        self.total = 0
+        self._steps, self._tokens, self._seconds = 0, 0, 0.0
+
+    def open(self, history: list[Row], total_steps: int) -> None:
+        self.total = total_steps
+        self._steps, self._tokens, self._seconds = 0, 0, 0.0
+
+    def log(self, row: Row) -> None:
+        self._steps += 1
+        self._tokens += row["tokens"]
+        self._seconds += row["step_time_s"]
+        step = row["step"]
+        if step % self.interval and step != self.total:
+            return
+        rate = self._tokens / self._seconds if self._seconds > 0 else 0.0
+        left = max(0, self.total - step) * self._seconds / self._steps
+        print(f"step {step}/{self.total} | loss {row['loss']:.4f} | grad_norm {row['grad_norm']:.3f} | "
+              f"lr {row['lr']:.3g} | {rate:,.0f} tokens/s | ETA {_clock(left)}", file=self.stream or sys.stdout,
+              flush=True)
+        self._steps, self._tokens, self._seconds = 0, 0, 0.0
+
+    def close(self) -> None:
+        pass
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
 class ProgressSink:
     """The rich progress bar on stderr."""
 
@@ -82,10 +124,12 @@ class ProgressSink:
         self.bar.stop()
 
 
-def sinks_for(run_dir: Path, title: str, *, rank: int, progress: bool, console: Console) -> list[MetricSink]:
+def sinks_for(run_dir: Path, title: str, *, rank: int, progress: bool, console: Console,
+              log_interval: int = 1, stream: Any = None) -> list[MetricSink]:
+    """metrics.jsonl and run.log get every step; the progress bar, or without it one stdout line
+    every ``log_interval`` steps (``training.log_interval``)."""
     if rank != 0:
         return []
     sinks: list[MetricSink] = [JsonlSink(run_dir / "metrics.jsonl"), LogSink()]
-    if progress:
-        sinks.append(ProgressSink(title, console))
+    sinks.append(ProgressSink(title, console) if progress else StdoutSink(log_interval, stream))
     return sinks

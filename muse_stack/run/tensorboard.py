@@ -65,16 +65,22 @@ def _fenced(text: str, lang: str = "") -> str:
 class TensorBoardLogger:
     """TensorBoard event files under ``RUN_DIR/tensorboard``, written with torch's SummaryWriter."""
 
-    def __init__(self, run_dir: str | Path, *, flush_secs: int = 30) -> None:
+    def __init__(self, run_dir: str | Path, *, flush_secs: int = 30, resumed_step: int | None = None) -> None:
+        """``resumed_step``: a run continued from its checkpoint at that step. The writer then
+        purges (TensorBoard's ``purge_step``) every event a killed attempt logged after it, so a
+        step the resumed run logs again shows once, and the recipe and fingerprint of this
+        attempt are logged at the first step after it."""
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = Path(run_dir) / TENSORBOARD_DIR
-        self._writer: Any = SummaryWriter(log_dir=str(self.log_dir), flush_secs=flush_secs)
+        self._start = 0 if resumed_step is None else int(resumed_step) + 1
+        self._writer: Any = SummaryWriter(log_dir=str(self.log_dir), flush_secs=flush_secs,
+                                          purge_step=self._start if resumed_step is not None else None)
         self._last_step = 0
 
     def on_start(self, recipe_text: str, fingerprint_summary: str | Mapping[str, Any]) -> None:
-        self._writer.add_text("recipe", _fenced(recipe_text, "yaml"), global_step=0)
-        self._writer.add_text("fingerprint", _summary_text(fingerprint_summary), global_step=0)
+        self._writer.add_text("recipe", _fenced(recipe_text, "yaml"), global_step=self._start)
+        self._writer.add_text("fingerprint", _summary_text(fingerprint_summary), global_step=self._start)
         self._writer.flush()
 
     def on_step(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -146,13 +152,29 @@ class WandbLogger:
             self._run = None
 
 
-def sinks_for(recipe: Any, run_dir: str | Path, rank: int = 0) -> list[TensorBoardLogger | WandbLogger]:
-    """The metric sinks the recipe's ``logging`` section asks for, on rank 0 only (none elsewhere)."""
+def check_available(recipe: Any) -> None:
+    """The loggers the recipe asks for can start here: refused before the run directory exists."""
+    if recipe.logging.wandb is not None and recipe.logging.wandb.mode != "disabled":
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            from muse_stack.errors import RecipeError
+
+            raise RecipeError("logging.wandb is set but wandb is not installed", field="logging.wandb",
+                              value=recipe.logging.wandb.project,
+                              fix="pip install 'muse-stack[wandb]' (or use an image that has it), or remove "
+                                  "logging.wandb (logging.wandb.mode=disabled)")
+
+
+def sinks_for(recipe: Any, run_dir: str | Path, rank: int = 0,
+              resumed_step: int | None = None) -> list[TensorBoardLogger | WandbLogger]:
+    """The metric sinks the recipe's ``logging`` section asks for, on rank 0 only (none elsewhere).
+    ``resumed_step``: the checkpoint step a resumed run continues from."""
     if rank != 0:
         return []
     sinks: list[TensorBoardLogger | WandbLogger] = []
     if recipe.logging.tensorboard:
-        sinks.append(TensorBoardLogger(run_dir))
+        sinks.append(TensorBoardLogger(run_dir, resumed_step=resumed_step))
     if recipe.logging.wandb is not None and recipe.logging.wandb.mode != "disabled":
         sinks.append(WandbLogger(run_dir, recipe.logging.wandb))
     return sinks

@@ -64,8 +64,9 @@ def warmup_steps(recipe: Recipe, total: int) -> int:
 class Trainer:
     def __init__(self, recipe: Recipe, path: Path, env: "dist.DistEnv", stop: StopFlag, *, resuming: bool,
                  change: dict[str, Any] | None = None, progress: bool = True,
-                 stop_after: int | None = None) -> None:
+                 stop_after: int | None = None, step_stream: Any = None) -> None:
         self.recipe, self.path, self.env, self.stop = recipe, path, env, stop
+        self.step_stream = step_stream  #: where the step lines go without a progress bar (stdout)
         self.rank0 = env.rank == 0
         self.resuming, self.change = resuming, change
         self.progress, self.stop_after = progress, stop_after
@@ -84,8 +85,12 @@ class Trainer:
         self.rank_peaks: list[float | None] | None = None
         self.peak_tflops, self.peak_source = None, "not measured"
         self.changes: list[dict[str, Any]] = []
+        self.setup_done = False  #: setup finished: from here on the run directory records this attempt
         self.started = time.time()
         self.prior_wall = 0.0
+        self.gc = recipe.training.gc
+        self._gc_was_enabled: bool | None = None  #: set while the run holds the collector off
+        self.gc_collections: list[int] = []  #: the steps after which the run collected by hand
 
     # -- the whole run --------------------------------------------------------------------
     def run(self) -> RunOutcome:
@@ -105,6 +110,7 @@ class Trainer:
             raise
         finally:
             try:
+                self._gc_restore()
                 results = self.finish()
             finally:
                 if handler is not None:
@@ -158,17 +164,56 @@ class Trainer:
         if self.rank0:
             self.peak_tflops, self.peak_source = peak_for(recipe.hardware.gpu)
             log.info("peak %s TFLOP/s (%s)", self.peak_tflops, self.peak_source)
-        self.sinks = sinks_for(self.path, recipe.name, rank=env.rank, progress=self.progress, console=console)
+        self.sinks = sinks_for(self.path, recipe.name, rank=env.rank, progress=self.progress, console=console,
+                               log_interval=recipe.training.log_interval, stream=self.step_stream)
         for sink in self.sinks:
             sink.open(history, self.total)
         self._open_loggers()
+        self.setup_done = True
+        self._gc_start()
+
+    # -- garbage collection ---------------------------------------------------------------
+    def _gc_start(self) -> None:
+        """Manual collection (``training.gc.manual``): collect what setup left, freeze the
+        survivors (the model, the optimizer, the data: never scanned again) and turn the
+        automatic collector off, so that no collection lands inside a step."""
+        import gc
+
+        if not self.gc.manual:
+            return
+        self._gc_was_enabled = gc.isenabled()
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        log.info("garbage collection by hand: after every %s step(s)%s", self.gc.interval or "no",
+                 " and after each checkpoint save" if self.gc.eval else "")
+
+    def _gc_collect(self, step: int) -> float:
+        """One collection after ``step``; returns its seconds."""
+        import gc
+
+        t0 = time.perf_counter()
+        gc.collect()
+        self.gc_collections.append(step)
+        return time.perf_counter() - t0
+
+    def _gc_restore(self) -> None:
+        import gc
+
+        if self._gc_was_enabled is None:
+            return
+        gc.unfreeze()
+        if self._gc_was_enabled:
+            gc.enable()
+        self._gc_was_enabled = None
 
     def _open_loggers(self) -> None:
         """The recipe's experiment loggers (TensorBoard by default), given the resolved recipe and
         the stack as fingerprinted; rank 0 only."""
         from muse_stack.run.tensorboard import sinks_for as loggers_for
 
-        self.loggers = loggers_for(self.recipe, self.path, self.env.rank)
+        self.loggers = loggers_for(self.recipe, self.path, self.env.rank,
+                                   resumed_step=self.resumed_step if self.resuming else None)
         if not self.loggers:
             return
         recipe_text = (self.path / rundir.RECIPE).read_text() if (self.path / rundir.RECIPE).is_file() else ""
@@ -225,6 +270,8 @@ class Trainer:
         if self.resuming and main.is_file():
             atomic.write_json(self.path / "fingerprint.resumed.json", fp)
             if self.change is not None:  # the run's recipe hash and its change log, where diff and compare look
+                # the changed recipe is written only now, once the checkpoint has loaded under it
+                atomic.write_text(self.path / rundir.RECIPE, recipe_yaml(self.recipe))
                 doc = json.loads(main.read_text())
                 inputs = doc.setdefault("run_inputs", {})
                 inputs["recipe_sha256"] = self.change["recipe_sha256_after"]
@@ -247,6 +294,9 @@ class Trainer:
         for step in range(self.step + 1, self.total + 1):
             t0 = time.perf_counter()
             stats = engine.train_step(step)
+            # a collection due after this step is part of its time (as an automatic one inside it would be)
+            gc_s = self._gc_collect(step) if (self.gc.manual and self.gc.interval
+                                              and step % self.gc.interval == 0) else 0.0
             dt = time.perf_counter() - t0
             if not (math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)):
                 self.diverged_at = step
@@ -259,12 +309,13 @@ class Trainer:
             row = {"step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "lr": stats.lr,
                    "step_time_s": dt, "tokens": stats.tokens, "supervised_tokens": stats.supervised_tokens,
                    "tokens_per_s": stats.tokens / dt, "tokens_per_s_per_gpu": stats.tokens / dt / world,
-                   "peak_memory_gib": engine.peak_memory_gib()}
+                   "peak_memory_gib": engine.peak_memory_gib(), "gc_s": gc_s}
             self.metrics.append(row)
             for sink in self.sinks:
                 sink.log(row)
-            for logger in self.loggers:
-                logger.on_step(row["step"], row)
+            if step % self.recipe.training.log_interval == 0 or step == self.total:
+                for logger in self.loggers:
+                    logger.on_step(row["step"], row)
             self.step = step
             faults.point("after-step", step)
             if self._decide(step):
@@ -289,6 +340,8 @@ class Trainer:
             self.stop.request("stop_after")
         if self.checkpoints.due(step, self.total):
             self._save(step)
+            if self.gc.manual and self.gc.eval and (not self.gc.interval or step % self.gc.interval):
+                self._gc_collect(step)  # what the save left, outside any step's time
         else:
             self.checkpoints.poll()
         return dist.any_flag(self.stop.requested)
@@ -309,6 +362,17 @@ class Trainer:
         for sink in self.sinks:
             sink.close()
         if not self.rank0:
+            return {}
+        if self.resuming and not self.setup_done:
+            # a resume refused or stopped before it trained (a checkpoint that does not load, no
+            # room for the next one, a signal): the run directory keeps what the last attempt
+            # wrote, so the same command resumes it once the cause is fixed (the error is in
+            # run.log and on stderr)
+            log.error("resume %s before its first step%s; the run directory is unchanged", self.status,
+                      f": {self.error}" if self.error else "")
+            for logger in self.loggers:
+                logger.close()
+            self.loggers = []
             return {}
         recipe, engine, metrics = self.recipe, self.engine, self.metrics
         warm = warmup_steps(recipe, recipe.training.steps or len(metrics) or 1)
@@ -342,10 +406,13 @@ class Trainer:
             results["diverged_at_step"] = self.diverged_at
         if self.error:
             results["error"] = self.error
+            log.error("%s: %s", self.status, self.error)
         if self.resuming:
             results["resumed_at_step"] = self.resumed_step
         if self.changes:
             results["changes"] = self.changes
+        results["gc"] = {"manual": self.gc.manual, "interval": self.gc.interval, "eval": self.gc.eval,
+                         "collections_by_hand": len(self.gc_collections)}
         atomic.write_json(self.path / rundir.RESULTS, results)
         for logger in self.loggers:
             logger.on_end(results)
