@@ -45,9 +45,11 @@ FIX = ("reference the environment instead, resolved when the job runs and never 
 #: makes of ``https://u:p@h``)
 URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/{1,3})[^/@\s:]+(:[^/@\s]*)?@")
 #: user:password@host without a scheme (an image reference, a registry, an rsync target); an image
-#: digest (``name:tag@sha256:...``) is not one
+#: digest (``name:tag@sha256:...``) is not one, and neither is Slurm's ``--signal=B:TERM@120``: the
+#: host has a dot, or a ':', '/' or '#' after it, or is an [IPv6] address
 _BARE_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<user>[A-Za-z0-9._%+~-]+):(?P<pw>[^\s/@:]+)@"
-                            r"(?![A-Za-z0-9]+:[0-9a-fA-F]{16})(?=[A-Za-z0-9\[])")
+                            r"(?![A-Za-z0-9]+:[0-9a-fA-F]{16})"
+                            r"(?=[A-Za-z0-9-]+\.[A-Za-z0-9]|[A-Za-z0-9.-]+[:/#]|\[)")
 #: the words of a secret's name: a key word is one of these or, for the long ones, ends in one
 _LONG_WORDS = ("TOKEN", "APIKEY", "ACCESSKEY", "SECRETKEY", "PRIVATEKEY", "SSHKEY", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "PASSCODE", "CREDENTIAL",
                "CREDENTIALS", "AUTH", "COOKIE", "PRIVATE", "SIGNATURE", "SESSION", "BEARER", "DSN")

@@ -291,3 +291,12 @@ def test_h_is_help_everywhere(cli, args):
 def test_shell_completion_is_offered(cli):
     rc, out, _ = cli("--help")
     assert rc == 0 and "--install-completion" in out and "--show-completion" in out
+
+
+def test_a_written_sbatch_keeps_slurms_signal_directive(cli, tmp_path):
+    """`B:TERM@120` is Slurm's syntax, not user:password@host: the last-guard redaction of written
+    text leaves it, so the job is warned 120 s before its limit."""
+    out = tmp_path / "job.sbatch"
+    rc, _, err = cli("launch", "tiny-cpu", "--slurm", "-o", out)
+    assert rc == 0, err
+    assert "#SBATCH --signal=B:TERM@120\n" in out.read_text()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from muse_stack.launch import k8s
+from muse_stack.launch import k8s, quoting
 from muse_stack.launch.spec import resolve
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -58,7 +58,7 @@ def test_sbatch_structure(cli, tmp_path, recipe, gpu, nodes, per_node, efa):
     assert f"--nodes={nodes}" in directives and "--ntasks-per-node=1" in directives
     assert f"--gpus-per-node={per_node}" in directives and "--signal=B:TERM@120" in directives
     enroot = IMAGES[recipe].replace("registry.example.com/", "registry.example.com#").replace("@sha256:", ":sha256:")
-    assert f"--nproc-per-node={per_node}" in text and f"\nIMAGE={enroot}\n" in text
+    assert f"--nproc-per-node={per_node}" in text and f"\nIMAGE={quoting.word(enroot)}\n" in text
     assert '--container-image="$IMAGE"' in text and f"--cpus-per-task={per_node * (36 if gpu == 'GB200' else 24)}" in text
     assert '--rdzv-backend=c10d --rdzv-endpoint="$HEAD_NODE:$RDZV_PORT"' in text
     assert 'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
