@@ -41,7 +41,10 @@ def follow_umask(root: str | os.PathLike[str]) -> None:
     for path in [root, *root.rglob("*")]:
         if path.is_symlink():
             continue
-        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+        try:
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+        except PermissionError:  # another user's file (a rank running as another uid): its own mode stands
+            pass
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes, *, field: str = "output",
