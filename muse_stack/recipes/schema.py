@@ -154,6 +154,27 @@ class Numerics(_Strict):
                                                    "for bit (deterministic kernels; slower): muse_stack/run/numerics.py")
 
 
+#: Transformer Engine's FP8 scaling recipes (megatron-core's ``fp8_recipe``) and the GPU
+#: architectures that run them: per-tensor (current or delayed) and block scaling from Hopper on,
+#: MXFP8 (a shared exponent per 32 values) on Blackwell only
+FP8_RECIPE_ARCHS: dict[str, tuple[str, ...]] = {
+    "tensorwise": ("sm90", "sm100"), "delayed": ("sm90", "sm100"), "blockwise": ("sm90", "sm100"),
+    "mxfp8": ("sm100",),
+}
+
+
+class Fp8(_Strict):
+    """``precision: fp8``: the GEMMs of the decoder layers run in FP8 through Transformer Engine
+    (weights, master weights, the embedding, the output layer and everything between the GEMMs
+    stay as under bf16). Both settings change training, so both are stated."""
+
+    recipe: Literal["tensorwise", "delayed", "blockwise", "mxfp8"] | None = Field(
+        None, description="TE's scaling recipe: tensorwise (per-tensor current scaling; sm90's choice), delayed "
+                          "(per-tensor, from an amax history), blockwise (1x128 / 128x128 blocks), mxfp8 (sm100)")
+    format: Literal["hybrid", "e4m3"] | None = Field(
+        None, description="hybrid: E4M3 forward, E5M2 gradients; e4m3: E4M3 throughout")
+
+
 class Offload(_Strict):
     optimizer: bool | None = None
     activations: bool | None = None
@@ -363,6 +384,7 @@ class Recipe(_Strict):
     fusions: Fusions = Field(default_factory=Fusions)
     numerics: Numerics = Field(default_factory=Numerics)
     precision: Literal["bf16", "fp32", "fp8"] | None = "bf16"
+    fp8: Fp8 | None = Field(None, description="the FP8 scaling recipe and format, with precision: fp8 only")
     optimizer: Optimizer = Field(default_factory=Optimizer)
     training: Training = Field(default_factory=Training)
     data: Data = Field(default_factory=Data)
@@ -452,10 +474,40 @@ class Recipe(_Strict):
         if (self.optimizer.precision_aware or self.optimizer.param_remainders) and self.engine != "megatron":
             raise ValueError("optimizer.precision_aware and optimizer.param_remainders apply to the megatron engine "
                              "only: set engine: megatron or drop them")
+        self._check_fp8()
         if self.fusions.compile_elementwise and self.engine != "megatron":
             raise ValueError("fusions.compile_elementwise applies to the megatron engine only: "
                              "set engine: megatron or drop fusions.compile_elementwise")
         return self
+
+    def _check_fp8(self) -> None:
+        from muse_stack.errors import RecipeError
+        from muse_stack.hardware import gpu_spec
+
+        if self.precision != "fp8":
+            if self.fp8 is not None:
+                raise RecipeError("fp8 settings without precision: fp8", field="fp8", value=self.fp8.model_dump(),
+                                  fix="set precision=fp8, or drop the fp8 block")
+            return
+        if self.engine != "megatron":
+            raise RecipeError("precision: fp8 runs on the megatron engine only (Transformer Engine's FP8 GEMMs)",
+                              field="precision", value="fp8", fix="set engine: megatron, or precision: bf16")
+        settings = self.fp8 or Fp8()
+        for key, example in (("recipe", "tensorwise"), ("format", "hybrid")):
+            if getattr(settings, key) is None:
+                raise RecipeError(f"precision: fp8 needs fp8.{key} stated: it changes training", field=f"fp8.{key}",
+                                  value=None, fix=f"state it, e.g. fp8.{key}={example}")
+        if settings.recipe == "delayed" and self.recompute.granularity == "full":
+            raise RecipeError("fp8.recipe delayed with full recompute would update the amax history twice per "
+                              "step (the recomputed forward counts again)", field="fp8.recipe", value="delayed",
+                              fix="use fp8.recipe=tensorwise with full recompute, or recompute.granularity=none")
+        spec = gpu_spec(self.hardware.gpu)
+        arch = spec.arch if spec is not None else "cpu"
+        allowed = FP8_RECIPE_ARCHS[settings.recipe]
+        if arch not in allowed:
+            raise RecipeError(f"fp8.recipe {settings.recipe} needs a GPU of {' or '.join(allowed)}; "
+                              f"{self.hardware.gpu} is {arch}", field="fp8.recipe", value=settings.recipe,
+                              fix="mxfp8 on Blackwell (B200, GB200); tensorwise, delayed or blockwise on Hopper")
 
     def model_config_resolved(self) -> ModelConfig:
         return self.model.resolve()

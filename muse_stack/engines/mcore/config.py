@@ -57,6 +57,17 @@ def virtual_stages(recipe: Recipe) -> int | None:
                       rule="layout.vpp unset or 1", fix="set layout.vpp=1 (plain 1F1B over the same stages)")
 
 
+def fp8_kwargs(recipe: Recipe) -> dict[str, Any]:
+    """megatron-core's FP8 settings for ``precision: fp8`` (none otherwise): the stated format and
+    scaling recipe; the first and last layers stay bf16 as everything outside the decoder does."""
+    if recipe.precision != "fp8":
+        return {}
+    settings = recipe.fp8
+    # the grouped expert GEMMs take FP8 inputs in multiples of 16 (32 for MXFP8) tokens per expert:
+    # megatron-core pads the routing map with empty slots, which computes nothing
+    return {"fp8": settings.format, "fp8_recipe": settings.recipe, "moe_router_padding_for_fp8": True}
+
+
 def transformer_config_kwargs(recipe: Recipe, model: ModelConfig) -> dict[str, Any]:
     """Keyword arguments of megatron-core's TransformerConfig (dtypes as strings)."""
     lay = recipe.layout
@@ -129,9 +140,11 @@ def transformer_config_kwargs(recipe: Recipe, model: ModelConfig) -> dict[str, A
         recompute_modules=rc.modules if granularity == "selective" and rc.modules else None,
         calculate_per_token_loss=True,
         init_method_std=model.initializer_range,
-        bf16=recipe.precision == "bf16",
+        # fp8: bf16 weights and everything between the GEMMs, TE's FP8 GEMMs in the decoder layers
+        bf16=recipe.precision in ("bf16", "fp8"),
         fp16=False,
-        params_dtype="bfloat16" if recipe.precision == "bf16" else "float32",
+        params_dtype="bfloat16" if recipe.precision in ("bf16", "fp8") else "float32",
+        **fp8_kwargs(recipe),
         pipeline_dtype="float32",  # the residual stream crosses stages in fp32
         bias_activation_fusion=True,
         apply_rope_fusion=True,
@@ -170,7 +183,7 @@ def optimizer_config_kwargs(recipe: Recipe) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(
         optimizer="adam", lr=opt.lr, min_lr=opt.min_lr if opt.min_lr is not None else opt.lr,
         weight_decay=opt.weight_decay, adam_beta1=opt.beta1, adam_beta2=opt.beta2, adam_eps=opt.eps,
-        clip_grad=opt.clip_grad, bf16=recipe.precision == "bf16", use_distributed_optimizer=dist_opt,
+        clip_grad=opt.clip_grad, bf16=recipe.precision in ("bf16", "fp8"), use_distributed_optimizer=dist_opt,
         # TE's FusedAdam updates the master weights and writes the bf16 weights in one kernel (no
         # separate fp32 -> bf16 copy pass); with remainders the master is the bf16 weight + int16
         use_precision_aware_optimizer=bool(opt.precision_aware),

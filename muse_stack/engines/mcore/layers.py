@@ -29,6 +29,8 @@ recipe's ``fusions.compile_elementwise`` fuses the elementwise chains with
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -316,10 +318,12 @@ class MuseSparkBlock(MegatronModule):
         self.pre_process, self.post_process = pre_process, post_process
         count = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
         self.layer_offset = get_transformer_layer_offset(config, vp_stage, pp_rank)
-        self.layers = torch.nn.ModuleList(
-            build_module(layer_spec, config=config, layer_number=self.layer_offset + i + 1, muse=muse,
-                         pg_collection=pg_collection)
-            for i in range(count))
+        layers = []
+        for i in range(count):
+            with _quantization(config, self.layer_offset + i, is_init=True):
+                layers.append(build_module(layer_spec, config=config, layer_number=self.layer_offset + i + 1,
+                                           muse=muse, pg_collection=pg_collection))
+        self.layers = torch.nn.ModuleList(layers)
         self.final_layernorm = StoredGainNorm(config.hidden_size, muse.rms_norm_eps, config.sequence_parallel) \
             if post_process else None
         self.input_tensor: torch.Tensor | None = None
@@ -328,9 +332,12 @@ class MuseSparkBlock(MegatronModule):
         self.input_tensor = tensor
 
     def _run(self, start: int, end: int, packed_seq_params=None):
+        per_layer = self.config.fp8 and self.config.fp8_recipe != "delayed"
+
         def fn(stream: torch.Tensor, rotary: torch.Tensor | None) -> torch.Tensor:
             for layer in self.layers[start:end]:
-                stream = layer(stream, rotary, packed_seq_params)
+                with _quantization(self.config, layer.layer_number - 1) if per_layer else nullcontext():
+                    stream = layer(stream, rotary, packed_seq_params)
             return stream
 
         return fn
@@ -359,6 +366,16 @@ class MuseSparkBlock(MegatronModule):
             stream = self.input_tensor
         cfg = self.config
         n = len(self.layers)
+        # FP8 as megatron-core's TransformerBlock applies it: delayed scaling around the whole pass
+        # (one amax history update per step), the other recipes per layer (inside _run)
+        with _quantization(cfg) if cfg.fp8 and cfg.fp8_recipe == "delayed" else nullcontext():
+            stream = self._layers(stream, rotary_pos_emb, packed_seq_params, n)
+        if self.final_layernorm is not None:
+            return self.final_layernorm(stream)
+        return stream
+
+    def _layers(self, stream, rotary_pos_emb, packed_seq_params, n: int):
+        cfg = self.config
         if cfg.recompute_granularity == "full" and self.training:
             k = cfg.recompute_num_layers or 1
             if cfg.recompute_method == "block":
@@ -372,9 +389,16 @@ class MuseSparkBlock(MegatronModule):
                                                         stream, rotary_pos_emb)
         else:
             stream = self._run(0, n, packed_seq_params)(stream, rotary_pos_emb)
-        if self.final_layernorm is not None:
-            return self.final_layernorm(stream)
         return stream
+
+
+def _quantization(config, layer: int = -1, *, is_init: bool = False):
+    """megatron-core's FP8 context for global layer ``layer`` (none without FP8)."""
+    if not config.fp8:
+        return nullcontext()
+    from megatron.core.fp8_utils import get_fp8_context
+
+    return get_fp8_context(config, layer, is_init=is_init)
 
 
 __all__ = ["MuseSparkAttention", "MuseSparkBlock", "MuseSparkExperts", "MuseSparkLayer", "MuseSparkMoE",
