@@ -6,7 +6,7 @@
 #   all of benchmarks/: fingerprint parity proxy1 slice slice1 slice2 slicee slicee2 overhead proxy2 proxy2c
 #                       parity2 tp2 parity3 pp2 cp2 etp2 packed packedcp recompute resume resumectl ckptsave
 #                       export peftparity peftslice strict det profile peftrun detprobe levers levers2 bridge
-#                       levers3 resume1 slice8 levers4 profile2 (INTO=remeasure/eager-restored/ ... proxy1 packed)
+#                       levers3 resume1 resumedrop slice8 levers4 profile2 (INTO=remeasure/eager-restored/ ... proxy1 packed)
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
 set -uo pipefail
@@ -29,6 +29,9 @@ SMALL="model.overrides.num_local_experts=8 model.overrides.num_experts_per_tok=2
 # lora-64's adapters (its peft block) on the slice, at lora-64's micro-batching (MBS 1, alltoall)
 LORA64="batch.mbs=1 layout.dispatcher=alltoall optimizer.precision_aware=null optimizer.param_remainders=null peft.scheme=lora peft.rank=32 peft.alpha=32 peft.dropout=0.0 peft.per_expert=true
   peft.targets=[self_attn.q_proj,self_attn.k_proj,self_attn.v_proj,self_attn.o_proj,mlp.experts.gate_up_proj,mlp.experts.down_proj,mlp.pre_expert_proj,mlp.post_expert_proj]"
+# dense adapters whose input dropout draws a mask every micro-batch (resumedrop)
+DROP="peft.scheme=lora peft.rank=8 peft.alpha=16 peft.dropout=0.1 peft.per_expert=false
+  peft.targets=[self_attn.q_proj,self_attn.v_proj,self_attn.o_proj]"
 # megatron-core's precision-aware optimizer with the master weights as bf16 weight + int16 remainder
 PA="optimizer.precision_aware=true optimizer.param_remainders=true"
 T=${STEP_TIMEOUT:-900}  # seconds any one command may take (a hung collective must not eat the call)
@@ -153,6 +156,15 @@ for what in "${@:-smoke}"; do
   resume1) # dist-checkpoint round trip on one GPU under the precision-aware optimizer (the checkpoint holds the
     # int16 remainders): interrupted at step 3 and resumed == uninterrupted (proxy-1gpu, 8 experts, 6 steps)
     round_trip resume1 one $MS -- proxy-1gpu $SMALL $PA ;;
+  resumedrop) # an adapter run with dropout (peft.dropout=0.1) under deterministic kernels, interrupted at step 3
+    # and resumed, against the uninterrupted run: every step's loss and gradient norm bitwise equal (the checkpoint's
+    # CUDA and megatron-core tracker RNG states and data position; tests/test_resume_gpu.py runs the same)
+    round_trip resumedrop one $MS -- proxy-1gpu $SMALL $DROP numerics.deterministic=true training.checkpoint_interval=null
+    python3 -c 'import json, sys
+r = lambda d: [(j["step"], j["loss"], j["grad_norm"]) for j in map(json.loads, open(d + "/metrics.jsonl"))]
+a, b = r(sys.argv[1]), r(sys.argv[2]); print(json.dumps({"bitwise": a == b, "steps": len(a), "full": a, "resumed": b}))
+sys.exit(a != b)' runs/resumedrop-full runs/resumedrop-part | tee "$OUT/resumedrop-bitwise.json"
+    one python3 -m pytest -q -m gpu tests/test_resume_gpu.py ;;
   bridge) # the peer: Megatron-Bridge's own pretrain loop on the slice's shapes and settings (benchmarks/bridge_slice.py);
     # its wheelhouse (benchmarks/bridge/stage.sh download: ~46 MB) carried in a call of its own and copied to
     # /tmp, then BRIDGE_WHEELS=/tmp/bridge

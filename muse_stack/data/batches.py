@@ -23,8 +23,6 @@ A batch is a dict of torch tensors:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from itertools import count
 from typing import Any
 
 import numpy as np
@@ -74,23 +72,72 @@ def steps_per_epoch(num_rows: int, micro_batch_size: int, world_size: int = 1) -
     return num_rows // (micro_batch_size * world_size)
 
 
+class BatchStream:
+    """The micro-batches of one rank, in the order the module doc describes, that can say where it
+    stands (:meth:`position`) and start there again (:meth:`seek`) without producing the batches
+    before it. ``epochs=None`` repeats without end."""
+
+    def __init__(self, rows: Rows, micro_batch_size: int, seed: int | None = 0, rank: int = 0, world_size: int = 1,
+                 epochs: int | None = 1, pad_id: int = 0) -> None:
+        if micro_batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+            raise RecipeError("bad batch split", field="batch.mbs", value=(micro_batch_size, rank, world_size),
+                              fix="give micro_batch_size >= 1 and 0 <= rank < world_size")
+        self.rows, self.mbs, self.seed, self.rank, self.world_size = rows, micro_batch_size, seed, rank, world_size
+        self.epochs, self.pad_id = epochs, pad_id
+        self.per_step = micro_batch_size * world_size
+        self.steps = steps_per_epoch(rows.num_rows, micro_batch_size, world_size)
+        if self.steps == 0:
+            raise RecipeError(f"{rows.num_rows} rows cannot fill one step of {self.per_step} rows", field="batch.mbs",
+                              value=micro_batch_size, fix="build more rows (data.rows, more conversations) or lower "
+                              "the micro-batch size / data-parallel size")
+        self.epoch, self.step = 0, 0  #: the next micro-step to produce: its epoch, and its index in that epoch
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def __iter__(self) -> "BatchStream":
+        return self
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if self._order is None or self._order[0] != epoch:
+            order = (np.arange(self.rows.num_rows) if self.seed is None
+                     else np.random.RandomState([self.seed & 0xFFFFFFFF, epoch]).permutation(self.rows.num_rows))
+            self._order = (epoch, order)
+        return self._order[1]
+
+    def __next__(self) -> dict[str, Any]:
+        if self.step >= self.steps:
+            self.epoch, self.step = self.epoch + 1, 0
+        if self.epochs is not None and self.epoch >= self.epochs:
+            raise StopIteration
+        lo = self.step * self.per_step + self.rank * self.mbs
+        self.step += 1
+        return collate(self.rows, self._epoch_order(self.epoch)[lo:lo + self.mbs])
+
+    def position(self) -> dict[str, Any]:
+        """Where the data stands, independent of the rank: the epoch, and the rows of that epoch's
+        order that every rank together has consumed; with what order it is a position in."""
+        epoch, step = (self.epoch + 1, 0) if self.step >= self.steps else (self.epoch, self.step)
+        return {"epoch": epoch, "row": step * self.per_step, "seed": self.seed, "rows": self.rows.num_rows}
+
+    def seek(self, position: dict[str, Any]) -> None:
+        """Continue from a :meth:`position` (saved by this or another data-parallel size with the same
+        global batch: a position after a whole step is a multiple of every rank's share)."""
+        from muse_stack.errors import InputError
+
+        fix = "resume with the data the run trained on (its rows and data_seed), or start a new run"
+        if position.get("rows") != self.rows.num_rows or position.get("seed") != self.seed:
+            raise InputError(f"the checkpoint's data position is in an order of {position.get('rows')} rows with seed "
+                             f"{position.get('seed')}, not of these {self.rows.num_rows} rows with seed {self.seed}",
+                             field="training.data_seed", value=self.seed, fix=fix)
+        epoch, row = position.get("epoch"), position.get("row")
+        if not (isinstance(epoch, int) and isinstance(row, int) and epoch >= 0 and row >= 0
+                and row % self.per_step == 0):
+            raise InputError(f"the checkpoint's data position (epoch {epoch!r}, row {row!r}) is not a step boundary "
+                             f"of {self.per_step} rows", field="--resume", value=position, fix=fix)
+        self.epoch, self.step = epoch, row // self.per_step
+
+
 def iterate(rows: Rows, micro_batch_size: int, seed: int | None = 0, rank: int = 0, world_size: int = 1,
-            epochs: int | None = 1, pad_id: int = 0) -> Iterator[dict[str, Any]]:
+            epochs: int | None = 1, pad_id: int = 0) -> BatchStream:
     """Micro-batches for ``rank`` of ``world_size``; ``epochs=None`` repeats without end."""
-    if micro_batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
-        raise RecipeError("bad batch split", field="batch.mbs", value=(micro_batch_size, rank, world_size),
-                          fix="give micro_batch_size >= 1 and 0 <= rank < world_size")
-    per_step = micro_batch_size * world_size
-    steps = steps_per_epoch(rows.num_rows, micro_batch_size, world_size)
-    if steps == 0:
-        raise RecipeError(f"{rows.num_rows} rows cannot fill one step of {per_step} rows", field="batch.mbs",
-                          value=micro_batch_size, fix="build more rows (data.rows, more conversations) or lower the "
-                          "micro-batch size / data-parallel size")
-    for epoch in (count() if epochs is None else range(epochs)):
-        if seed is None:
-            order = np.arange(rows.num_rows)
-        else:
-            order = np.random.RandomState([seed & 0xFFFFFFFF, epoch]).permutation(rows.num_rows)
-        for s in range(steps):
-            lo = s * per_step + rank * micro_batch_size
-            yield collate(rows, order[lo:lo + micro_batch_size])
+    return BatchStream(rows, micro_batch_size, seed=seed, rank=rank, world_size=world_size, epochs=epochs,
+                       pad_id=pad_id)

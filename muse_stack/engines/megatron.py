@@ -124,9 +124,10 @@ class MegatronEngine:
             if self.peft.scheme == "dora" and not any(k.endswith("lora_magnitude") for k in source):
                 mpeft.init_magnitudes(model)
             from muse_stack.engines.mcore.peft_checkpoint import base_identity
+            from muse_stack.hf_config import full_config
 
             self.base = base_identity(pretrained_checkpoint=ctx.pretrained_checkpoint, revision=recipe.model.revision,
-                                      hf_id=recipe.model.hf_id, hf_config=ctx.model.to_hf_config(), init_seed=seed,
+                                      hf_id=recipe.model.hf_id, hf_config=full_config(ctx.model), init_seed=seed,
                                       layout={"tp": lay.tp, "pp": lay.pp, "ep": lay.ep or 1, "etp": lay.etp})
         from muse_stack.engines.mcore.config import optimizer_config_kwargs
         from muse_stack.engines.support import require_stated
@@ -167,6 +168,8 @@ class MegatronEngine:
         #: packed rows run as THD (one token stream per micro-batch, per-sequence attention)
         self.thd = bool(batch.packed) or recipe.data.builder == "packed"
         self._seq_lens: list[int] | None = None
+        #: the random state a resumed run continues with, set just before its first step
+        self._pending_rng: dict[str, Any] | None = None
 
     # -- data -----------------------------------------------------------------------------
     def _prepare(self, mb: dict[str, Any]) -> dict[str, Any]:
@@ -218,6 +221,9 @@ class MegatronEngine:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         recipe = self.ctx.recipe
+        if self._pending_rng is not None:  # a resumed run: the generators as they stood after the saved step
+            self._restore_rng(self._pending_rng)
+            self._pending_rng = None
         lr = lr_at(step, recipe.optimizer, self.ctx.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -432,6 +438,7 @@ class MegatronEngine:
 
             atomic.write_json(Path(directory) / ADAPTER_BASE, {"format": FORMAT, "peft": self.peft.as_dict(),
                                                                "base": self.base, "tensors": len(state["model"])})
+        self._save_rank_state(directory)
         if not self.ctx.recipe.training.async_checkpoint:
             dist_checkpointing.save(state, str(directory))
             return
@@ -476,11 +483,57 @@ class MegatronEngine:
             except Exception as exc:  # megatron-core's checkpoint errors have no common base class
                 raise corrupt_checkpoint(Path(directory), "dist-checkpoint", exc) from exc
         from muse_stack.engines.base import checkpoint_step
+        from muse_stack.engines.state import load_rank_state
 
         step = checkpoint_step(Path(directory), self.ctx.total_steps)
-        for _ in range(step * self.micro_batches):
-            next(self._batches)
+        saved = load_rank_state(directory, self.ctx.rank)
+        if saved is not None:
+            self._pending_rng = saved["rng"]
+        elif (Path(directory) / "rng").is_dir():  # more ranks than were saved (continued on more GPUs)
+            import logging
+
+            logging.getLogger("muse_stack.run").warning(
+                "rank %d has no saved random state in %s; it keeps its seeded one", self.ctx.rank, directory)
+        position = (saved or load_rank_state(directory, 0) or {}).get("data")
+        if position is not None:
+            self._batches.seek(position)
+        else:  # written before checkpoints held the data position: skip what the finished steps consumed
+            for _ in range(step * self.micro_batches):
+                next(self._batches)
         return step
+
+    # -- random state ----------------------------------------------------------------------
+    def _save_rank_state(self, directory: Path) -> None:
+        """This rank's generators (Python, NumPy, torch CPU and this rank's CUDA device, and
+        megatron-core's tensor-parallel RNG tracker, whose forks draw the dropout masks of TP
+        regions) and the data position, in ``rng/rank-NNNNN.pt`` beside the shards."""
+        from megatron.core import tensor_parallel
+
+        from muse_stack.engines.state import capture_rng, save_rank_state
+
+        # a ByteTensor per stream; a CUDA-graph-safe tracker holds torch.Generator objects: their states
+        tracker = {name: st if torch.is_tensor(st) else st.get_state()
+                   for name, st in tensor_parallel.random.get_cuda_rng_tracker().get_states().items()}
+        save_rank_state(directory, self.ctx.rank, {
+            "rng": capture_rng(self.device, extra={"mcore_tracker": tracker}),
+            "data": self._batches.position()})
+
+    def _restore_rng(self, state: dict[str, Any]) -> None:
+        from megatron.core import tensor_parallel
+
+        from muse_stack.engines.state import restore_rng
+
+        restore_rng(state, self.device)
+        saved = state.get("mcore_tracker")
+        if saved:
+            tracker = tensor_parallel.random.get_cuda_rng_tracker()
+            current = tracker.get_states()
+            for name, st in saved.items():
+                if isinstance(current.get(name), torch.Generator):
+                    current[name].set_state(st)
+                else:
+                    current[name] = st
+            tracker.set_states(current)
 
 
 def supervised_mask(mb: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -119,10 +119,17 @@ class ReferenceEngine:
         self._batches = ctx.data.batches(batch.mbs, seed=recipe.training.data_seed, rank=ctx.rank,
                                          world_size=ctx.world_size, epochs=None)
         self._seq_lens: list[int] | None = None
+        #: the random state a resumed run continues with, set just before its first step
+        self._pending_rng: dict[str, Any] | None = None
 
     # -- one optimizer step ---------------------------------------------------------------
     def train_step(self, step: int) -> StepStats:
         recipe, ctx = self.ctx.recipe, self.ctx
+        if self._pending_rng is not None:  # a resumed run: the generators as they stood after the saved step
+            from muse_stack.engines.state import restore_rng
+
+            restore_rng(self._pending_rng, self.device)
+            self._pending_rng = None
         lr = lr_at(step, recipe.optimizer, ctx.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -185,9 +192,13 @@ class ReferenceEngine:
     # -- checkpoints ----------------------------------------------------------------------
     def save(self, directory: Path, step: int) -> None:
         """Model weights as an HF-style checkpoint (with adapters: only the adapter tensors and the
-        base's identity) plus optimizer and trainer state (rank 0)."""
+        base's identity) plus, in ``optimizer.pt``, the optimizer state, every rank's random state
+        (:func:`muse_stack.engines.state.capture_rng`) and the data position (rank 0 writes)."""
+        from muse_stack.engines.state import capture_rng
         from muse_stack.model import save_checkpoint
+        from muse_stack.run import dist as run_dist
 
+        rng = run_dist.gather(capture_rng(self.device))  # a collective: every rank, before rank 0 writes
         if self.ctx.rank != 0:
             return
         if self.peft is not None:  # the adapters and the base's identity; the frozen base is not copied
@@ -197,7 +208,7 @@ class ReferenceEngine:
         else:
             save_checkpoint(self.model, directory)
         atomic.write_bytes(directory / "optimizer.pt", _torch_bytes(
-            {"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()}))
+            {"optimizer": self.optimizer.state_dict(), "rng": rng, "data": self._batches.position()}))
 
     def checkpoint_bytes(self) -> int:
         """The saved weights (the adapters alone on a frozen base) and, for each trainable one,
@@ -223,14 +234,31 @@ class ReferenceEngine:
         else:
             load_weights_into(self.model, directory)
         try:  # weights_only: a checkpoint is data, never code to unpickle
-            state = torch.load(directory / "optimizer.pt", map_location=self.device, weights_only=True)
+            state = torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=True)
             self.optimizer.load_state_dict(state["optimizer"])
-            torch.set_rng_state(state["rng"])
+            rng, position = state["rng"], state.get("data")
         except (OSError, EOFError, RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             raise corrupt_checkpoint(directory, "optimizer state (optimizer.pt)", exc) from exc
         except Exception as exc:  # pickle.UnpicklingError and the zip reader's own errors
             raise corrupt_checkpoint(directory, "optimizer state (optimizer.pt)", exc) from exc
-        # the data order is deterministic: skip the micro-batches the finished steps consumed
-        for _ in range(step * self.micro_batches):
-            next(self._batches)
+        from muse_stack.engines.state import is_full_state
+
+        if torch.is_tensor(rng):  # written before checkpoints held every generator: torch's CPU one
+            torch.set_rng_state(rng)
+        elif isinstance(rng, list) and rng and all(is_full_state(r) for r in rng):
+            if self.ctx.rank < len(rng):
+                self._pending_rng = rng[self.ctx.rank]
+            else:  # more ranks than were saved (a run continued on more processes): seeded as at the start
+                import logging
+
+                logging.getLogger("muse_stack.run").warning(
+                    "rank %d has no saved random state (the checkpoint has %d ranks); it keeps its seeded one",
+                    self.ctx.rank, len(rng))
+        else:
+            raise corrupt_checkpoint(directory, "random state (optimizer.pt)", TypeError(type(rng).__name__))
+        if position is not None:
+            self._batches.seek(position)
+        else:  # written before checkpoints held the data position: skip what the finished steps consumed
+            for _ in range(step * self.micro_batches):
+                next(self._batches)
         return step

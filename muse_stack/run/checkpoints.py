@@ -13,7 +13,10 @@ checkpoint on the reference engine, a dist-checkpoint on the megatron engine), a
 trainer's files, renames the folder to ``step-N`` and only then replaces ``latest``; old
 folders are pruned after that. A process killed at any moment therefore leaves ``latest``
 naming a complete folder (or no ``latest`` at all), and resume trusts only what it names:
-``*.partial`` folders and folders newer than ``latest`` are discarded.
+``*.partial`` folders and folders newer than ``latest`` are discarded, and so are the hidden
+staging entries a killed writer leaves beside them (``.step-N.partial.*``: a staged copy of the
+weights; ``.latest.*``: a staged pointer), at resume and before each save. No reader takes a
+hidden entry for a checkpoint: only ``step-N`` folders are step folders.
 
 An engine whose ``save`` only starts writing (megatron-core's asynchronous dist-checkpoint
 save) exposes ``finalize_save(blocking) -> bool``; the folder is completed and ``latest``
@@ -22,6 +25,7 @@ moved when that reports the write done, at a step boundary or before the next sa
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -44,6 +48,9 @@ TRAINER_STATE = "trainer_state.json"
 RECIPE = "recipe.yaml"
 METRICS = "metrics.jsonl"
 _STEP = re.compile(r"^step-(\d+)$")
+#: what a writer killed mid-save leaves in checkpoints/: the staging folder (and the folder it
+#: replaces) of an atomic checkpoint write into step-N.partial, and a staged file of ``latest``
+_STAGING = re.compile(r"^\.(step-\d+(\.partial)?\.|latest\.)")
 
 
 #: free space asked beyond the engine's estimate: the dist-checkpoint's metadata and the
@@ -137,6 +144,43 @@ def step_folders(run_dir: Path) -> list[Checkpoint]:
     return sorted(found, key=lambda c: c.step)
 
 
+def disk_full(exc: BaseException) -> bool:
+    """Whether a failed write failed because its file system is full or over quota (an OSError
+    with ENOSPC / EDQUOT, or a writer library's error that wraps one), anywhere in its causes."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(cur)
+        if f"os error {errno.ENOSPC})" in text or os.strerror(errno.ENOSPC) in text:
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def out_of_space(run_dir: Path, exc: BaseException, last_step: int | None) -> CheckpointError:
+    """The error for a run whose file system filled up while it wrote (a checkpoint, metrics,
+    results): what failed, the free space left, and that the latest checkpoint is intact."""
+    root = Path(run_dir) / ROOT
+    target = root
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    try:
+        room = f"; {_size(shutil.disk_usage(target).free)} free on {target}"
+    except OSError:
+        room = ""
+    cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+    where = f" ({exc.filename})" if isinstance(exc, OSError) and exc.filename else ""
+    before = f"step {last_step}" if last_step is not None else "none yet"
+    return CheckpointError(f"the run's file system is full: a write into the run directory failed ({cause}{where}"
+                           f"{room}); the latest complete checkpoint is intact ({before})",
+                           field="checkpoints", value=str(root),
+                           fix="free space (or fix the file system), then continue with "
+                               f"`muse-stack run --resume {run_dir}`")
+
+
 class CheckpointManager:
     """Owns the step folders, the interval, keep-last-N and the async wait points.
 
@@ -212,9 +256,11 @@ class CheckpointManager:
 
     # -- resume ---------------------------------------------------------------------------
     def discard_untrusted(self) -> None:
-        """Remove what ``latest`` does not vouch for: partial folders and newer step folders."""
+        """Remove what ``latest`` does not vouch for: partial folders, newer step folders and the
+        staging entries of a writer that was killed."""
         if not self.rank0 or not self.root.is_dir():
             return
+        self.discard_staging()
         for entry in self.root.iterdir():
             m = _STEP.match(entry.name)
             stale = entry.name.endswith(".partial") or (m is not None and (self.last_step is None
@@ -222,6 +268,20 @@ class CheckpointManager:
             if stale and entry.is_dir():
                 log.warning("discarding %s: not named by checkpoints/latest", entry)
                 shutil.rmtree(entry)
+
+    def discard_staging(self) -> None:
+        """Remove the hidden staging entries a killed save left (see the module doc); rank 0,
+        while no save is in flight."""
+        if not self.rank0 or not self.root.is_dir():
+            return
+        for entry in self.root.iterdir():
+            if not _STAGING.match(entry.name):
+                continue
+            log.warning("discarding %s: left by a save that did not finish", entry)
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
     def load(self) -> int:
         """Load the latest checkpoint into the engine; 0 when there is none."""
@@ -244,6 +304,7 @@ class CheckpointManager:
         tmp = self.root / f"{folder_name(step)}.partial"
         try:
             if self.rank0:
+                self.discard_staging()
                 if tmp.exists():
                     shutil.rmtree(tmp)
                 tmp.mkdir(parents=True)

@@ -32,7 +32,7 @@ from muse_stack.errors import InputError, MuseStackError
 from muse_stack.recipes.catalogue import recipe_sha256, recipe_yaml
 from muse_stack.recipes.schema import Recipe
 from muse_stack.run import dist, faults, rundir
-from muse_stack.run.checkpoints import CheckpointManager
+from muse_stack.run.checkpoints import CheckpointManager, disk_full, out_of_space
 from muse_stack.run.checkpoints import latest as checkpoints_latest
 from muse_stack.run.signals import StopFlag, StopRequested
 from muse_stack.run.sinks import MetricSink, sinks_for
@@ -96,6 +96,7 @@ class Trainer:
     def run(self) -> RunOutcome:
         handler = self._setup_logging()
         results: dict[str, Any] = {}
+        failed = False  # an error is on its way out: a failure to write the results must not replace it
         try:
             self.setup()
             self.train()
@@ -103,15 +104,31 @@ class Trainer:
             self.status = "interrupted"
             log.warning("%s before the first step; nothing to save", exc)
         except MuseStackError as exc:
-            self.error = exc.render()
+            failed, self.error = True, exc.render()
             raise
+        except OSError as exc:
+            failed = True
+            if not disk_full(exc):
+                self.error = f"{type(exc).__name__}: {exc}"
+                raise
+            full = out_of_space(self.path, exc, self.checkpoints.last_step if self.checkpoints else None)
+            self.error = full.render()
+            raise full from exc
         except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised
-            self.error = f"{type(exc).__name__}: {exc}"
+            failed, self.error = True, f"{type(exc).__name__}: {exc}"
             raise
         finally:
             try:
                 self._gc_restore()
                 results = self.finish()
+            except Exception as late:
+                if not failed:
+                    if disk_full(late):
+                        raise out_of_space(self.path, late, self.checkpoints.last_step if self.checkpoints
+                                           else None) from late
+                    raise
+                log.error("the run's results could not be written after its error (%s: %s)",
+                          type(late).__name__, late)
             finally:
                 if handler is not None:
                     logging.getLogger("muse_stack").removeHandler(handler)
@@ -138,8 +155,9 @@ class Trainer:
         self.total = total_steps(recipe, data)
         log.info("recipe %s: %d steps, data %s (%d rows, rows_sha256 %s)", recipe.name, self.total, data.path,
                  data.num_rows, data.rows_sha256)
-        # the weights to start from; a resumed run with a checkpoint takes them from the checkpoint
-        start = None if self.resuming and checkpoints_latest(self.path) is not None \
+        # the weights to start from; a resumed run with a checkpoint takes them from the checkpoint,
+        # but for the frozen base of an adapter run, which its checkpoints name and do not copy
+        start = None if self.resuming and checkpoints_latest(self.path) is not None and recipe.peft is None \
             else recipe.model.pretrained_checkpoint
         from muse_stack.run import numerics
 
