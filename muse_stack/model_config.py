@@ -2,7 +2,8 @@
 
 Defaults are the real 816B-A42B model. Proxies override only what differs. Field names
 are the keys of the checkpoint's ``config.json`` (under ``text_config`` when present), so
-``ModelConfig.from_hf_config`` reads a real checkpoint and ``to_hf_config`` writes one.
+``ModelConfig.from_hf_config`` reads a real checkpoint's and ``to_hf_text_config`` writes its
+``text_config`` (:mod:`muse_stack.hf_config` writes the whole config.json).
 """
 
 from __future__ import annotations
@@ -233,8 +234,6 @@ class ModelConfig(BaseModel):
 
             config = read_json(path, field="model.config_path", what="config.json",
                                fix="restore the checkpoint's config.json (a JSON object)")
-        from muse_stack.hf_config import text_values
-
         try:
             return cls(**text_values(config))
         except (ValueError, TypeError) as exc:
@@ -243,17 +242,7 @@ class ModelConfig(BaseModel):
 
     def to_hf_text_config(self) -> dict[str, Any]:
         """``text_config`` of transformers' layout (``model_type: muse_spark_text``)."""
-        from muse_stack.hf_config import text_config
-
         return text_config(self)
-
-    def to_hf_config(self) -> dict[str, Any]:
-        """A config.json in transformers' ``muse_spark`` layout (``MuseSparkConfig``): the text
-        keys under ``text_config``, and the perception towers' configs (the smallest consistent
-        ones for a text-only model: :mod:`muse_stack.hf_config`)."""
-        from muse_stack.hf_config import full_config
-
-        return full_config(self)
 
     def with_overrides(self, **overrides: Any) -> "ModelConfig":
         return type(self)(**{**self.model_dump(exclude_unset=False), **overrides})
@@ -261,3 +250,97 @@ class ModelConfig(BaseModel):
 
 #: The real model (816B-A42B).
 MUSE_SPARK_OPEN = ModelConfig()
+
+
+# ---- transformers' text_config -------------------------------------------------------
+TOP_MODEL_TYPE = "muse_spark"
+TEXT_MODEL_TYPE = "muse_spark_text"
+
+#: every field of transformers' MuseSparkTextConfig (and its PreTrainedConfig base) -> how it is read
+TEXT_FIELDS: dict[str, str] = {
+    # same name, same meaning (muse_stack.model_config.ModelConfig)
+    **dict.fromkeys(
+        ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+         "num_key_value_heads", "head_dim", "max_position_embeddings", "initializer_range", "rms_norm_eps",
+         "pad_token_id", "eos_token_id", "bos_token_id", "tie_word_embeddings", "attention_bias",
+         "attention_dropout", "sliding_window", "layer_types", "final_logit_softcapping", "qk_scale_factor",
+         "output_multiplier", "post_norm_eps", "layer_rope_theta", "hidden_act", "moe_intermediate_size",
+         "num_local_experts", "num_experts_per_tok", "routed_scaling_factor", "moe_hidden_size",
+         "residual_gate_temperature"), "field"),
+    "rope_parameters": "rope_theta, with rope_type 'default' (no other RoPE scaling is implemented)",
+    "mlp_layer_types": "every entry 'sparse' (a dense layer is refused)",
+    # change nothing the model computes
+    **dict.fromkeys(
+        ("use_cache", "output_router_logits", "transformers_version", "architectures", "output_hidden_states",
+         "return_dict", "dtype", "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id",
+         "problem_type"), "runtime"),
+}
+#: muse-stack's own keys written into text_config (transformers keeps and ignores them)
+OWN_FIELDS = ("first_padding_token_id",)
+
+
+def _refuse(key: str, value: Any, why: str, fix: str) -> RecipeError:
+    return RecipeError(why, field=f"config.json text_config.{key}", value=value, fix=fix)
+
+
+def text_values(config: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig keyword arguments from a config.json (nested or flat)."""
+    text = config.get("text_config") if "text_config" in config else config
+    if not isinstance(text, dict):
+        raise RecipeError("config.json's text_config is not an object", field="config.json text_config",
+                          value=type(text).__name__, fix="restore the checkpoint's config.json")
+    kind = text.get("model_type")
+    if kind not in (None, TEXT_MODEL_TYPE, TOP_MODEL_TYPE):
+        raise _refuse("model_type", kind, "not a Muse Spark text config",
+                      fix=f"use a Muse Spark checkpoint (model_type {TEXT_MODEL_TYPE!r})")
+    ours = set(ModelConfig.model_fields)
+    values: dict[str, Any] = {}
+    for key, value in text.items():
+        treatment = TEXT_FIELDS.get(key)
+        if treatment == "field" or (treatment is None and key in ours):
+            values[key] = value
+    rope = text.get("rope_parameters") or text.get("rope_scaling")
+    if rope is not None:
+        if not isinstance(rope, dict):
+            raise _refuse("rope_parameters", rope, "rope_parameters is not an object",
+                          fix='give {"rope_type": "default", "rope_theta": ...}')
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise _refuse("rope_parameters.rope_type", rope_type,
+                          "only the default RoPE is implemented; this scaling would be read as plain RoPE",
+                          fix="use rope_type 'default'")
+        if "rope_theta" in rope and "rope_theta" not in values:
+            values["rope_theta"] = rope["rope_theta"]
+    kinds = text.get("mlp_layer_types")
+    if kinds is not None and any(k != "sparse" for k in kinds):
+        raise _refuse("mlp_layer_types", kinds, "every Muse Spark layer is MoE; a dense layer is not supported",
+                      fix="use a Muse Spark checkpoint (every entry 'sparse')")
+    if "sliding_window" in values and values["sliding_window"] is None:
+        raise _refuse("sliding_window", None, "a null sliding window (sliding layers attending everything) is "
+                      "not implemented", fix="give the window length, or make every layer full_attention")
+    if "max_position_embeddings" in values and values["max_position_embeddings"] is None:
+        del values["max_position_embeddings"]  # an earlier muse-stack export wrote null: the default limit
+    layers = values.get("num_hidden_layers", ModelConfig.model_fields["num_hidden_layers"].default)
+    if values.get("layer_types") is not None and list(values["layer_types"]) == default_layer_types(layers):
+        values["layer_types"] = None
+    theta = values.get("rope_theta", ModelConfig.model_fields["rope_theta"].default)
+    if values.get("layer_rope_theta") is not None and \
+            [float(t) for t in values["layer_rope_theta"]] == [float(t) for t in default_layer_rope_theta(layers, theta)]:
+        values["layer_rope_theta"] = None
+    return values
+
+
+def text_config(model: ModelConfig) -> dict[str, Any]:
+    """transformers' ``text_config`` for ``model``: every key explicit, layer patterns resolved."""
+    out: dict[str, Any] = {"model_type": TEXT_MODEL_TYPE}
+    for key, treatment in TEXT_FIELDS.items():
+        if treatment == "field":
+            out[key] = getattr(model, key)
+    out["layer_types"] = model.resolved_layer_types
+    out["layer_rope_theta"] = model.resolved_layer_rope_theta
+    out["mlp_layer_types"] = ["sparse"] * model.num_hidden_layers
+    out["rope_parameters"] = {"rope_type": "default", "rope_theta": model.rope_theta}
+    out["use_cache"] = True
+    for key in OWN_FIELDS:
+        out[key] = getattr(model, key)
+    return out

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from muse_stack.engines.mcore.load import CheckpointSlices, StateDictSlices, read_part, read_rank_weights
 from muse_stack.engines.mcore.weights import hf_to_mcore, mcore_to_hf, rank_names, shard
+from muse_stack.hf_config import full_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +81,7 @@ def test_the_reference_loader_reads_every_tensor_once_and_skips_towers(tmp_path)
     state = MuseSparkForCausalLM(cfg, seed=5).state_dict()
     tower = {"model.vision_tower.patch.weight": torch.zeros(64, 64)}
     save_file({**{k: v.contiguous() for k, v in state.items()}, **tower}, str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(__import__("json").dumps(cfg.to_hf_config()))
+    (tmp_path / "config.json").write_text(__import__("json").dumps(full_config(cfg)))
     model = MuseSparkForCausalLM(cfg, seed=9)
     report = load_weights_into(model, tmp_path)
     assert report.bytes_read == sum(t.numel() * t.element_size() for t in state.values())

@@ -17,6 +17,7 @@ from muse_stack.run import checkpoints
 from muse_stack.engines.mcore.weights import dist_key_to_hf
 from muse_stack.run.export import export_run
 from muse_stack.run.pipeline import run
+from muse_stack.hf_config import full_config
 
 IDS = torch.tensor([[1, 5, 9, 33, 2, 70, 11, 400, 3, 3, 17, 250]])
 
@@ -43,7 +44,7 @@ def test_export_a_reference_run_round_trips_bitwise(reference_run, tmp_path, cli
     assert exported.state_dict().keys() == own.state_dict().keys()
     with torch.no_grad():
         assert torch.equal(exported(IDS).logits, own(IDS).logits)
-    assert json.loads((out / "config.json").read_text()) == own.config.to_hf_config()
+    assert json.loads((out / "config.json").read_text()) == full_config(own.config)
 
 
 def test_export_refuses_an_existing_directory_and_a_run_without_checkpoint(reference_run, tmp_path, cli):
