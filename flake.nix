@@ -135,9 +135,10 @@
               "MUSE_STACK_LOCKS=/opt/muse-stack/containers/locks"
               "MUSE_STACK_IMAGE_INFO=/etc/muse-stack/image.json"
               "SSL_CERT_FILE=${pkgs.cacert}/etc/ssl/certs/ca-bundle.crt"
-              # the host driver: the entrypoint links it to /run/opengl-driver/lib, else this path
-              # then libstdc++ and zlib for the wheels' extension modules (installed unpatched)
-              "LD_LIBRARY_PATH=/run/opengl-driver/lib:/usr/local/nvidia/lib64:/usr/lib/x86_64-linux-gnu:/usr/lib/aarch64-linux-gnu:${s.runtimeLibraryPath}"
+              # the set's cuDNN and NCCL first; then the host driver: the entrypoint links it to
+              # /run/opengl-driver/lib, else these folders; then libstdc++ and zlib for the wheels'
+              # extension modules (installed unpatched)
+              "LD_LIBRARY_PATH=${lib.optionalString (s.setLibraryPath != "") "${s.setLibraryPath}:"}/run/opengl-driver/lib:/usr/local/nvidia/lib64:/usr/lib/x86_64-linux-gnu:/usr/lib/aarch64-linux-gnu:${s.runtimeLibraryPath}"
             ];
             Labels = {
               "org.opencontainers.image.title" = "muse-stack";

@@ -2,7 +2,7 @@
 #   make image gpu=gb200|b200|h200|cpu      build the image of a lock (docker buildx; ENGINE=podman)
 #   make image-test gpu=cpu                 build the cpu image with podman and run it (CI proof)
 #   make image-args gpu=...                 print the build arguments the lock yields
-#   make image-check                        validate every lock
+#   make image-check                        validate every lock, every pin resolved (--strict)
 #   make pins gpu=...                       (networked) read and pin the base digest and EFA checksum
 # Variables: PY (python with muse_stack), ENGINE (docker|podman), CA_BUNDLE (extra CA as build
 # secret `ca`), PUSH=1 (docker buildx --push), FIND_LINKS (local wheel dir, podman).
@@ -36,7 +36,7 @@ image-args:
 	@$(PY) -m muse_stack.cli stack build-args $(gpu)
 
 image-check:
-	@for l in $(IMAGE_LOCKS); do $(PY) -m muse_stack.cli stack check $$l || exit 1; done
+	@for l in $(IMAGE_LOCKS); do $(PY) -m muse_stack.cli stack check --strict $$l || exit 1; done
 
 # On a networked builder: read the lock's base index digest and EFA installer sha256 from their
 # sources, compare them with the lock, and write the ones it leaves null (muse-stack stack pins)

@@ -99,7 +99,13 @@ def test_image_for_carries_the_locks_identity_and_the_entrypoints_tools(nix, tar
     # the entrypoint's tools (bash, coreutils, grep, awk) and nothing it would need besides
     for tool in ("bash-interactive", "coreutils", "gnugrep", "gawk"):
         assert tool in got["contents"]
-    assert "containers/entrypoint.sh" in got["source"] or "entrypoint" in got["source"]
+    assert "muse-stack-entrypoint" in got["source"]
+    # the set's cuDNN and NCCL come before every system folder on the loader's path
+    ld = next(e for e in got["Env"] if e.startswith("LD_LIBRARY_PATH=")).removeprefix("LD_LIBRARY_PATH=").split(":")
+    if lk.lock.kind == "gpu":
+        assert ld[0].endswith("/nvidia/cudnn/lib") and ld[1].endswith("/nvidia/nccl/lib"), ld
+    system = [i for i, d in enumerate(ld) if d.startswith(("/usr/lib", "/usr/local/nvidia"))]
+    assert system and all(i >= (2 if lk.lock.kind == "gpu" else 0) for i in system)
 
 
 @pytest.mark.parametrize("target", ["b200", "h200"])

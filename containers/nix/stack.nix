@@ -157,5 +157,8 @@ let
 in
 {
   inherit python files findLinks wheels built env runtimeLibraryPath loaderLink;
+  # the set's cuDNN and NCCL (GPU locks): first on the image's LD_LIBRARY_PATH, ahead of any system
+  # folder a container runtime fills (/usr/lib/<triplet>), as in the Dockerfile's image
+  setLibraryPath = if gpu then lib.concatMapStringsSep ":" (m: "${env}/${python.sitePackages}/nvidia/${m}/lib") [ "cudnn" "nccl" ] else "";
   cudaHome = if gpu then cudaHome else null;
 }

@@ -39,6 +39,8 @@ def _show(loaded: LoadedLock) -> None:
     console.print(f"kind    {lock.kind}  platform {lock.platform}  ({ba.nix_system(lock.platform)})", highlight=False)
     digest = lock.base.digest.reason if isinstance(lock.base.digest, Null) else lock.base.digest
     console.print(f"base    {lock.base.image}:{lock.base.tag} ({lock.base.source})  digest: {digest}", highlight=False)
+    for src in lock.base.digest_sources:
+        console.print(f"        source: {src}", highlight=False, markup=False)
     cuda = f"none ({lock.cuda.reason})" if isinstance(lock.cuda, Null) else lock.cuda.version
     console.print(f"cuda    {cuda}", highlight=False)
     console.print(f"python  {lock.python.version} ({lock.python.source})", highlight=False)
@@ -51,7 +53,10 @@ def _show(loaded: LoadedLock) -> None:
             t.add_row(label, "-", f"[dim]{comp.reason}[/]", "")
             continue
         if key == "efa":
-            t.add_row(label, comp.installer_version, f"aws-ofi-nccl {comp.aws_ofi_nccl}, libfabric {comp.libfabric}", "")
+            sha = comp.installer_sha256.reason if isinstance(comp.installer_sha256, Null) else comp.installer_sha256
+            t.add_row(label, comp.installer_version,
+                      f"aws-ofi-nccl {comp.aws_ofi_nccl}, libfabric {comp.libfabric}; sha256 {sha} "
+                      f"({len(comp.installer_sha256_sources)} source(s))", "")
             continue
         detail = getattr(comp, "package", "") or getattr(comp, "source", "")
         if key == "transformer_engine":
