@@ -1,7 +1,8 @@
 """Environment variables that change numerics or performance, with secrets never recorded.
 
 Only allow-listed names are recorded. Any variable whose name looks like a secret (token,
-key, secret, password, credential, ...) is recorded by name only, in ``secrets_set``; and
+key, secret, password, credential, ...), or an allow-listed one whose value is shaped like a
+credential (:mod:`muse_stack.credentials`), is recorded by name only, in ``secrets_set``; and
 as a last guard every string in the finished document is scrubbed of the values of such
 variables and of credentials embedded in URLs.
 """
@@ -13,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from muse_stack.credentials import REDACTED, redact_text
+from muse_stack.credentials import REDACTED, redact_text, shape
 
 ALLOWED_PREFIXES = (
     "NCCL_",
@@ -83,7 +84,10 @@ def collect(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         if is_secret_name(name):
             secrets.append(name)
         elif is_allowed(name):
-            variables[name] = env[name]
+            if shape(env[name]):  # a value shaped like a credential, whatever the name: by name only
+                secrets.append(name)
+            else:
+                variables[name] = env[name]
     return {"variables": variables, "secrets_set": secrets}
 
 
