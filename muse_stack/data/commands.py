@@ -33,13 +33,21 @@ def build_cmd(
     out: Path | None = typer.Option(None, "--out", help="also copy rows.parquet and build.json here"),
     cache: Path | None = typer.Option(None, "--cache", help="cache directory (default $MUSE_STACK_CACHE/data "
                                       "or ~/.cache/muse-stack/data)"),
-    force: bool = typer.Option(False, "--force", help="rebuild even when the cache has the rows"),
+    force: bool = typer.Option(False, "--force", help="rebuild even when the cache has the rows, and replace "
+                               "the files --out already holds"),
     as_json: bool = typer.Option(False, "--json", help="print the build summary as JSON"),
 ) -> None:
     """Build (or find in the cache) the rows of a recipe and print their sha256 and statistics."""
     from muse_stack.data.build import build_for_recipe
+    from muse_stack.errors import InputError
     from muse_stack.recipes.catalogue import load_recipe
 
+    if out is not None and not force:  # before anything is built: the refusal leaves nothing behind
+        there = [f for f in ("rows.parquet", "build.json") if (out / f).exists()]
+        if there:
+            raise InputError(f"--out already holds {' and '.join(there)}; a build never overwrites them unasked",
+                             field="--out", value=str(out),
+                             fix="give another --out path, or pass --force to rebuild and replace them")
     recipe = load_recipe(name, overrides or [])
     built = build_for_recipe(recipe, cache_dir=cache, progress=not as_json, force=force)
     if out is not None:

@@ -5,6 +5,12 @@ recompute setting of a recipe, keeps the global batch, sequence length, data and
 the recipe states them, plans each candidate (rules, memory, expected used memory, step time)
 and ranks those whose rules pass and whose expected used memory fits the GPU by predicted
 tokens/s per GPU. The best is written as the override list `run` and `launch` take.
+
+Sizes are every value the layout rules can accept, not powers of two only: TP every divisor of
+the attention and KV head counts (within a node), PP every divisor of the GPUs up to the layer
+count, EP every divisor of the experts, ETP every divisor of TP, CP every divisor of the KV heads
+per TP rank (what the a2a exchange splits). What the search bounds rather than enumerates is
+listed by :func:`bounds` and printed with its result.
 """
 
 from __future__ import annotations
@@ -32,12 +38,28 @@ class Candidate(BaseModel):
     dominant_s: float
 
 
-def _pow2_upto(n: int) -> list[int]:
-    out, v = [], 1
-    while v <= n:
-        out.append(v)
-        v *= 2
-    return out
+def _divisors(n: int, upto: int | None = None) -> list[int]:
+    """The divisors of ``n`` (at most ``upto``), ascending."""
+    limit = n if upto is None else min(n, upto)
+    return [d for d in range(1, limit + 1) if n % d == 0]
+
+
+#: the micro-batch sizes and virtual pipeline sizes tried
+MBS = (1, 2)
+VPP = (1, 2)
+
+
+def bounds(recipe: Recipe) -> list[str]:
+    """What the search does not enumerate although the rules may accept it, one line each."""
+    per_node = recipe.hardware.per_node
+    return [f"TP above the {per_node} GPUs of a node (tensor parallelism stays within NVLink)",
+            f"micro-batch sizes above {max(MBS)}",
+            f"virtual pipeline sizes above {max(VPP)} (VPP {max(VPP)} only where the layers split evenly "
+            f"over 2 x PP)",
+            "uneven pipeline splits other than equal first and last stages within two layers of the middle ones",
+            "recompute settings other than none, full, and selective of one module group "
+            f"({', '.join(m[0] for g, m in RECOMPUTE if m)})",
+            "CP with a comm type other than a2a"]
 
 
 def stage_splits(num_layers: int, pp: int) -> list[tuple[int | None, int | None]]:
@@ -94,20 +116,22 @@ def candidates(recipe: Recipe, world: int) -> Iterator[Layout]:
     experts, heads = model.num_local_experts, model.num_key_value_heads
     gbs, seq = recipe.batch.gbs, recipe.batch.seq_length
     per_node = recipe.hardware.per_node
-    for tp in _pow2_upto(min(per_node, heads)):
-        for pp in _pow2_upto(model.num_hidden_layers):
-            for cp in (1, 2):
+    import math
+
+    for tp in _divisors(math.gcd(model.num_attention_heads, heads), per_node):
+        for pp in _divisors(world, model.num_hidden_layers):
+            for cp in _divisors(heads // tp) if heads % tp == 0 else [1]:
                 if world % (tp * pp * cp):
                     continue
                 dp = world // (tp * pp * cp)
-                for etp in _pow2_upto(tp):
-                    for ep in _pow2_upto(experts):
-                        if experts % ep or world % (ep * etp * pp):
+                for etp in _divisors(tp):
+                    for ep in _divisors(experts):
+                        if world % (ep * etp * pp):
                             continue
                         for first, last in stage_splits(model.num_hidden_layers, pp):
                             even = first is None and pp > 1 and model.num_hidden_layers % (2 * pp) == 0
-                            for vpp in ([1, 2] if even else [1]):
-                                for mbs in (1, 2):
+                            for vpp in (VPP if even else (1,)):
+                                for mbs in MBS:
                                     if gbs % (mbs * dp) or (cp > 1 and seq % (2 * cp)):
                                         continue
                                     for gran, modules in RECOMPUTE:

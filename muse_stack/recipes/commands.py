@@ -217,6 +217,7 @@ def register(app: typer.Typer) -> None:
                  gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (H200, B200, GB200, H100)"),
                  top: int = typer.Option(5, "--top", min=1, max=100, help="layouts to print"),
                  out: Optional[Path] = typer.Option(None, "--out", help="write the best layout's overrides here, one a line"),
+                 force: bool = typer.Option(False, "--force", help="replace the --out file if it exists"),
                  json_out: bool = typer.Option(False, "--json", help="print JSON"),
                  no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar")) -> None:
         """Search layouts that fit for the fastest predicted step; write the best as overrides."""
@@ -227,7 +228,7 @@ def register(app: typer.Typer) -> None:
         from muse_stack.errors import LayoutError
         from muse_stack.hardware import GPUS
         from muse_stack.plan.planner import make_plan as _plan
-        from muse_stack.plan.tune import search
+        from muse_stack.plan.tune import bounds, search
 
         extra = list(overrides or [])
         if gpu is not None:
@@ -241,6 +242,9 @@ def register(app: typer.Typer) -> None:
                       "hardware.price_per_gpu_hour=null", "hardware.nominal_memory_gb=null"]
         if out is not None and out.exists() and out.is_dir():
             raise InputError("--out names a directory", field="--out", value=str(out), fix="give a file path")
+        if out is not None and out.exists() and not force:
+            raise InputError("--out names a file that exists; tune never overwrites one unasked", field="--out",
+                             value=str(out), fix="pass --force to replace it, or give another path")
         recipe = load_recipe(name, extra)
         own = gpus is None and gpu is None
         if own:
@@ -259,13 +263,16 @@ def register(app: typer.Typer) -> None:
                 best, planned = search(recipe, gpus, progress=step, top=top)
         best = best[:top]
         if json_out:
-            typer.echo(json.dumps({"planned": planned, "best": [c.model_dump() for c in best]}, indent=2))
+            typer.echo(json.dumps({"planned": planned, "best": [c.model_dump() for c in best],
+                                   "not_searched": bounds(recipe)}, indent=2))
         if not best:
             if planned == 0:
                 console.print(f"[red]no layout to plan:[/] no TP x PP x CP of {gpus or recipe.hardware.count} GPUs leaves a "
                               f"data-parallel size that batch.gbs = {recipe.batch.gbs} splits over")
             else:
                 console.print(f"[red]no layout of the {planned:,} planned fits[/] (memory, or the rules)")
+            if not json_out:
+                console.print("not searched: " + "; ".join(bounds(recipe)), highlight=False)
             raise typer.Exit(1)
         if not json_out:
             t = Table(title=f"tune: {recipe.name}, {planned:,} layouts planned, best {len(best)} that fit",
@@ -277,6 +284,7 @@ def register(app: typer.Typer) -> None:
                 t.add_row(f"{c.tokens_per_s_per_gpu:,.1f}", f"{c.step_s:.2f}", f"{c.used_gib:.1f}",
                           f"{c.dominant} {c.dominant_s:.2f} s", short)
             console.print(t)
+            console.print("not searched: " + "; ".join(bounds(recipe)), highlight=False)
             mine, _ = _plan(recipe, strict=False)
             if own and mine.time is not None:
                 console.print(f"the recipe's own layout: {mine.time.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted; "

@@ -24,6 +24,9 @@ SCHEMA_VERSION = 1
 RECORD_FIELDS = ("schema_version", "model", "gpu", "author", "status", "stack", "workload", "layout", "result",
                  "correctness", "env", "patches", "run", "notes")
 _HF_MODEL_URL = re.compile(r"huggingface\.co/([^/\s]+/[^/\s?#]+)")
+#: the recipe fields a record has no place for, carried as overrides of the ``muse-stack run``
+#: command a record of a muse-stack run names in its ``run`` field
+CARRIED = ("engine", "task", "model.config_path", "model.overrides", "optimizer", "peft")
 _PEAK_MEMORY = re.compile(r"peaked at ([0-9.]+) GiB used per GPU of ([0-9.]+) GiB")
 
 
@@ -81,6 +84,40 @@ def run_flags(command: str | None) -> dict[str, Any]:
     return flags
 
 
+def muse_stack_overrides(command: str | None) -> list[str] | None:
+    """The ``key=value`` overrides of a record's run command when it is ``muse-stack run NAME ...``
+    (a record of a muse-stack run), else None."""
+    if not command:
+        return None
+    try:
+        tokens = shlex.split(command)
+    except ValueError:
+        return None
+    if tokens[:2] != ["muse-stack", "run"]:
+        return None
+    return [t for t in tokens[3:] if "=" in t and not t.startswith("-")]
+
+
+def run_command(recipe: Recipe) -> str:
+    """The ``muse-stack run`` command of a recipe, with the fields of :data:`CARRIED` as overrides,
+    every word quoted (:func:`muse_stack.launch.quoting.word`)."""
+    from muse_stack.launch.quoting import word
+
+    def text(value: Any) -> str:  # YAML, as an override's value is read (1e-08 would read as a string)
+        out = yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip()
+        return out[:-3].strip() if out.endswith("\n...") else out
+
+    doc = recipe.model_dump(mode="json", exclude_none=False)
+    words = ["muse-stack", "run", word(recipe.name)]
+    for path in CARRIED:
+        node: Any = doc
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None and node != {}:  # a section whole: it replaces what the record's fields filled
+            words.append(word(f"{path}={text(node)}"))
+    return " ".join(words)
+
+
 def _hf_model(result: dict[str, Any]) -> tuple[str | None, str | None]:
     params = (result or {}).get("active_params") or {}
     match = _HF_MODEL_URL.search(str(params.get("source") or ""))
@@ -127,6 +164,17 @@ def record_to_recipe(record: dict[str, Any], name: str, source: str, aliases: li
     recompute = layout.get("recompute") or {}
     steps = result.get("steps_per_run") or flags.get("num_rollout")
     window = result.get("window")
+    carried = muse_stack_overrides(record.get("run"))
+    optimizer_flags = ("optimizer", "lr", "min_lr", "lr_warmup_fraction", "lr_decay_style", "weight_decay",
+                       "adam_beta1", "adam_beta2")
+    if window and steps:
+        notes["training.measure_warmup_steps"] = f"the record's window starts at step {window[0]} of {steps}"
+    if layout.get("offload") is None:
+        says = "no offload" in str(layout.get("summary") or "")
+        notes["offload"] = "the record's layout.offload is null" + (" and its summary says no offload" if says else "")
+    if any(k in flags for k in optimizer_flags) or any(o.partition("=")[0].split(".")[0] == "optimizer"
+                                                       for o in carried or []):
+        notes["optimizer"] = "read from the record's run command"
     data = {
         "kind": "sft",
         "dataset": dataset.pop("source", None),
@@ -201,12 +249,13 @@ def record_to_recipe(record: dict[str, Any], name: str, source: str, aliases: li
                        "url": (record.get("author") or {}).get("url")},
         "notes": {
             **notes,
-            "offload": "the record's layout.offload is null and its summary says no offload",
-            "training.measure_warmup_steps": "the record's window starts at step 5 of 20",
-            "optimizer": "read from the record's run command",
             **({"layout.cp_comm_type": "CP 1: no context parallelism"} if layout.get("cp", 1) == 1 else {}),
         },
     }
+    if carried:  # a record of a muse-stack run: what its fields cannot say, from its own command
+        from muse_stack.recipes.overrides import apply_overrides
+
+        recipe = apply_overrides(recipe, carried)
     from muse_stack.recipes import fill
 
     return parse_recipe(fill.apply(recipe), source)  # resolved as the catalogue loads it: unstated values filled
@@ -284,7 +333,7 @@ def recipe_to_record(recipe: Recipe, results: dict[str, Any] | None = None,
         "correctness": recipe.correctness,
         "env": dict(recipe.env),
         "patches": [],
-        "run": recipe.run_command,
+        "run": recipe.run_command if recipe.run_command else run_command(recipe),
         "notes": recipe.provenance.summary,
     }
     return record
