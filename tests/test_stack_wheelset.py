@@ -178,3 +178,22 @@ def test_selfcheck_on_this_environment_reports_every_set_package():
     names = {row["what"] for row in report["wheel_set"][1:]}
     assert names == {p.name for p in wheelset.check(load("cpu")).packages.values()}
     assert report["components"][0]["what"] == "python"
+
+
+def test_gpu_sets_carry_wandb_and_a_source_built_te_gets_cmake():
+    """W&B runs inside the GPU images (logging.wandb), hash-locked like the rest; gb200's TE source
+    build runs CMake, from the set's cmake wheel; muse-stack's build backend is in every set."""
+    for t in ("b200", "h200", "gb200", "cpu"):
+        lk = load(t)
+        pkgs = wheelset.check(lk).packages
+        assert "setuptools" in pkgs, t
+        if lk.lock.kind != "gpu":
+            assert "wandb" not in pkgs
+            continue
+        assert "wandb" in pkgs, t
+        for key, p in pkgs.items():  # wandb and its dependencies too: every file hash-pinned
+            files = list(p.wheels) + ([p.sdist] if p.sdist else [])
+            assert files and all(len(f.sha256) == 64 for f in files), (t, key)
+        te = lk.lock.components.transformer_engine
+        assert ("cmake" in pkgs) == (te.build == "source"), t
+        assert ("cmake" in wheelset.requirements(lk)) == (te.build == "source")
