@@ -300,3 +300,26 @@ def test_a_written_sbatch_keeps_slurms_signal_directive(cli, tmp_path):
     rc, _, err = cli("launch", "tiny-cpu", "--slurm", "-o", out)
     assert rc == 0, err
     assert "#SBATCH --signal=B:TERM@120\n" in out.read_text()
+
+
+def test_a_credential_in_the_checkpoint_path_is_refused_and_never_written(cli, tmp_path):
+    out = tmp_path / "job.sbatch"
+    for path in ("https://user:hunter2pw@host.example.com/ckpt", "s3:/user:hunter2pw@bucket/ckpt"):
+        rc, stdout, err = cli("launch", "attune-b200", "--slurm", "--image", IMG, "--pretrained-checkpoint", path,
+                              "-o", out)
+        assert rc == 2 and "--pretrained-checkpoint" in err and "hunter2pw" not in stdout + err
+        assert "user:password" in err  # named as a credential, not as a path pyxis cannot mount
+        assert not out.exists()
+
+
+def test_the_docker_run_line_a_cpu_machine_suggests_carries_ngcs_flags(cli, monkeypatch):
+    import muse_stack.engines.megatron_available as megatron_available
+    import muse_stack.run.availability as availability
+
+    monkeypatch.setattr(megatron_available, "missing", lambda: "CUDA is not available on this machine")
+    monkeypatch.setattr(availability, "_cuda_devices", lambda: 0)
+    rc, _, err = cli("run", "proxy-1gpu")
+    assert rc == 2 and "--ipc=host --ulimit memlock=-1 --ulimit stack=67108864" in " ".join(err.split())
+    for doc in ("README.md", "docs/images.md"):
+        lines = [line for line in (ROOT / doc).read_text().splitlines() if line.startswith("docker run")]
+        assert lines and all("--ipc=host --ulimit memlock=-1 --ulimit stack=67108864" in line for line in lines), doc

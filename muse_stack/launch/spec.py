@@ -228,7 +228,9 @@ def _check_start(recipe: Recipe, pretrained: str | None, target: Target, kuberne
     if pretrained is None:
         return None
     from muse_stack.launch import quoting
+    from muse_stack.safeio import refuse_secrets
 
+    refuse_secrets(str(pretrained), field="--pretrained-checkpoint", error=UsageError, what="the path")
     quoting.check_path(pretrained, "--pretrained-checkpoint")
     if kubernetes:
         if not (pretrained.startswith(f"{CHECKPOINT_MOUNT}/") or pretrained.startswith(f"{DATA_MOUNT}/")) \

@@ -23,7 +23,8 @@ def check_runnable_here(recipe: Recipe, name: str) -> None:
              f"({hw.nodes} node{'s' if hw.nodes != 1 else ''} of {hw.per_node})")
     target = hw.gpu.lower()
     start = (f"`muse-stack launch {name} --slurm` (or `--k8s`) starts it on {hw.nodes} nodes" if hw.nodes > 1 else
-             f"`docker run --gpus all -v $PWD/runs:/workspace/runs muse-stack:{target} run {name}` starts it")
+             f"`docker run --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 "
+             f"-v $PWD/runs:/workspace/runs muse-stack:{target} run {name}` starts it")
     fix = (f"use a GPU image (`make image gpu={target}`): {start}; on this machine the CPU reference engine "
            "runs `muse-stack run tiny-cpu`")
     if recipe.engine == "megatron":
