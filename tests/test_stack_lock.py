@@ -329,15 +329,19 @@ def test_check_and_show_agree_on_deviations(capsys):
 def test_pins_reads_the_index_digest_from_the_registrys_raw_manifest(tmp_path, monkeypatch):
     from muse_stack.stack import pins
 
-    raw = b'{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[]}'
+    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+        {"digest": "sha256:" + "a" * 64, "platform": {"os": "linux", "architecture": "amd64"}},
+        {"digest": "sha256:" + "b" * 64, "platform": {"os": "linux", "architecture": "arm64"}}]}
+    raw = json.dumps(index).encode()
     (tmp_path / "raw").write_bytes(raw)
     skopeo = tmp_path / "skopeo"
     skopeo.write_text(f'#!/bin/sh\n[ "$1 $2 $3" = "inspect --raw docker://docker.io/nvidia/cuda:13.0.0-devel-ubuntu24.04" ] '
                       f'|| exit 3\ncat {tmp_path / "raw"}\n')
     skopeo.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")  # the stub first; sh, [ and cat for it
-    digest, how = pins.index_digest("docker.io/nvidia/cuda", "13.0.0-devel-ubuntu24.04")
+    digest, how, plats = pins.index_digest("docker.io/nvidia/cuda", "13.0.0-devel-ubuntu24.04")
     assert digest == "sha256:" + hashlib.sha256(raw).hexdigest() and how.startswith("skopeo inspect --raw")
+    assert plats == ("linux/amd64", "linux/arm64")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert pins.index_digest("docker.io/nvidia/cuda", "x")[0] is None
 
@@ -346,7 +350,8 @@ def test_pins_writes_null_pins_with_their_source_and_never_overwrites_a_differen
     from muse_stack.stack import pins
 
     path = unpinned_copy(tmp_path)
-    monkeypatch.setattr(pins, "index_digest", lambda image, tag: (CUDA_INDEX_DIGEST, f"skopeo inspect --raw docker://{image}:{tag} | sha256sum"))
+    monkeypatch.setattr(pins, "index_digest", lambda image, tag: (
+        CUDA_INDEX_DIGEST, f"skopeo inspect --raw docker://{image}:{tag} | sha256sum", ("linux/amd64", "linux/arm64")))
     monkeypatch.setattr(pins, "url_sha256", lambda url: (EFA_149_SHA256, f"curl -fsSL {url} | sha256sum"))
     got = pins.run(str(path), write=False)
     assert [(p.field, p.locked, p.ok) for p in got] == [("base.digest", None, False),
@@ -363,6 +368,12 @@ def test_pins_writes_null_pins_with_their_source_and_never_overwrites_a_differen
     with pytest.raises(LockError, match="the source says 0000"):
         pins.run(str(path), write=True)
     assert path.read_text() == before
+    # an index without the lock's platform is refused (gb200 pulls linux/arm64 from the same index)
+    monkeypatch.setattr(pins, "url_sha256", lambda url: (EFA_149_SHA256, "curl"))
+    monkeypatch.setattr(pins, "index_digest", lambda image, tag: (CUDA_INDEX_DIGEST, "skopeo", ("linux/amd64",)))
+    with pytest.raises(LockError, match="lists no linux/arm64 manifest"):
+        (tmp_path / "g").mkdir()
+        pins.run(str(unpinned_copy(tmp_path / "g", "gb200")), write=False)
 
 
 def test_check_counts_the_deviations_that_cover_a_differing_pin_once_each(capsys):

@@ -38,6 +38,8 @@ class Pin:
     locked: str | None
     found: str | None
     how: str
+    # for an index digest: the platforms its manifests are for, when the tool shows them
+    platforms: tuple[str, ...] | None = None
 
     @property
     def ok(self) -> bool:
@@ -52,31 +54,49 @@ def _run(cmd: list[str], timeout: int = 120) -> tuple[int, bytes, str]:
     return p.returncode, p.stdout, p.stderr.decode(errors="replace")
 
 
-def index_digest(image: str, tag: str) -> tuple[str | None, str]:
-    """The registry's digest of IMAGE:TAG (the index for a multi-platform tag), and how it was read."""
+def _platforms(index: object) -> tuple[str, ...] | None:
+    """os/architecture of each manifest an image index lists (None when it is not an index)."""
+    if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
+        return None
+    out = []
+    for m in index["manifests"]:
+        p = m.get("platform") or {}
+        if p.get("os") and p.get("architecture") and p.get("os") != "unknown":
+            out.append(f"{p['os']}/{p['architecture']}")
+    return tuple(out)
+
+
+def index_digest(image: str, tag: str) -> tuple[str | None, str, tuple[str, ...] | None]:
+    """The registry's digest of IMAGE:TAG (the index for a multi-platform tag), how it was read,
+    and the platforms the index lists (None where the tool does not show them)."""
     ref = f"{image}:{tag}"
     tried = []
     if shutil.which("skopeo"):
         rc, out, err = _run(["skopeo", "inspect", "--raw", f"docker://{ref}"])
         if rc == 0 and out:
-            return "sha256:" + hashlib.sha256(out).hexdigest(), f"skopeo inspect --raw docker://{ref} | sha256sum"
+            try:
+                plats = _platforms(json.loads(out))
+            except ValueError:
+                plats = None
+            return ("sha256:" + hashlib.sha256(out).hexdigest(), f"skopeo inspect --raw docker://{ref} | sha256sum",
+                    plats)
         tried.append(f"skopeo: {err.strip()[:200]}")
     if shutil.which("crane"):
         rc, out, err = _run(["crane", "digest", ref])
         text = out.decode().strip()
         if rc == 0 and re.fullmatch(r"sha256:[0-9a-f]{64}", text):
-            return text, f"crane digest {ref}"
+            return text, f"crane digest {ref}", None
         tried.append(f"crane: {err.strip()[:200]}")
     if shutil.which("docker"):
         rc, out, err = _run(["docker", "buildx", "imagetools", "inspect", ref, "--format", "{{json .Manifest}}"])
         if rc == 0:
             try:
-                digest = json.loads(out)["digest"]
-                return digest, f"docker buildx imagetools inspect {ref}"
+                manifest = json.loads(out)
+                return manifest["digest"], f"docker buildx imagetools inspect {ref}", _platforms(manifest)
             except (ValueError, KeyError, TypeError):
                 pass
         tried.append(f"docker buildx imagetools: {err.strip()[:200]}")
-    return None, "; ".join(tried) or "none of skopeo, crane or docker (buildx) is installed"
+    return None, "; ".join(tried) or "none of skopeo, crane or docker (buildx) is installed", None
 
 
 def url_sha256(url: str) -> tuple[str | None, str]:
@@ -96,8 +116,8 @@ def read(loaded: LoadedLock) -> list[Pin]:
     out: list[Pin] = []
     if lock.base.source == "registry":
         locked = None if isinstance(lock.base.digest, Null) else lock.base.digest
-        found, how = index_digest(lock.base.image, lock.base.tag)
-        out.append(Pin("base.digest", locked, found, how))
+        found, how, plats = index_digest(lock.base.image, lock.base.tag)
+        out.append(Pin("base.digest", locked, found, how, plats))
     efa = lock.components.efa
     if isinstance(efa, Efa):
         locked = None if isinstance(efa.installer_sha256, Null) else efa.installer_sha256
@@ -141,6 +161,9 @@ def run(target: str, *, write: bool) -> list[Pin]:
             problems.append(f"{p.field}: could not be read ({p.how})")
         elif p.locked is not None and p.locked != p.found:
             problems.append(f"{p.field}: the lock pins {p.locked}, the source says {p.found} now ({p.how})")
+        if p.platforms is not None and loaded.lock.platform not in p.platforms:
+            problems.append(f"{p.field}: the index lists no {loaded.lock.platform} manifest "
+                            f"(it lists {', '.join(p.platforms) or 'none'})")
     if problems:
         raise PinError(
             f"{loaded.path}: " + "; ".join(problems),
