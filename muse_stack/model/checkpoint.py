@@ -1,11 +1,15 @@
 """Hugging Face-style checkpoints of the Muse Spark text decoder.
 
-A checkpoint directory holds ``config.json`` (:meth:`ModelConfig.to_hf_config`) and either
+A checkpoint directory holds ``config.json`` (:func:`muse_stack.hf_config.full_config`) and either
 ``model.safetensors`` or shards ``model-0000i-of-0000n.safetensors`` with
 ``model.safetensors.index.json`` (``{"metadata": {"total_size": ...}, "weight_map": {name:
 file}}``), exactly as Hugging Face writes them. Tensor names are the model's parameter
 names, so the released checkpoint loads 1:1. Its perception towers (anything outside
-``model.language_model.`` and ``lm_head.``) are skipped and counted in the load report.
+``model.language_model.`` and ``lm_head.``) are skipped and counted in the load report, unless
+``load_checkpoint(..., towers=True)`` asks for them: then a checkpoint whose config.json has
+``vision_config`` and ``audio_config`` and which holds tower tensors loads as the whole model
+(:class:`MuseSparkForCausalLM` with ``towers``), every tensor checked. A model with towers saves
+them, with their configs in config.json (:func:`muse_stack.hf_config.full_config`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -27,6 +32,9 @@ from muse_stack.atomic import follow_umask, make_temp_dir, write_json
 from muse_stack.errors import InputError
 from muse_stack.model.decoder import MuseSparkForCausalLM
 from muse_stack.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from muse_stack.tower_config import TowersConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +55,18 @@ _NON_NUMERIC_FIELDS = {"bos_token_id", "eos_token_id", "pad_token_id", "max_posi
 class LoadReport:
     directory: str
     files: list[str]
-    loaded: int  #: text-decoder tensors loaded
+    loaded: int  #: tensors loaded (text decoder, plus the towers' when the model has them)
     ignored: int  #: tensors outside the text decoder (perception towers), skipped
     ignored_prefixes: list[str] = field(default_factory=list)
     bytes_read: int = 0  #: bytes of tensor data read (each loaded tensor once; skipped ones not at all)
+    towers: int = 0  #: of ``loaded``, the perception towers' and projector's tensors
 
     def summary(self) -> str:
-        text = f"loaded {self.loaded} text-decoder tensors from {len(self.files)} file(s) in {self.directory}"
+        if self.towers:
+            text = (f"loaded {self.loaded} tensors ({self.loaded - self.towers} text decoder, {self.towers} "
+                    f"perception towers and projector) from {len(self.files)} file(s) in {self.directory}")
+        else:
+            text = f"loaded {self.loaded} text-decoder tensors from {len(self.files)} file(s) in {self.directory}"
         if self.ignored:
             text += f"; ignored {self.ignored} non-text tensors ({', '.join(self.ignored_prefixes)})"
         return text
@@ -85,9 +98,19 @@ def _is_checkpoint_file(name: str) -> bool:
     return name in (CONFIG_NAME, SINGLE_FILE, INDEX_FILE) or (name.startswith("model-") and name.endswith(".safetensors"))
 
 
+def checkpoint_config(model: MuseSparkForCausalLM) -> dict:
+    """The config.json of ``model``: its text config with its own towers' configs when it has
+    towers, else with the smallest consistent ones (:func:`muse_stack.hf_config.full_config`)."""
+    from muse_stack.hf_config import full_config
+
+    towers = getattr(model, "towers_config", None)
+    return full_config(model.config, towers.to_hf() if towers is not None else None)
+
+
 def save_checkpoint(model: MuseSparkForCausalLM, directory: str | os.PathLike[str], *,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[Path]:
-    """Write ``config.json`` and the weights (sharded above ``max_shard_bytes``) to ``directory``.
+    """Write ``config.json`` and the weights (sharded above ``max_shard_bytes``) to ``directory``;
+    a model with towers writes theirs too, and their configs (:func:`checkpoint_config`).
 
     The files are written into a hidden sibling directory that replaces ``directory`` only when
     complete, so a reader sees the old checkpoint or the whole new one. Other files already in
@@ -116,7 +139,7 @@ def save_checkpoint(model: MuseSparkForCausalLM, directory: str | os.PathLike[st
             total = sum(t.numel() * t.element_size() for t in tensors.values())
             write_json(staging / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
             names.append(INDEX_FILE)
-        write_json(staging / CONFIG_NAME, model.config.to_hf_config())
+        write_json(staging / CONFIG_NAME, checkpoint_config(model))
         names.append(CONFIG_NAME)
         follow_umask(staging)  # safetensors writes its files 0600
         if target.exists():
@@ -182,11 +205,13 @@ def _keys_of(file: Path) -> list[str]:
 
 
 def _read_text_tensors(path: Path, expected: dict[str, torch.Size], device: torch.device | str,
-                       consume: Callable[[str, torch.Tensor], None] | None = None
+                       consume: Callable[[str, torch.Tensor], None] | None = None, *, towers: bool = False
                        ) -> tuple[dict[str, torch.Tensor], LoadReport]:
     """Check every text tensor's presence and shape from the headers (no data read), then read
     each once. With ``consume``, each tensor is handed over as it is read and not kept, so host
-    memory holds one tensor at a time; without, they are returned."""
+    memory holds one tensor at a time; without, they are returned. With ``towers`` the model
+    holds the perception towers too: every tensor of the checkpoint is the model's, none is
+    skipped."""
     files = _weight_files(path)
     where: dict[str, str] = {}
     ignored: set[str] = set()
@@ -198,7 +223,7 @@ def _read_text_tensors(path: Path, expected: dict[str, torch.Size], device: torc
             with safe_open(str(path / file), framework="pt") as handle:
                 available = set(handle.keys())
                 for name in names:
-                    if not is_text_tensor(name):
+                    if not towers and not is_text_tensor(name):
                         ignored_count += 1
                         ignored.add(".".join(name.split(".")[:2]))
                         continue
@@ -227,9 +252,11 @@ def _read_text_tensors(path: Path, expected: dict[str, torch.Size], device: torc
         raise InputError(f"{len(missing)} tensor(s) missing from the checkpoint, e.g. {missing[0]}",
                          field="checkpoint.tensor", value=missing[:5],
                          fix="copy every shard of the checkpoint; a text checkpoint needs every "
-                             "model.language_model.* tensor and lm_head.weight")
+                             "model.language_model.* tensor and lm_head.weight"
+                             + (", a model with towers every model.vision_tower/audio_tower/vision_adapter/"
+                                "vision_projection tensor too" if towers else ""))
     if unexpected:
-        raise InputError(f"{len(unexpected)} unexpected text tensor(s), e.g. {unexpected[0]}",
+        raise InputError(f"{len(unexpected)} unexpected {'' if towers else 'text '}tensor(s), e.g. {unexpected[0]}",
                          field="checkpoint.tensor", value=unexpected[:5],
                          fix="the checkpoint does not match config.json (more layers or other modules); "
                              "fix config.json or use the matching checkpoint")
@@ -252,7 +279,8 @@ def _read_text_tensors(path: Path, expected: dict[str, torch.Size], device: torc
         except Exception as exc:
             raise InputError(f"cannot read {file} ({exc})", field="checkpoint.shard", value=str(path / file),
                              fix="the file is corrupt or truncated; copy it again") from exc
-    report = LoadReport(str(path), sorted(files), len(where), ignored_count, sorted(ignored), bytes_read=nbytes)
+    report = LoadReport(str(path), sorted(files), len(where), ignored_count, sorted(ignored), bytes_read=nbytes,
+                        towers=sum(1 for name in where if not is_text_tensor(name)))
     log.info(report.summary())
     return found, report
 
@@ -271,14 +299,50 @@ def _check_same_config(model_config: ModelConfig, checkpoint_config: ModelConfig
             fix="build the model from the checkpoint (load_checkpoint) or load a checkpoint of this config")
 
 
+def _towers_of(path: Path) -> "TowersConfig | None":
+    """The towers' config in ``path``'s config.json, or None when it has no ``vision_config`` and
+    ``audio_config``."""
+    from muse_stack.hf_config import perception_of
+    from muse_stack.safeio import read_json
+    from muse_stack.tower_config import TowersConfig
+
+    raw = read_json(path / CONFIG_NAME, field="checkpoint.config", what="config.json",
+                    fix="restore the checkpoint's config.json (a JSON object)")
+    perception = perception_of(raw)
+    return TowersConfig.from_hf(perception) if perception is not None else None
+
+
+def _check_same_towers(towers: "TowersConfig", path: Path) -> None:
+    theirs = _towers_of(path)
+    if theirs is None:
+        raise InputError("the model has perception towers but the checkpoint's config.json has no vision_config "
+                         "and audio_config", field="checkpoint.config", value=str(path / CONFIG_NAME),
+                         fix="load a checkpoint saved with towers, or build the model without towers")
+    if theirs != towers:
+        ours, saved = towers.to_hf(), theirs.to_hf()
+        differing = [key for key in ours if ours[key] != saved[key]]
+        raise InputError(f"the checkpoint's towers differ from the model's in {differing}",
+                         field="checkpoint.config", value=str(path / CONFIG_NAME),
+                         fix="build the model from the checkpoint (load_checkpoint(..., towers=True)) or load a "
+                             "checkpoint of these towers")
+
+
+def _holds_towers(path: Path) -> bool:
+    return any(not is_text_tensor(name) for names in _weight_files(path).values() for name in names)
+
+
 def load_weights_into(model: MuseSparkForCausalLM, directory: str | os.PathLike[str]) -> LoadReport:
-    """Copy a checkpoint's text weights into ``model`` (keeping the model's dtypes and device).
+    """Copy a checkpoint's text weights into ``model`` (keeping the model's dtypes and device);
+    a model with towers takes the checkpoint's towers too, whose configs must equal its own.
 
     Every tensor the model expects must be present with its shape, and the checkpoint's
     config.json must describe the same computation; otherwise :class:`InputError`.
     """
     path = _checkpoint_dir(directory)
     _check_same_config(model.config, ModelConfig.from_hf_config(path / CONFIG_NAME), path)
+    towers = getattr(model, "towers_config", None)
+    if towers is not None:
+        _check_same_towers(towers, path)
     targets = model.state_dict(keep_vars=True)
 
     @torch.no_grad()
@@ -286,25 +350,33 @@ def load_weights_into(model: MuseSparkForCausalLM, directory: str | os.PathLike[
         targets[name].copy_(tensor)
 
     # each tensor goes straight into its parameter: host memory holds one at a time
-    _, report = _read_text_tensors(path, {k: v.shape for k, v in targets.items()}, "cpu", consume=copy)
+    _, report = _read_text_tensors(path, {k: v.shape for k, v in targets.items()}, "cpu", consume=copy,
+                                   towers=towers is not None)
     model.load_report = report
     return report
 
 
 def load_checkpoint(directory: str | os.PathLike[str], dtype: torch.dtype | None = None,
-                    device: torch.device | str = "cpu") -> MuseSparkForCausalLM:
+                    device: torch.device | str = "cpu", *, towers: bool = False) -> MuseSparkForCausalLM:
     """Build a model from ``config.json`` and load its weights.
 
     ``dtype`` None keeps the stored dtypes; otherwise every tensor is cast to ``dtype`` except
     the router weight and ``e_score_correction_bias``, which stay fp32. The returned model
     carries the :class:`LoadReport` as ``model.load_report``.
+
+    ``towers`` False builds the text decoder alone (tower tensors are skipped and counted as
+    ignored). ``towers`` True builds the perception towers too when config.json has
+    ``vision_config`` and ``audio_config`` and the checkpoint holds tower tensors; then every
+    tensor is loaded and checked (nothing missing, unexpected or mis-shaped). A checkpoint
+    without either loads as the text decoder alone, as the report says.
     """
     path = _checkpoint_dir(directory)
     config = ModelConfig.from_hf_config(path / CONFIG_NAME)
+    tower_config = _towers_of(path) if towers and _holds_towers(path) else None
     with torch.device("meta"):
-        model = MuseSparkForCausalLM(config, seed=None)
+        model = MuseSparkForCausalLM(config, seed=None, towers=tower_config)
     expected = {k: v.shape for k, v in model.state_dict().items()}
-    tensors, report = _read_text_tensors(path, expected, device)
+    tensors, report = _read_text_tensors(path, expected, device, towers=tower_config is not None)
     for name, tensor in tensors.items():
         if keeps_fp32(name):
             tensors[name] = tensor.float()

@@ -22,6 +22,8 @@ Module tree (parameter names are the Hugging Face checkpoint names)::
             post_feedforward_layernorm.weight      [H]   rms(x * (1 + w))
             post_feedforward_residual_gate.gate    [H]
           norm.weight             [H]   used as stored
+        vision_tower, audio_tower, vision_adapter, vision_projection, perception_emb_norm
+                                  only with ``towers`` (:mod:`muse_stack.model.perception`)
       lm_head.weight              [V, H]
 
 The architecture notes name the norm modules (``input_layernorm``, ``pre_expert_norm``,
@@ -30,6 +32,15 @@ Face RMSNorm. The residual gates are stored as ``<module>.gate`` as the notes gi
 
 The residual stream is fp32; matmuls run in the autocast dtype (e.g. bf16) when autocast is
 on, else in the weights' dtype.
+
+With ``towers`` (a :class:`~muse_stack.tower_config.TowersConfig`) the model is transformers' whole
+``MuseSparkForConditionalGeneration``: ``model`` also holds the perception towers and the
+projector under transformers' names, and ``forward`` takes the media (``pixel_values``,
+``pixel_values_videos``, ``input_values`` with their grids and mask). The text embeddings are
+those of the ids with every media placeholder replaced by 0, the media features replace the
+placeholders' rows (:func:`muse_stack.model.perception.scatter_media`), and the decoder runs on
+that stream with ordinary 1-D positions and the causal mask, as transformers does. Without
+``towers`` nothing of this exists and the text model is unchanged.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from muse_stack.errors import InputError
 from muse_stack.model.attention import MuseSparkAttention
 from muse_stack.model.init import init_weights
 from muse_stack.model.linear import Projection
@@ -55,6 +67,7 @@ from muse_stack.model.packing import (
 from muse_stack.model.residual import GatedResidual
 from muse_stack.model.rope import rope_cos_sin
 from muse_stack.model_config import ModelConfig
+from muse_stack.tower_config import TowersConfig
 
 
 class MuseSparkDecoderLayer(nn.Module):
@@ -125,10 +138,22 @@ class MuseSparkTextModel(nn.Module):
         return rms_norm(self.embed_tokens(input_ids), self.config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor | None = None,
-                segment_ids: torch.Tensor | None = None, cu_seqlens: CuSeqlens | None = None) -> torch.Tensor:
-        """Final normed hidden states [B, T, H] (fp32)."""
+                segment_ids: torch.Tensor | None = None, cu_seqlens: CuSeqlens | None = None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Final normed hidden states [B, T, H] (fp32).
+
+        ``inputs_embeds`` [B, T, H]: the residual stream to start from instead of
+        :meth:`embed` of ``input_ids`` (the text embeddings with media scattered in); ``input_ids``
+        still gives the batch and sequence shape of the layout."""
         layout = self.layout(input_ids, position_ids=position_ids, segment_ids=segment_ids, cu_seqlens=cu_seqlens)
-        stream = self.embed(input_ids)
+        if inputs_embeds is None:
+            stream = self.embed(input_ids)
+        else:
+            if tuple(inputs_embeds.shape) != (*input_ids.shape, self.config.hidden_size):
+                raise InputError("must be [batch, tokens, hidden_size] matching input_ids", field="inputs_embeds",
+                                 value=tuple(inputs_embeds.shape),
+                                 fix=f"pass {(*input_ids.shape, self.config.hidden_size)}")
+            stream = upcast(inputs_embeds)
         for layer in self.layers:
             mask = layout.full_mask if layer.self_attn.window is None else layout.sliding_mask
             stream = layer(stream, cos=layout.cos, sin=layout.sin, mask=mask)
@@ -136,12 +161,61 @@ class MuseSparkTextModel(nn.Module):
 
 
 class MuseSparkModel(nn.Module):
-    """``model``: holds the text decoder under ``language_model`` (perception towers of the
-    released checkpoint sit beside it there and are not part of this text model)."""
+    """``model``: holds the text decoder under ``language_model`` and, with ``towers``, the
+    perception towers and the projector beside it (transformers' names:
+    :data:`muse_stack.model.perception.PERCEPTION_MODULES`)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, towers: TowersConfig | None = None) -> None:
         super().__init__()
         self.language_model = MuseSparkTextModel(config)
+        self.towers_config = towers
+        if towers is not None:
+            from muse_stack.model.perception import add_perception_modules
+
+            add_perception_modules(self, towers, text_hidden_size=config.hidden_size,
+                                   text_rms_norm_eps=config.rms_norm_eps)
+
+    def embed_multimodal(self, input_ids: torch.Tensor, *, pixel_values: torch.Tensor | None = None,
+                         image_grid_thw: torch.Tensor | None = None,
+                         pixel_values_videos: torch.Tensor | None = None,
+                         video_grid_thw: torch.Tensor | None = None, input_values: torch.Tensor | None = None,
+                         input_values_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The residual stream [B, T, H] the decoder starts from: the normed embeddings of the ids
+        with every media placeholder replaced by 0, each medium's features in its placeholders.
+
+        Placeholders of a medium whose inputs are not given are refused (they would stay the
+        embedding of id 0), as is a medium given without its grid."""
+        from muse_stack.model.perception import (
+            audio_features,
+            image_features,
+            media_token_ids,
+            scatter_media,
+            text_input_ids,
+        )
+
+        towers = self.towers_config
+        if towers is None:
+            raise InputError("the model has no perception towers", field="towers", value=None,
+                             fix="build it with towers=TowersConfig(...) or load_checkpoint(..., towers=True)")
+        ids = media_token_ids(towers)
+        given = {"image": pixel_values, "video": pixel_values_videos, "audio": input_values}
+        needs = {"image": "pixel_values", "video": "pixel_values_videos", "audio": "input_values"}
+        for kind, values in given.items():
+            if values is None and bool((input_ids == ids[kind]).any()):
+                raise InputError(f"input_ids hold {kind} placeholders (id {ids[kind]}) but no {needs[kind]} was given",
+                                 field=needs[kind], value=None,
+                                 fix=f"pass the {kind} inputs the placeholders stand for, or render the text "
+                                     "without them")
+        for values, grid, names in ((pixel_values, image_grid_thw, ("pixel_values", "image_grid_thw")),
+                                    (pixel_values_videos, video_grid_thw, ("pixel_values_videos", "video_grid_thw"))):
+            if values is not None and grid is None:
+                raise InputError(f"is needed with {names[0]}", field=names[1], value=None,
+                                 fix="pass both outputs of the image or video processor")
+        stream = self.language_model.embed(text_input_ids(input_ids, towers))
+        image = image_features(self, pixel_values, image_grid_thw) if pixel_values is not None else None
+        video = image_features(self, pixel_values_videos, video_grid_thw) if pixel_values_videos is not None else None
+        audio = audio_features(self, input_values, input_values_mask) if input_values is not None else None
+        return scatter_media(input_ids, stream, towers, image=image, video=video, audio=audio)
 
 
 @dataclass
@@ -152,19 +226,31 @@ class CausalLMOutput:
 
 
 class MuseSparkForCausalLM(nn.Module):
-    """The Muse Spark text decoder with its LM head.
+    """The Muse Spark text decoder with its LM head; with ``towers``, also the perception towers
+    and the projector (transformers' whole ``MuseSparkForConditionalGeneration``).
 
     ``MuseSparkForCausalLM(config, seed=0)`` initialises deterministically (see
-    :func:`muse_stack.model.init.init_weights`); on the meta device nothing is initialised.
+    :func:`muse_stack.model.init.init_weights`; the towers by
+    :func:`muse_stack.model.perception.init_perception_weights` from the same seed, each tensor
+    from a generator seeded by its state-dict name); on the meta device nothing is initialised.
     """
 
-    def __init__(self, config: ModelConfig, *, seed: int | None = 0) -> None:
+    def __init__(self, config: ModelConfig, *, seed: int | None = 0, towers: TowersConfig | None = None) -> None:
         super().__init__()
         self.config = config
-        self.model = MuseSparkModel(config)
+        self.model = MuseSparkModel(config, towers)
         self.lm_head = Projection(config.hidden_size, config.vocab_size)
         if seed is not None:
             init_weights(self, seed, std=config.initializer_range)
+            if towers is not None:
+                from muse_stack.model.perception import init_perception_weights
+
+                init_perception_weights(self.model, seed, std=config.initializer_range, prefix="model.")
+
+    @property
+    def towers_config(self) -> TowersConfig | None:
+        """The perception towers' config, or None for the text decoder alone."""
+        return self.model.towers_config
 
     @property
     def language_model(self) -> MuseSparkTextModel:
@@ -178,6 +264,9 @@ class MuseSparkForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor | None = None,
                 segment_ids: torch.Tensor | None = None, cu_seqlens: CuSeqlens | None = None,
+                pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
+                pixel_values_videos: torch.Tensor | None = None, video_grid_thw: torch.Tensor | None = None,
+                input_values: torch.Tensor | None = None, input_values_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None) -> CausalLMOutput:
         """Logits for ``input_ids`` [B, T]; with ``labels`` also the loss.
 
@@ -185,9 +274,28 @@ class MuseSparkForCausalLM(nn.Module):
         (see :func:`muse_stack.model.loss.shift_labels`); ``loss_mask[b, t]`` marks supervised
         targets. Packed rows: pass ``cu_seqlens`` or ``segment_ids`` (and optionally
         ``position_ids``) -- see :mod:`muse_stack.model.packing`.
+
+        Media (a model with towers only), as transformers' processors make them:
+        ``pixel_values`` [patches, patch_dim] with ``image_grid_thw`` [images, 3],
+        ``pixel_values_videos`` with ``video_grid_thw``, ``input_values`` [clips, samples] with
+        ``input_values_mask``; their features replace the placeholder ids in ``input_ids``.
         """
-        hidden = self.language_model(input_ids, position_ids=position_ids, segment_ids=segment_ids,
-                                     cu_seqlens=cu_seqlens)
+        media = {"pixel_values": pixel_values, "image_grid_thw": image_grid_thw,
+                 "pixel_values_videos": pixel_values_videos, "video_grid_thw": video_grid_thw,
+                 "input_values": input_values, "input_values_mask": input_values_mask}
+        if self.towers_config is None:
+            passed = [name for name, value in media.items() if value is not None]
+            if passed:
+                raise InputError("media inputs given to a text-only model (it has no perception towers)",
+                                 field=passed[0], value="given",
+                                 fix="build the model with towers=TowersConfig(...) or load_checkpoint(..., "
+                                     "towers=True), or leave the media out")
+            hidden = self.language_model(input_ids, position_ids=position_ids, segment_ids=segment_ids,
+                                         cu_seqlens=cu_seqlens)
+        else:
+            hidden = self.language_model(input_ids, position_ids=position_ids, segment_ids=segment_ids,
+                                         cu_seqlens=cu_seqlens,
+                                         inputs_embeds=self.model.embed_multimodal(input_ids, **media))
         logits = self.logits_from_hidden(hidden)
         if labels is None:
             return CausalLMOutput(logits)

@@ -3,8 +3,10 @@
 transformers' ``MuseSparkForConditionalGeneration`` always builds both perception towers, so a
 checkpoint it loads with nothing missing carries them:
 
-* a run from a checkpoint that has towers (the released model) exports those towers unchanged,
-  with their configs (:func:`towers_from_checkpoint`);
+* a run whose model has towers (its step folder holds tower tensors) exports those, with their
+  configs (:func:`towers_from_checkpoint` on the step folder);
+* else a run from a checkpoint that has towers (the released model) exports those towers
+  unchanged, with their configs (:func:`towers_from_checkpoint`);
 * a text-only run from a seed gets the smallest consistent towers
   (:func:`muse_stack.hf_config.placeholder_perception`), initialised from the run's seed and
   untrained; the model card says so (:func:`placeholder_towers`).
@@ -76,7 +78,8 @@ def placeholder_towers(model: ModelConfig, seed: int) -> Towers:
 
 
 def towers_from_checkpoint(directory: str | Path) -> Towers | None:
-    """The towers of an HF checkpoint (config keys and tensors), or None when it has none."""
+    """The towers of an HF checkpoint or of a reference-engine step folder (config keys and
+    tensors), or None when it has none (no tower configs in config.json, or no tower tensors)."""
     from safetensors import safe_open
 
     from muse_stack.model.checkpoint import CONFIG_NAME, _weight_files, is_text_tensor

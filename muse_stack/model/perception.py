@@ -163,9 +163,9 @@ def init_perception_weights(host: nn.Module, seed: int = 0, std: float = 0.02, *
     from muse_stack.model.audio import RMSNorm
     from muse_stack.model.init import _generator
 
-    for prefix in PERCEPTION_MODULES:
-        root = getattr(host, prefix)
-        for name, module in root.named_modules(prefix=prefix):
+    for child in PERCEPTION_MODULES:
+        root = getattr(host, child)
+        for name, module in root.named_modules(prefix=child):
             params = [p for p in module.parameters(recurse=False) if not p.is_meta]
             if not params:
                 continue

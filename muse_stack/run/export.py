@@ -5,7 +5,8 @@ names, in safetensors shards of at most ``max_shard_bytes`` with ``model.safeten
 (or one ``model.safetensors``), exactly what :func:`muse_stack.model.load_checkpoint` and
 Hugging Face loaders read. Both engines' checkpoints export:
 
-* reference engine: the step folder already holds HF-named safetensors; they are re-sharded;
+* reference engine: the step folder already holds HF-named safetensors; they are re-sharded
+  (a model with perception towers saved them there too, and they are exported as they are);
 * megatron engine: a megatron-core dist-checkpoint (torch_dist) holds every tensor once under
   its global name, whatever TP/PP/EP/ETP/DP layout wrote it, so each tensor is read whole
   with ``torch.distributed.checkpoint`` and renamed through :mod:`muse_stack.engines.mcore.weights`.
@@ -369,7 +370,16 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
         specs, get = megatron_source(current.path)
     else:
         specs, get = reference_source(current.path)
-    towers, extras = _export_companions(run_dir, recipe, config, current.step, out)
+    own = None
+    if recipe.engine != "megatron":  # a reference model with towers saved them in its step folder
+        from muse_stack.model.hf_export import towers_from_checkpoint
+
+        own = towers_from_checkpoint(current.path)
+    if own is not None:
+        own.source = f"this run's step {current.step} checkpoint (trained with the run)"
+        names = set(own.names)
+        specs = [s for s in specs if s.name not in names]  # written as the towers, not as decoder tensors
+    towers, extras = _export_companions(run_dir, recipe, config, current.step, out, own=own)
     if not progress:
         write_hf(out, config, specs, get, max_shard_bytes=max_shard_bytes, towers=towers, extras=extras)
         return out, current.step, len(specs)
@@ -382,14 +392,16 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     return out, current.step, len(specs)
 
 
-def _export_companions(run_dir: Path, recipe, config: ModelConfig, step: int, out: Path):
-    """The towers an export carries (the pretrained checkpoint's, else placeholders from the run's
-    seed) and the writer of its other files: generation config, tokenizer and model card."""
+def _export_companions(run_dir: Path, recipe, config: ModelConfig, step: int, out: Path, *,
+                       own: "Towers | None" = None):
+    """The towers an export carries (the run's ``own``, read from its step folder; else the
+    pretrained checkpoint's; else placeholders from the run's seed) and the writer of its other
+    files: generation config, tokenizer and model card."""
     from muse_stack.model import hf_export
 
-    towers = None
+    towers = own
     pretrained = recipe.model.pretrained_checkpoint
-    if pretrained and Path(pretrained).is_dir():
+    if towers is None and pretrained and Path(pretrained).is_dir():
         towers = hf_export.towers_from_checkpoint(pretrained)
     if towers is None:
         towers = hf_export.placeholder_towers(config, seed=recipe.training.seed)
