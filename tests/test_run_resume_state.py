@@ -257,3 +257,63 @@ def test_a_full_disk_mid_run_is_the_checkpoint_error_naming_the_free_space(tmp_p
     assert "internal error" not in said
     assert "No space left on device" in said and " free on " in said
     assert f"muse-stack run --resume {tmp_path / 'r'}" in said
+
+
+# ---- the per-rank state files of the megatron engine (its helpers run on the CPU) ------------------
+def test_a_ranks_state_file_round_trips_and_a_damaged_one_is_a_clear_error(tmp_path):
+    from muse_stack.engines import state
+    from muse_stack.errors import InputError
+
+    random.seed(3)
+    np.random.seed(4)
+    torch.manual_seed(5)
+    saved = {"rng": state.capture_rng("cpu", extra={"mcore_tracker": {"model-parallel-rng": torch.get_rng_state()}}),
+             "data": {"epoch": 0, "row": 16, "seed": 1, "rows": 100}}
+    state.save_rank_state(tmp_path, 1, saved)
+    expected = _draws()
+    assert state.load_rank_state(tmp_path, 0) is None  # a rank the folder has no file for
+    back = state.load_rank_state(tmp_path, 1)
+    assert back["data"] == saved["data"] and torch.equal(back["rng"]["mcore_tracker"]["model-parallel-rng"],
+                                                         saved["rng"]["mcore_tracker"]["model-parallel-rng"])
+    state.restore_rng(back["rng"], "cpu")
+    assert _draws() == expected
+    state.rank_file(tmp_path, 2).write_bytes(b"not a torch file")
+    with pytest.raises(InputError, match=r"random state and data position \(rng/rank-00002\.pt\)") as err:
+        state.load_rank_state(tmp_path, 2)
+    assert err.value.field == "--resume"
+
+
+def test_a_checkpoint_written_before_still_resumes(tmp_path, one_thread_env):
+    """optimizer.pt of earlier checkpoints holds torch's CPU state alone and no data position: the
+    resume sets that state and skips the micro-batches the finished steps consumed, as before."""
+    engine = _engine(tmp_path, ["batch.gbs=4"])
+    for step in (1, 2):
+        engine.train_step(step)
+    _save(engine, tmp_path / "ckpt", 2)
+    state = torch.load(tmp_path / "ckpt" / "optimizer.pt", weights_only=True)
+    torch.save({"optimizer": state["optimizer"], "rng": state["rng"][0]["torch_cpu"]},
+               tmp_path / "ckpt" / "optimizer.pt")
+    expected = next(engine._batches)["input_ids"]
+    again = _engine(tmp_path, ["batch.gbs=4"])
+    assert again.load(tmp_path / "ckpt") == 2
+    assert torch.equal(next(again._batches)["input_ids"], expected)
+    assert torch.equal(torch.get_rng_state(), state["rng"][0]["torch_cpu"])
+
+
+def test_a_position_between_micro_steps_continues_at_the_next_one(tmp_path, caplog):
+    """After a change of the micro-batch (--allow-change) the saved rows may fall inside a new
+    micro-step: the stream starts at the next one and says which rows it leaves out."""
+    from muse_stack.data import build_for_recipe
+    from muse_stack.data.batches import BatchStream
+
+    rows = build_for_recipe(load_recipe_quick(), progress=False).rows()
+    stream = BatchStream(rows, 2, seed=5, epochs=None)
+    with caplog.at_level("WARNING", logger="muse_stack.run"):
+        stream.seek({"epoch": 0, "row": 3, "seed": 5, "rows": rows.num_rows})
+    assert stream.position()["row"] == 4 and "rows 3-3" in caplog.text
+
+
+def load_recipe_quick():
+    from muse_stack.recipes.catalogue import load_recipe
+
+    return load_recipe("tiny-cpu", QUICK)

@@ -19,6 +19,9 @@ A batch is a dict of torch tensors:
 * ``cu_seqlens`` / ``cu_seqlens_padded`` [S+1] int32: cumulative sequence lengths over the
   flattened batch (THD layout), without and with padding; ``cu_seqlens_padded[-1] == B*N``.
 * ``max_seqlen`` int: the longest padded sequence in the batch.
+* image-text rows only, when the batch holds an image: ``pixel_values`` [patches, 1176] float32
+  and ``image_grid_thw`` [images, 3] long, the images in the order of their placeholders in the
+  flattened ``input_ids`` (:func:`muse_stack.data.multimodal.media_batch`).
 """
 
 from __future__ import annotations
@@ -62,10 +65,18 @@ def collate(rows: Rows, index: np.ndarray) -> dict[str, Any]:
     loss[:, :-1] = mask[:, 1:] * (seg[:, 1:] == seg[:, :-1])
     labels = np.full(ids.shape, -100, dtype=np.int64)
     labels[:, :-1] = np.where(loss[:, :-1] > 0, ids[:, 1:], -100)
-    return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
-            "loss_mask": torch.from_numpy(loss), "position_ids": torch.from_numpy(pos),
-            "segment_ids": torch.from_numpy(seg), "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
-            "cu_seqlens_padded": torch.tensor(cu_pad, dtype=torch.int32), "max_seqlen": max_len}
+    out = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
+           "loss_mask": torch.from_numpy(loss), "position_ids": torch.from_numpy(pos),
+           "segment_ids": torch.from_numpy(seg), "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
+           "cu_seqlens_padded": torch.tensor(cu_pad, dtype=torch.int32), "max_seqlen": max_len}
+    if rows.images is not None:  # image-text rows: the batch's images in placeholder order
+        from muse_stack.data.multimodal import media_batch
+
+        images = [img for r in index for img in rows.images[int(r)]]
+        if images:
+            grids = np.concatenate([rows.image_grids[int(r)] for r in index]).reshape(-1, 3)
+            out.update(media_batch(images, grids, rows.image_spec))
+    return out
 
 
 def steps_per_epoch(num_rows: int, micro_batch_size: int, world_size: int = 1) -> int:
@@ -119,8 +130,10 @@ class BatchStream:
         return {"epoch": epoch, "row": step * self.per_step, "seed": self.seed, "rows": self.rows.num_rows}
 
     def seek(self, position: dict[str, Any]) -> None:
-        """Continue from a :meth:`position` (saved by this or another data-parallel size with the same
-        global batch: a position after a whole step is a multiple of every rank's share)."""
+        """Continue from a :meth:`position`, saved by this or another data-parallel size: with the
+        same global batch a position after a whole step is a multiple of every rank's share. One
+        that is not (a run continued with another global or micro-batch, ``--allow-change``)
+        continues at the next whole micro-step, the rows between left out of that epoch and logged."""
         from muse_stack.errors import InputError
 
         fix = "resume with the data the run trained on (its rows and data_seed), or start a new run"
@@ -129,11 +142,17 @@ class BatchStream:
                              f"{position.get('seed')}, not of these {self.rows.num_rows} rows with seed {self.seed}",
                              field="training.data_seed", value=self.seed, fix=fix)
         epoch, row = position.get("epoch"), position.get("row")
-        if not (isinstance(epoch, int) and isinstance(row, int) and epoch >= 0 and row >= 0
-                and row % self.per_step == 0):
-            raise InputError(f"the checkpoint's data position (epoch {epoch!r}, row {row!r}) is not a step boundary "
-                             f"of {self.per_step} rows", field="--resume", value=position, fix=fix)
-        self.epoch, self.step = epoch, row // self.per_step
+        if not (isinstance(epoch, int) and isinstance(row, int) and epoch >= 0 and row >= 0):
+            raise InputError(f"the checkpoint's data position (epoch {epoch!r}, row {row!r}) is not a position",
+                             field="--resume", value=position, fix=fix)
+        step = -(-row // self.per_step)
+        if step * self.per_step != row:
+            import logging
+
+            logging.getLogger("muse_stack.run").warning(
+                "the data position (row %d of epoch %d) is not a boundary of %d-row micro-steps: rows %d-%d of that "
+                "epoch's order are left out", row, epoch, self.per_step, row, step * self.per_step - 1)
+        self.epoch, self.step = epoch, step
 
 
 def iterate(rows: Rows, micro_batch_size: int, seed: int | None = 0, rank: int = 0, world_size: int = 1,
