@@ -102,9 +102,8 @@ def _extra(overrides: list[str] | None, steps: int | None, gpus: int | None) -> 
 
 def _new_recipe(name: str, overrides: list[str] | None, steps: int | None, gpus: int | None,
                 pretrained_checkpoint: str | None, env: "dist.DistEnv") -> Recipe:
-    """The recipe a new run trains, checked: plan, engine, process count, start checkpoint, loggers."""
-    from muse_stack.run.availability import check_inputs
-
+    """The recipe a new run trains, checked: plan, engine, process count, loggers (the checkpoint it
+    starts from is checked by the caller: a resume takes its weights from its own checkpoint)."""
     recipe = prepare(name, overrides or [], steps, gpus)
     recipe = _with_start(recipe, pretrained_checkpoint)
     if recipe.hardware.gpu == "cpu" and env.world_size != recipe.hardware.count and env.world_size > 1:
@@ -182,11 +181,10 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
                         "steps_completed": found.results.get("steps_completed")})
                 return RunOutcome(path=found.path, status="completed",
                                   results={**found.results, "note": "the run had completed; nothing was changed"})
-            if found.action != "resume":
-                check_inputs(wanted)  # the checkpoint it starts from (a resume takes its own)
             if found.action == "resume":
                 resume = found.path
             else:
+                check_inputs(wanted)  # the checkpoint it starts from is readable
                 resume, restart = None, found.action == "restart"
         if resume is not None:
             from muse_stack.run.resume import plan_resume
