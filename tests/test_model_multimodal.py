@@ -232,6 +232,8 @@ def test_text_only_behaviour_is_unchanged_and_media_need_towers():
         text_only(input_ids, **inputs)
     with pytest.raises(InputError, match="video placeholders.*pixel_values_videos"):
         whole(input_ids, **{k: v for k, v in inputs.items() if "video" not in k})
+    with pytest.raises(InputError, match="image_grid_thw"):
+        whole(input_ids, **{**inputs, "image_grid_thw": None})
 
 
 def test_tower_init_is_deterministic_per_name():

@@ -185,37 +185,16 @@ class MuseSparkModel(nn.Module):
 
         Placeholders of a medium whose inputs are not given are refused (they would stay the
         embedding of id 0), as is a medium given without its grid."""
-        from muse_stack.model.perception import (
-            audio_features,
-            image_features,
-            media_token_ids,
-            scatter_media,
-            text_input_ids,
-        )
+        from muse_stack.model.perception import embed_media, text_input_ids
 
         towers = self.towers_config
         if towers is None:
             raise InputError("the model has no perception towers", field="towers", value=None,
                              fix="build it with towers=TowersConfig(...) or load_checkpoint(..., towers=True)")
-        ids = media_token_ids(towers)
-        given = {"image": pixel_values, "video": pixel_values_videos, "audio": input_values}
-        needs = {"image": "pixel_values", "video": "pixel_values_videos", "audio": "input_values"}
-        for kind, values in given.items():
-            if values is None and bool((input_ids == ids[kind]).any()):
-                raise InputError(f"input_ids hold {kind} placeholders (id {ids[kind]}) but no {needs[kind]} was given",
-                                 field=needs[kind], value=None,
-                                 fix=f"pass the {kind} inputs the placeholders stand for, or render the text "
-                                     "without them")
-        for values, grid, names in ((pixel_values, image_grid_thw, ("pixel_values", "image_grid_thw")),
-                                    (pixel_values_videos, video_grid_thw, ("pixel_values_videos", "video_grid_thw"))):
-            if values is not None and grid is None:
-                raise InputError(f"is needed with {names[0]}", field=names[1], value=None,
-                                 fix="pass both outputs of the image or video processor")
         stream = self.language_model.embed(text_input_ids(input_ids, towers))
-        image = image_features(self, pixel_values, image_grid_thw) if pixel_values is not None else None
-        video = image_features(self, pixel_values_videos, video_grid_thw) if pixel_values_videos is not None else None
-        audio = audio_features(self, input_values, input_values_mask) if input_values is not None else None
-        return scatter_media(input_ids, stream, towers, image=image, video=video, audio=audio)
+        return embed_media(self, towers, input_ids, stream, pixel_values=pixel_values, image_grid_thw=image_grid_thw,
+                           pixel_values_videos=pixel_values_videos, video_grid_thw=video_grid_thw,
+                           input_values=input_values, input_values_mask=input_values_mask)
 
 
 @dataclass

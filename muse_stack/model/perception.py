@@ -199,18 +199,41 @@ class MuseSparkPerception(nn.Module):
     def audio_features(self, input_values: torch.Tensor, input_values_mask: torch.Tensor | None = None) -> torch.Tensor:
         return audio_features(self, input_values, input_values_mask)
 
-    def embed_media(self, input_ids: torch.Tensor, text_embeds: torch.Tensor, *,
-                    pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
-                    pixel_values_videos: torch.Tensor | None = None, video_grid_thw: torch.Tensor | None = None,
-                    input_values: torch.Tensor | None = None,
-                    input_values_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``text_embeds`` (the normed embeddings of :func:`text_input_ids`) with the media in place."""
-        for values, grid, names in ((pixel_values, image_grid_thw, ("pixel_values", "image_grid_thw")),
-                                    (pixel_values_videos, video_grid_thw, ("pixel_values_videos", "video_grid_thw"))):
-            if values is not None and grid is None:
-                raise InputError(f"is needed with {names[0]}", field=names[1], value=None,
-                                 fix="pass both outputs of the image or video processor")
-        image = self.image_features(pixel_values, image_grid_thw) if pixel_values is not None else None
-        video = self.image_features(pixel_values_videos, video_grid_thw) if pixel_values_videos is not None else None
-        audio = self.audio_features(input_values, input_values_mask) if input_values is not None else None
-        return scatter_media(input_ids, text_embeds, self.config, image=image, video=video, audio=audio)
+    def embed_media(self, input_ids: torch.Tensor, text_embeds: torch.Tensor, **media: torch.Tensor | None
+                    ) -> torch.Tensor:
+        """``text_embeds`` (the normed embeddings of :func:`text_input_ids`) with the media in place
+        (:func:`embed_media`)."""
+        return embed_media(self, self.config, input_ids, text_embeds, **media)
+
+
+#: what each medium's placeholders need, by transformers' argument names
+MEDIA_ARGUMENTS = {"image": ("pixel_values", "image_grid_thw"), "video": ("pixel_values_videos", "video_grid_thw"),
+                   "audio": ("input_values", "input_values_mask")}
+
+
+def embed_media(host: nn.Module, config: TowersConfig, input_ids: torch.Tensor, text_embeds: torch.Tensor, *,
+                pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
+                pixel_values_videos: torch.Tensor | None = None, video_grid_thw: torch.Tensor | None = None,
+                input_values: torch.Tensor | None = None,
+                input_values_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``text_embeds`` [B, T, H] (the normed embeddings of :func:`text_input_ids`) with each given
+    medium's features (computed by the modules on ``host``) in its placeholders, as transformers'
+    ``MuseSparkModel.forward`` places them. Refused: a medium without its grid, and placeholders of
+    a medium whose inputs are not given (transformers would leave them the embedding of id 0)."""
+    given = {"image": pixel_values, "video": pixel_values_videos, "audio": input_values}
+    for kind, values in given.items():
+        token_id = media_token_ids(config)[kind]
+        if values is None and bool((input_ids == token_id).any()):
+            name = MEDIA_ARGUMENTS[kind][0]
+            raise InputError(f"input_ids hold {kind} placeholders (id {token_id}) but no {name} was given",
+                             field=name, value=None,
+                             fix=f"pass the {kind} inputs the placeholders stand for, or render the text without them")
+    for values, grid, (name, grid_name) in ((pixel_values, image_grid_thw, MEDIA_ARGUMENTS["image"]),
+                                            (pixel_values_videos, video_grid_thw, MEDIA_ARGUMENTS["video"])):
+        if values is not None and grid is None:
+            raise InputError(f"is needed with {name}", field=grid_name, value=None,
+                             fix="pass both outputs of the image or video processor")
+    image = image_features(host, pixel_values, image_grid_thw) if pixel_values is not None else None
+    video = image_features(host, pixel_values_videos, video_grid_thw) if pixel_values_videos is not None else None
+    audio = audio_features(host, input_values, input_values_mask) if input_values is not None else None
+    return scatter_media(input_ids, text_embeds, config, image=image, video=video, audio=audio)
