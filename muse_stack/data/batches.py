@@ -19,6 +19,9 @@ A batch is a dict of torch tensors:
 * ``cu_seqlens`` / ``cu_seqlens_padded`` [S+1] int32: cumulative sequence lengths over the
   flattened batch (THD layout), without and with padding; ``cu_seqlens_padded[-1] == B*N``.
 * ``max_seqlen`` int: the longest padded sequence in the batch.
+* image-text rows only, when the batch holds an image: ``pixel_values`` [patches, 1176] float32
+  and ``image_grid_thw`` [images, 3] long, the images in the order of their placeholders in the
+  flattened ``input_ids`` (:func:`muse_stack.data.multimodal.media_batch`).
 """
 
 from __future__ import annotations
@@ -62,10 +65,18 @@ def collate(rows: Rows, index: np.ndarray) -> dict[str, Any]:
     loss[:, :-1] = mask[:, 1:] * (seg[:, 1:] == seg[:, :-1])
     labels = np.full(ids.shape, -100, dtype=np.int64)
     labels[:, :-1] = np.where(loss[:, :-1] > 0, ids[:, 1:], -100)
-    return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
-            "loss_mask": torch.from_numpy(loss), "position_ids": torch.from_numpy(pos),
-            "segment_ids": torch.from_numpy(seg), "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
-            "cu_seqlens_padded": torch.tensor(cu_pad, dtype=torch.int32), "max_seqlen": max_len}
+    out = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
+           "loss_mask": torch.from_numpy(loss), "position_ids": torch.from_numpy(pos),
+           "segment_ids": torch.from_numpy(seg), "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
+           "cu_seqlens_padded": torch.tensor(cu_pad, dtype=torch.int32), "max_seqlen": max_len}
+    if rows.images is not None:  # image-text rows: the batch's images in placeholder order
+        from muse_stack.data.multimodal import media_batch
+
+        images = [img for r in index for img in rows.images[int(r)]]
+        if images:
+            grids = np.concatenate([rows.image_grids[int(r)] for r in index]).reshape(-1, 3)
+            out.update(media_batch(images, grids, rows.image_spec))
+    return out
 
 
 def steps_per_epoch(num_rows: int, micro_batch_size: int, world_size: int = 1) -> int:

@@ -61,9 +61,13 @@ class Plan:
     label: str = "rows"
     #: why there is no tokenizer_dir, when the plan was made without one (``data show``)
     tokenizer_missing: str | None = None
+    #: image-text rows: the prompt, the image processor's settings and the model's image_token_id
+    image: dict[str, Any] | None = None
 
     def params(self) -> dict[str, Any]:
         out = {"builder": self.builder, "row_tokens": self.row_tokens, "seed": self.seed}
+        if self.image is not None:
+            out["image"] = dict(self.image)
         if self.builder == "fixed":
             out["limit"] = self.limit
         if self.builder == "packed":
@@ -118,10 +122,7 @@ def plan_for_recipe(recipe: Recipe, *, require_tokenizer: bool = True) -> Plan:
     d, b, t = recipe.data, recipe.batch, recipe.training
     seed = next((s for s in (d.seed, t.data_seed, t.seed) if s is not None), 0)
     label = d.build_name or recipe.name
-    if d.kind == "multimodal":
-        raise InputError("image-text rows need the model's image processor, which this builder does not run",
-                         field="data.kind", value=d.kind, fix="build image-text data with the training framework, "
-                         "or use a text recipe")
+    image = _image_plan(recipe) if d.kind == "multimodal" else None
     builder = "synthetic" if d.kind == "synthetic" else (d.builder or ("packed" if b.packed else "fixed"))
     if builder == "synthetic":
         if not b.seq_length:
@@ -161,7 +162,53 @@ def plan_for_recipe(recipe: Recipe, *, require_tokenizer: bool = True) -> Plan:
                           fix="set data.packed_size or batch.seq_length")
     return Plan(builder="packed", row_tokens=size, seed=seed, alignment=pack_alignment(recipe.layout, b),
                 overlong=overlong, messages_key=key, gbs=b.gbs, tokenizer_dir=tok_dir, label=label,
-                tokenizer_missing=missing)
+                tokenizer_missing=missing, image=image)
+
+
+def _image_plan(recipe: Recipe) -> dict[str, Any]:
+    """What image-text rows are built with: packed whole conversations, the ``muse_spark`` loss
+    mask, the prompt, the image processor's settings (the vision tower's patch, temporal patch and
+    merge sizes; transformers' 4096 merged tokens at most) and the model's image_token_id."""
+    from muse_stack.data.images import MAX_IMAGE_PIXELS, MAX_IMAGE_TOKENS
+    from muse_stack.data.multimodal import DEFAULT_PROMPT
+
+    d, b = recipe.data, recipe.batch
+    builder = d.builder or ("packed" if b.packed is not False else "fixed")
+    if builder != "packed":
+        raise RecipeError("image-text rows are packed whole: fixed rows cut the stream anywhere, also through an "
+                          "image's placeholders", field="data.builder", value=builder,
+                          fix="set data.builder: packed (or batch.packed: true)")
+    if d.details.get("overlong") == "truncate":
+        raise RecipeError("an image-text conversation is never cut: its image placeholders must all reach the model",
+                          field="data.details.overlong", value="truncate", fix="use drop (conversations longer "
+                          "than a pack are left out and counted)")
+    if (d.loss_mask or "muse_spark") != "muse_spark":
+        raise RecipeError("image-text rows supervise assistant text only", field="data.loss_mask", value=d.loss_mask,
+                          fix="use muse_spark")
+    det = d.details
+    prompt = det.get("prompt", DEFAULT_PROMPT)
+    limits = {"max_image_tokens": det.get("max_image_tokens", MAX_IMAGE_TOKENS),
+              "max_image_pixels": det.get("max_image_pixels", MAX_IMAGE_PIXELS)}
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise RecipeError("the user prompt beside each image must be text", field="data.details.prompt", value=prompt,
+                          fix='give a sentence, e.g. "Describe this image." (Megatron-Bridge\'s)')
+    for name, value in limits.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            default = MAX_IMAGE_TOKENS if name == "max_image_tokens" else MAX_IMAGE_PIXELS
+            raise RecipeError("must be a positive whole number", field=f"data.details.{name}", value=value,
+                              fix=f"leave it out (default {default})")
+    towers = recipe.towers_config_resolved()
+    v = towers.vision_config
+    return {"prompt": prompt, "patch_size": v.patch_size, "temporal_patch_size": v.patch_temporal,
+            "merge_size": v.merge_size, **limits, "image_token_id": towers.image_token_id}
+
+
+def image_spec_of(image: dict[str, Any]):
+    from muse_stack.data.images import ImageSpec
+
+    return ImageSpec(patch_size=image["patch_size"], temporal_patch_size=image["temporal_patch_size"],
+                     merge_size=image["merge_size"], max_image_tokens=image["max_image_tokens"],
+                     max_image_pixels=image["max_image_pixels"])
 
 
 def source_fingerprint(recipe: Recipe) -> dict[str, Any]:
@@ -174,7 +221,12 @@ def source_fingerprint(recipe: Recipe) -> dict[str, Any]:
                 raise InputError("a data file does not exist", field="data.files", value=text,
                                  fix="give existing parquet/jsonl files with the dataset's schema, or set data.dataset")
             files.append({"name": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
-        return {"files": files, "split": d.split}
+        out = {"files": files, "split": d.split}
+        if d.kind == "multimodal":  # the image files the rows name: their bytes, not only their paths
+            from muse_stack.data.multimodal import image_files_fingerprint
+
+            out["images"] = image_files_fingerprint(d)
+        return out
     if d.dataset:
         out: dict[str, Any] = {"dataset": d.dataset, "revision": d.revision, "split": d.split or "train",
                                "subset": d.subset}
@@ -214,6 +266,9 @@ class BuiltData:
                 raise InputError(f"{self.parquet} cannot be read ({type(exc).__name__}: {str(exc)[:200]})",
                                  field="rows.parquet", value=str(self.parquet),
                                  fix=f"the build is corrupt; remove {self.path} and build it again") from exc
+        image = (self.meta.get("inputs") or {}).get("params", {}).get("image")
+        if self._rows.images is not None and self._rows.image_spec is None and isinstance(image, dict):
+            self._rows.image_spec = image_spec_of(image)
         return self._rows
 
     def batches(self, micro_batch_size: int, seed: int | None = 0, rank: int = 0, world_size: int = 1,
@@ -293,6 +348,8 @@ def _make_rows(recipe: Recipe, plan: Plan, tokenizer: ChatTokenizer | None, prog
     if plan.builder == "synthetic":
         return build_synthetic(plan.limit or 1, plan.row_tokens, plan.vocab_size or 2, plan.seed)
     assert tokenizer is not None
+    if plan.image is not None:
+        return _make_image_rows(recipe, plan, tokenizer, progress)
     source = load_source(recipe.data)
     task = progress.add_task("tokenize", total=len(source.records))
     convs = []
@@ -305,6 +362,33 @@ def _make_rows(recipe: Recipe, plan: Plan, tokenizer: ChatTokenizer | None, prog
         rows, stats = build_packed(convs, plan.row_tokens, plan.alignment, plan.seed, tokenizer.eos_id,
                                    tokenizer.pad_id, plan.overlong, plan.gbs)
     stats["source"] = source.description
+    return rows, stats
+
+
+def _make_image_rows(recipe: Recipe, plan: Plan, tokenizer: ChatTokenizer, progress) -> tuple[Rows, dict]:
+    from muse_stack.data.multimodal import (
+        cord_messages,
+        load_image_records,
+        media_ids,
+        record_image_bytes,
+        tokenize_image_text,
+    )
+
+    spec = image_spec_of(plan.image)
+    ids = media_ids(tokenizer, plan.image["image_token_id"])
+    records, description = load_image_records(recipe.data)
+    task = progress.add_task("tokenize and size images", total=len(records))
+    convs = []
+    for item in records:
+        messages = cord_messages(item.record, plan.image["prompt"], item.row)
+        convs.append(tokenize_image_text(tokenizer, messages, [record_image_bytes(item)], ids, spec, item.row))
+        progress.advance(task)
+    rows, stats = build_packed(convs, plan.row_tokens, plan.alignment, plan.seed, tokenizer.eos_id,
+                               tokenizer.pad_id, plan.overlong, plan.gbs)
+    rows.image_spec = spec
+    stats["image_tokens"] = int((rows.ids == ids.patch).sum())
+    stats["media_ids"] = ids.describe()
+    stats["source"] = description
     return rows, stats
 
 

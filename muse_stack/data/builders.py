@@ -73,12 +73,14 @@ def build_packed(convs: Sequence[Tokenized], size: int, alignment: int, seed: in
     check_pack_size(size, alignment)
     perm = np.random.RandomState(seed).permutation(len(convs))
     items: list[tuple[np.ndarray, np.ndarray]] = []
+    media: list[int] = []  # the conversation each item is (its images travel with it)
+    with_images = bool(convs) and hasattr(convs[0], "images")
     dropped_overlong = truncated = dropped_unsupervised = 0
     for i in perm:
         ids = np.concatenate([convs[i].ids, np.asarray([eos_id], np.int32)])
         mask = np.concatenate([convs[i].mask, np.zeros(1, np.uint8)])
         if ids.shape[0] > size:
-            if overlong != "truncate":
+            if overlong != "truncate" or with_images:  # an image's placeholders are never cut
                 dropped_overlong += 1
                 continue
             ids, mask = ids[:size], mask[:size]
@@ -87,6 +89,7 @@ def build_packed(convs: Sequence[Tokenized], size: int, alignment: int, seed: in
             dropped_unsupervised += 1
             continue
         items.append((ids, mask))
+        media.append(int(i))
     lengths = [int(x[0].shape[0]) for x in items]
     padded = [align_up(x, alignment) for x in lengths]
     packs = first_fit_decreasing(padded, size) if items else []
@@ -102,6 +105,10 @@ def build_packed(convs: Sequence[Tokenized], size: int, alignment: int, seed: in
         seq_lengths.append(np.asarray([lengths[m] for m in members], np.int32))
         seq_padded.append(np.asarray([padded[m] for m in members], np.int32))
     rows = Rows(ids=ids, mask=mask, seq_lengths=seq_lengths, seq_lengths_padded=seq_padded, packed=True)
+    if with_images:  # each pack's images, in the order of its members (so of their placeholders)
+        rows.images = [[img for m in members for img in convs[media[m]].images] for members in packs]
+        rows.image_grids = [np.asarray([g for m in members for g in convs[media[m]].grids], np.int32).reshape(-1, 3)
+                            for members in packs]
     real, aligned = sum(lengths), sum(padded)
     cap = len(packs) * size
     sup = int(mask.sum())
@@ -112,6 +119,8 @@ def build_packed(convs: Sequence[Tokenized], size: int, alignment: int, seed: in
              "alignment_padding_tokens": aligned - real, "padding_tokens": cap - real,
              "fill_ratio": _ratio(real, cap), "supervised_tokens": sup, "supervised_token_ratio": _ratio(sup, cap),
              "gbs": gbs, "steps_per_epoch": (len(packs) // gbs) if gbs else None}
+    if with_images:
+        stats["images"] = sum(len(x) for x in rows.images)
     return rows, stats
 
 

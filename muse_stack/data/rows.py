@@ -12,6 +12,13 @@ The mask is per input token: 1 where that token is a supervised target (see
 :mod:`muse_stack.data.chat`). Parquet columns: ``input_ids`` (fixed-size list of int32),
 ``loss_mask`` (fixed-size list of uint8), ``seq_lengths`` and ``seq_lengths_padded`` (lists of
 int32; a fixed or synthetic row has one sequence, its non-padding length).
+
+Image-text rows (:mod:`muse_stack.data.multimodal`) also hold, per row, the encoded bytes of its
+images in the order of their placeholders (parquet column ``images``, list of binary) and their
+(t, h, w) patch grids (``image_grid_thw``, 3 int32 per image). Their rows sha256 adds, after each
+row's bytes above, the row's image count as little-endian int32 and, per image, its grid as 3
+little-endian int32 and the 32-byte sha256 of its bytes; so the hash covers every image. Text
+rows hash as before.
 """
 
 from __future__ import annotations
@@ -30,6 +37,11 @@ class Rows:
     seq_lengths: list[np.ndarray] = field(default_factory=list)  # per row, int32
     seq_lengths_padded: list[np.ndarray] = field(default_factory=list)
     packed: bool = False
+    #: image-text rows only: per row, the encoded images and their [k, 3] int32 (t, h, w) grids
+    images: list[list[bytes]] | None = None
+    image_grids: list[np.ndarray] | None = None
+    #: the image processor settings (:class:`muse_stack.data.images.ImageSpec`) collation makes pixels with
+    image_spec: object | None = None
 
     @property
     def num_rows(self) -> int:
@@ -49,6 +61,14 @@ def row_bytes(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray | None = No
     return out
 
 
+def media_bytes(images: list[bytes], grids: np.ndarray) -> bytes:
+    grids = np.asarray(grids, dtype="<i4").reshape(-1, 3)
+    out = np.asarray([len(images)], dtype="<i4").tobytes()
+    for data, grid in zip(images, grids, strict=True):
+        out += grid.tobytes() + hashlib.sha256(data).digest()
+    return out
+
+
 def rows_sha256(rows: Rows) -> str:
     h = hashlib.sha256()
     for r in range(rows.num_rows):
@@ -56,6 +76,8 @@ def rows_sha256(rows: Rows) -> str:
             h.update(row_bytes(rows.ids[r], rows.mask[r], rows.seq_lengths[r], rows.seq_lengths_padded[r]))
         else:
             h.update(row_bytes(rows.ids[r], rows.mask[r]))
+        if rows.images is not None:
+            h.update(media_bytes(rows.images[r], rows.image_grids[r]))
     return h.hexdigest()
 
 
@@ -67,7 +89,12 @@ def _table(rows: Rows, lo: int, hi: int):
     mask = pa.FixedSizeListArray.from_arrays(pa.array(rows.mask[lo:hi].reshape(-1), type=pa.uint8()), n)
     lens = pa.array([x.tolist() for x in rows.seq_lengths[lo:hi]], type=pa.list_(pa.int32()))
     padded = pa.array([x.tolist() for x in rows.seq_lengths_padded[lo:hi]], type=pa.list_(pa.int32()))
-    return pa.table({"input_ids": ids, "loss_mask": mask, "seq_lengths": lens, "seq_lengths_padded": padded})
+    columns = {"input_ids": ids, "loss_mask": mask, "seq_lengths": lens, "seq_lengths_padded": padded}
+    if rows.images is not None:
+        columns["images"] = pa.array(rows.images[lo:hi], type=pa.list_(pa.binary()))
+        columns["image_grid_thw"] = pa.array([np.asarray(g, np.int32).reshape(-1).tolist()
+                                              for g in rows.image_grids[lo:hi]], type=pa.list_(pa.int32()))
+    return pa.table(columns)
 
 
 def write_parquet(rows: Rows, path: Path, chunk_rows: int = 256, on_chunk=None) -> None:
@@ -95,4 +122,9 @@ def read_parquet(path: Path) -> Rows:
     mask = table.column("loss_mask").combine_chunks().flatten().to_numpy().astype(np.uint8).reshape(-1, n)
     lens = [np.asarray(x, dtype=np.int32) for x in table.column("seq_lengths").to_pylist()]
     padded = [np.asarray(x, dtype=np.int32) for x in table.column("seq_lengths_padded").to_pylist()]
-    return Rows(ids=ids, mask=mask, seq_lengths=lens, seq_lengths_padded=padded, packed=packed)
+    images = grids = None
+    if "images" in table.column_names:
+        images = [list(x) for x in table.column("images").to_pylist()]
+        grids = [np.asarray(x, dtype=np.int32).reshape(-1, 3) for x in table.column("image_grid_thw").to_pylist()]
+    return Rows(ids=ids, mask=mask, seq_lengths=lens, seq_lengths_padded=padded, packed=packed, images=images,
+                image_grids=grids)

@@ -84,6 +84,18 @@ class ModelSpec(_Strict):
         None, description=f"HF-style directory to load weights from; {REQUIRED_PATH!r}: the run starts from a "
                           "checkpoint the user supplies (the recipe's note says which), and refuses to start without it")
     overrides: dict[str, Any] = Field(default_factory=dict, description="ModelConfig fields that differ (proxies)")
+    towers: dict[str, Any] | None = Field(
+        None, description="the perception towers, as transformers' top-level media keys (vision_config, audio_config, "
+                          "image/video/audio_token_id, out_hidden_size, projector_hidden_size: "
+                          "muse_stack/tower_config.py), where they differ from the released model's; an image-text "
+                          "recipe without it has the released towers")
+
+    @field_validator("towers")
+    @classmethod
+    def _check_towers(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            _towers_of(value)
+        return value
 
     @field_validator("overrides")
     @classmethod
@@ -121,6 +133,27 @@ class ModelSpec(_Strict):
             raise RecipeError(f"the model overrides do not give a valid model: {first['msg']}",
                               field=f"model.overrides.{where}" if where else "model.overrides",
                               value=first.get("input"), fix="correct the override") from None
+
+
+def _towers_of(value: dict[str, Any]):
+    """``model.towers`` as a TowersConfig; a wrong field is a RecipeError naming it."""
+    from pydantic import ValidationError
+
+    from muse_stack.errors import RecipeError
+    from muse_stack.tower_config import TowersConfig
+
+    try:
+        return TowersConfig.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise RecipeError(f"the towers are not valid: {first['msg'].removeprefix('Value error, ')}",
+                          field=f"model.towers.{where}" if where else "model.towers", value=first.get("input"),
+                          fix="use the fields of muse_stack/tower_config.py (transformers' vision_config and "
+                              "audio_config keys)") from None
+    except RecipeError as exc:
+        raise RecipeError(exc.message, field=f"model.towers.{exc.field}", value=exc.value, rule=exc.rule,
+                          fix=exc.fix) from None
 
 
 class Hardware(_Strict):
@@ -511,6 +544,20 @@ class Recipe(_Strict):
 
     def model_config_resolved(self) -> ModelConfig:
         return self.model.resolve()
+
+    def towers_config_resolved(self):
+        """The perception towers the recipe's model carries (a TowersConfig): ``model.towers``, else the
+        released model's for image-text data; None for a text recipe without ``model.towers``."""
+        if self.model.towers is None and self.data.kind != "multimodal":
+            return None
+        from muse_stack.errors import RecipeError
+
+        towers = _towers_of(self.model.towers or {})
+        try:
+            towers.check_text_hidden_size(self.model_config_resolved().hidden_size)
+        except RecipeError as exc:
+            raise RecipeError(exc.message, field=f"model.towers.{exc.field}", value=exc.value, fix=exc.fix) from None
+        return towers
 
     @property
     def all_names(self) -> list[str]:
