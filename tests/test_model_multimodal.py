@@ -247,6 +247,12 @@ def test_tower_init_is_deterministic_per_name():
     # each tensor from its own generator, seeded by its state-dict name: two same-shaped tensors differ
     q, k = "model.vision_tower.layers.0.attn.q_proj.weight", "model.vision_tower.layers.0.attn.k_proj.weight"
     assert a[q].shape == a[k].shape and not torch.equal(a[q], a[k])
+    from muse_stack.model.init import _generator
+
+    std = text_config().initializer_range
+    for name in (q, "model.audio_tower.proj.weight", "model.vision_projection.weight"):
+        expected = torch.empty(a[name].shape).normal_(0.0, std, generator=_generator(5, name, torch.device("cpu")))
+        assert torch.equal(a[name], expected), name
 
 
 def test_the_loss_trains_the_towers():
