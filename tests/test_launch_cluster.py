@@ -323,3 +323,18 @@ def test_the_docker_run_line_a_cpu_machine_suggests_carries_ngcs_flags(cli, monk
     for doc in ("README.md", "docs/images.md"):
         lines = [line for line in (ROOT / doc).read_text().splitlines() if line.startswith("docker run")]
         assert lines and all("--ipc=host --ulimit memlock=-1 --ulimit stack=67108864" in line for line in lines), doc
+
+
+@pytest.mark.skipif(BASH is None, reason="bash is not installed")
+def test_a_recipe_file_reaches_a_cpu_job_too(tmp_path):
+    src = (ROOT / "recipes" / "tiny-cpu.yaml").read_text().replace("name: tiny-cpu", "name: my-tiny", 1)
+    recipe = tmp_path / "my tiny.yaml"  # a space: the path is one word wherever it goes
+    recipe.write_text(src)
+    spec = resolve(str(recipe), run_name="r2")
+    proc, args = _run(slurm.render(spec, runs_dir=str(tmp_path / "shared runs"), python="python3"), tmp_path / "w")
+    assert proc.returncode == 0, proc.stderr
+    carried = tmp_path / "shared runs" / ".recipes" / spec.recipe_file_name
+    assert carried.read_text() == src and str(carried) in args and str(recipe) not in args
+    with pytest.raises(UsageError) as exc:
+        k8s.manifests(resolve("proxy-8gpu"))  # no image: never a local tag in a manifest
+    assert exc.value.field == "--image"

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from muse_stack.errors import InputError
+from muse_stack.errors import InputError, UsageError
 from muse_stack.launch import quoting
 from muse_stack.launch.spec import (CHECKPOINT_MOUNT, CONTAINER_ENV, DATA_MOUNT, RDZV_PORT, RUNS_MOUNT,
                                     STOP_SIGNAL_SECONDS, LaunchSpec, dns_name)
@@ -156,6 +156,9 @@ def manifests(spec: LaunchSpec, *, namespace: str | None = None, claim: str = "m
         raise InputError("Kubernetes launches run the GPU images; CPU recipes run on Slurm or locally",
                          field="hardware.gpu", value=spec.recipe.hardware.gpu,
                          fix="use --slurm, or `muse-stack run` / torchrun for a CPU recipe")
+    if spec.image is None:
+        raise UsageError("a Kubernetes cluster pulls its image from a registry", field="--image", value=None,
+                         fix="pass --image REGISTRY/muse-stack@sha256:DIGEST")
     names = object_names(spec)
     meta: dict[str, Any] = {"labels": {"app.kubernetes.io/name": "muse-stack", "muse-stack.dev/recipe": spec.recipe.name,
                                        RUN_LABEL: spec.run_name}}
