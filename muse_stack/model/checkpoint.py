@@ -72,6 +72,12 @@ class LoadReport:
         return text
 
 
+def safetensors_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a safetensors header's dtype name."""
+    return {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
+            "I64": torch.int64, "I32": torch.int32}[name]
+
+
 def is_text_tensor(name: str) -> bool:
     return name.startswith(TEXT_PREFIXES)
 

@@ -82,8 +82,7 @@ def towers_from_checkpoint(directory: str | Path) -> Towers | None:
     tensors), or None when it has none (no tower configs in config.json, or no tower tensors)."""
     from safetensors import safe_open
 
-    from muse_stack.model.checkpoint import CONFIG_NAME, _weight_files, is_text_tensor
-    from muse_stack.run.export import _st_dtype
+    from muse_stack.model.checkpoint import CONFIG_NAME, _weight_files, is_text_tensor, safetensors_dtype
 
     path = Path(directory)
     config = json.loads((path / CONFIG_NAME).read_text())
@@ -99,7 +98,7 @@ def towers_from_checkpoint(directory: str | Path) -> Towers | None:
                 if is_text_tensor(name):
                     continue
                 piece = handle.get_slice(name)
-                where[name], shapes[name], dtypes[name] = file, tuple(piece.get_shape()), _st_dtype(piece.get_dtype())
+                where[name], shapes[name], dtypes[name] = file, tuple(piece.get_shape()), safetensors_dtype(piece.get_dtype())
     if not where:
         return None
 

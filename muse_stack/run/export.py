@@ -36,7 +36,7 @@ import yaml
 
 from muse_stack import atomic
 from muse_stack.errors import InputError
-from muse_stack.model.checkpoint import CONFIG_NAME, DEFAULT_MAX_SHARD_BYTES, INDEX_FILE, SINGLE_FILE
+from muse_stack.model.checkpoint import CONFIG_NAME, DEFAULT_MAX_SHARD_BYTES, INDEX_FILE, SINGLE_FILE, safetensors_dtype
 from muse_stack.hf_config import full_config
 from muse_stack.model_config import ModelConfig
 from muse_stack.recipes.catalogue import parse_recipe
@@ -86,7 +86,7 @@ def reference_source(folder: Path) -> tuple[list[Spec], Getter]:
         with safe_open(str(folder / file), framework="pt") as handle:
             for name in names:
                 s = handle.get_slice(name)
-                specs.append(Spec(name, tuple(s.get_shape()), _st_dtype(s.get_dtype())))
+                specs.append(Spec(name, tuple(s.get_shape()), safetensors_dtype(s.get_dtype())))
                 where[name] = file
 
     def get(name: str) -> torch.Tensor:
@@ -94,11 +94,6 @@ def reference_source(folder: Path) -> tuple[list[Spec], Getter]:
             return handle.get_tensor(name)
 
     return specs, get
-
-
-def _st_dtype(name: str) -> torch.dtype:
-    return {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
-            "I64": torch.int64, "I32": torch.int32}[name]
 
 
 def megatron_source(folder: Path) -> tuple[list[Spec], Getter]:
