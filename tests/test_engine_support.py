@@ -10,14 +10,15 @@ from muse_stack.recipes.catalogue import load_recipe
 
 RUNNABLE = ["attune-b200", "pretrain-192", "pretrain-256", "sft-192", "sft-256", "sft-192-32k",
             "sft-192-coderforge-64k", "proxy-1gpu", "proxy-2gpu", "proxy-8gpu", "proxy-8gpu-pp2",
-            "slice-1gpu", "tiny-cpu"]
+            "slice-1gpu", "tiny-cpu", "tiny-cpu-mm"]
 
 
 # the optimizer values the recipes' sources leave unstated (any stated values do)
 STATE_ALL = ["optimizer.lr=1e-5", "optimizer.min_lr=1e-6", "optimizer.decay_style=cosine", "optimizer.warmup_steps=5",
              "optimizer.weight_decay=0.1", "optimizer.clip_grad=1.0", "optimizer.beta1=0.9", "optimizer.beta2=0.95",
              "optimizer.eps=1e-8"]
-STATED_AS_WRITTEN = {"proxy-1gpu", "proxy-2gpu", "proxy-8gpu", "proxy-8gpu-pp2", "slice-1gpu", "tiny-cpu"}
+STATED_AS_WRITTEN = {"proxy-1gpu", "proxy-2gpu", "proxy-8gpu", "proxy-8gpu-pp2", "slice-1gpu", "tiny-cpu",
+                     "tiny-cpu-mm"}
 
 
 @pytest.mark.parametrize("name", RUNNABLE)
@@ -55,8 +56,8 @@ def test_each_unstated_training_value_is_refused_by_name(field, cli, tmp_path):
 
 @pytest.mark.parametrize("name, overrides, field", [
     ("lora-64", ["layout.etp=2"], "layout.etp"),  # expert adapters are whole on every ETP rank
-    ("lora-16-mm", ["layout.cp=1"], "data.kind"),
-    ("sft-192-mm", [], "data.kind"),
+    ("lora-16-mm", ["layout.cp=1"], "engine"),  # the megatron engine does not place the towers yet
+    ("sft-192-mm", [], "engine"),
     ("lora-64", ["peft.targets=[self_attn.q_proj,self_attn.qkv_proj]"], "peft.targets"),
     ("tiny-cpu", ["peft.scheme=lora"], "peft.targets"),
     ("tiny-cpu", ["frozen=[base]"], "frozen"),
@@ -91,11 +92,20 @@ def test_run_refuses_an_adapter_recipe_it_cannot_train_and_writes_nothing(tmp_pa
     assert "layout.etp" in err and "peft.targets" in err  # names the field and both fixes
 
 
-def test_multimodal_is_refused_naming_the_unpublished_towers(cli, tmp_path):
+def test_multimodal_is_refused_on_the_megatron_engine_for_the_true_reason(cli, tmp_path):
+    """The towers' architecture is published (transformers' Muse Spark); what is missing is their
+    placement in the megatron engine. The reference engine trains them (tiny-cpu-mm)."""
     for name, extra in (("lora-16-mm", ["layout.cp=1"]), ("sft-192-mm", [])):
         with pytest.raises(RecipeError) as exc:
             check_recipe(load_recipe(name, extra))
-        assert "vision and audio towers" in exc.value.message and "not published" in exc.value.message
+        assert "megatron engine does not place the vision and audio towers" in exc.value.message
+        assert "not published" not in exc.value.render() and "tiny-cpu-mm" in exc.value.fix
+        check_recipe(load_recipe(name, [*extra, "engine=reference", "hardware.gpu=cpu", "layout.tp=1", "layout.ep=1",
+                                        "layout.cp=1", "layout.pp=1", "layout.pp_layers=null", "layout.dp=null",
+                                        "layout.sequence_parallel=false", "layout.distributed_optimizer=null",
+                                        "recompute.granularity=null", "hardware.count=1", "hardware.per_node=1"]),
+                     values=False)
+    # on this CPU, `run` says first that the machine cannot run the recipe
     out = tmp_path / "mm"
     rc, _, err = cli("run", "sft-192-mm", *STATE_ALL, "--out", out, "--no-progress")
-    assert rc == 2 and "towers" in err and not out.exists()
+    assert rc == 2 and "192 GB200 GPUs" in err and "towers" not in err and not out.exists()

@@ -25,6 +25,9 @@ from muse_stack.errors import RecipeError
 from muse_stack.run.schedule import lr_at
 
 GIB = 2**30
+#: the batch keys the model takes as media (muse_stack.data.batches)
+MEDIA_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "input_values",
+                "input_values_mask")
 
 
 def cpu_threads(world_size: int) -> int:
@@ -74,7 +77,9 @@ class ReferenceEngine:
             torch.set_num_threads(cpu_threads(ctx.world_size))
         seed = recipe.training.seed if recipe.training.seed is not None else 0
         torch.manual_seed(seed)
-        self.model = MuseSparkForCausalLM(ctx.model, seed=seed).to(self.device)
+        # image-text recipes carry the perception towers (model.towers, else the released model's)
+        towers = recipe.towers_config_resolved()
+        self.model = MuseSparkForCausalLM(ctx.model, seed=seed, towers=towers).to(self.device)
         if ctx.pretrained_checkpoint:
             load_weights_into(self.model, ctx.pretrained_checkpoint)
         self.peft = None
@@ -89,6 +94,8 @@ class ReferenceEngine:
                                       hf_id=recipe.model.hf_id, init_seed=seed)
             apply_peft(self.model, self.peft, seed=seed)
         frozen = [f for f in recipe.frozen if f not in TOWERS and not (self.peft and f == "base")]
+        if self.model.towers_config is not None:  # a tower the model has is frozen by its parameters
+            frozen += [f"model.{f}" for f in recipe.frozen if f in TOWERS]
         if frozen:
             freeze(self.model, frozen)
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda and recipe.precision == "bf16"
@@ -153,8 +160,9 @@ class ReferenceEngine:
             mb = {k: (v.to(self.device) if torch.is_tensor(v) else v) for k, v in mb.items()}
             sync = self.ddp.no_sync() if (self.ddp is not None and i < len(micro) - 1) else nullcontext()
             with sync, self.autocast:
+                media = {k: mb[k] for k in MEDIA_INPUTS if k in mb}  # image-text batches: their pixels
                 out = module(mb["input_ids"], position_ids=mb["position_ids"], segment_ids=mb["segment_ids"],
-                             labels=mb["labels"], loss_mask=mb["loss_mask"])
+                             labels=mb["labels"], loss_mask=mb["loss_mask"], **media)
             n = out.num_tokens.to(torch.float64)
             token_sum = out.loss.to(torch.float64) * n
             # DDP averages gradients over ranks: scale so the result is the global per-token mean

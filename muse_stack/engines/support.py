@@ -9,7 +9,8 @@ from __future__ import annotations
 from muse_stack.errors import RecipeError
 from muse_stack.recipes.schema import Recipe
 
-#: perception towers: not part of the text decoder either engine builds, so freezing them holds
+#: the perception towers a recipe may freeze by name: the reference engine freezes their parameters
+#: (``model.<tower>.*``) when the model has them; a text model has none, so freezing them holds
 TOWERS = ("vision_tower", "audio_tower")
 
 
@@ -50,18 +51,14 @@ def check_recipe_values(recipe: Recipe) -> None:
 
 def check_recipe(recipe: Recipe, *, values: bool = True) -> None:
     """Raise a RecipeError for anything the recipe's engine would not train as written
-    (``values=False``: all but the unstated optimizer values, which `run` checks after the
-    machine, so a machine that cannot run the recipe says so first)."""
+    (``values=False``: all but the unstated optimizer values and the towers the megatron engine
+    does not place, which `run` checks after the machine, so a machine that cannot run the recipe
+    says so first)."""
     from muse_stack.run import numerics
 
     numerics.check(recipe)
-    if recipe.data.kind == "multimodal":
-        raise RecipeError("multimodal training is refused: the vision and audio towers' architecture is not "
-                          "published (the seeds state no tower shapes, no projector into the decoder and no "
-                          "image/audio token layout), and both engines build the text decoder only",
-                          field="data.kind", value="multimodal",
-                          fix="`muse-stack plan` still checks the layout; to train, use text data (data.kind: sft) "
-                              "until the towers' architecture is published")
+    if recipe.data.kind == "multimodal" or recipe.model.towers is not None:
+        recipe.towers_config_resolved()  # the towers are valid and fit the decoder
     if recipe.peft is not None:
         from muse_stack.recipes.peft import resolve
 
@@ -107,7 +104,20 @@ def check_recipe(recipe: Recipe, *, values: bool = True) -> None:
                               field="frozen", value=frozen,
                               fix="drop them from frozen, or use engine: reference, which freezes by parameter name")
     if values:
+        check_towers_placed(recipe)
         check_recipe_values(recipe)
+
+
+def check_towers_placed(recipe: Recipe) -> None:
+    """The perception towers train on the reference engine only: the megatron engine builds the
+    text decoder and does not place the towers on its first pipeline stage yet."""
+    if recipe.engine == "megatron" and (recipe.data.kind == "multimodal" or recipe.model.towers is not None):
+        raise RecipeError("the megatron engine does not place the vision and audio towers yet (it builds the text "
+                          "decoder only); the reference engine trains them with the decoder",
+                          field="engine", value="megatron",
+                          fix="`muse-stack plan` counts the towers for this recipe; to train them, use engine: "
+                              "reference (`muse-stack run tiny-cpu-mm` trains both towers' recipe on this CPU), or "
+                              "text data (data.kind: sft)")
 
 
 def check_precision_aware(recipe: Recipe) -> None:
