@@ -133,13 +133,23 @@ def _check_expanded_size(root: Node) -> None:
         stack.extend((c, False) for c in children if id(c) not in sizes)
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong and where (line, column), without PyYAML's excerpt of the document: the
+    excerpt would print the text around the error, which may hold a secret."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return str(exc)
+    parts = [p for p in (exc.context, exc.problem) if p]
+    mark = exc.problem_mark or exc.context_mark
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return "; ".join(parts) + where
+
+
 def load_yaml(text: str, *, source: str, field: str, error: type[Exception] = RecipeError) -> Any:
     """Parse one YAML document: duplicate keys refused, alias expansion bounded."""
     try:
         return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        msg = str(exc)
-        raise error(f"{source} is not valid YAML: {msg[:600]}", field=field, value=source,
+        raise error(f"{source} is not valid YAML: {_yaml_problem(exc)[:600]}", field=field, value=source,
                     fix="fix the YAML at the position shown (each key once, no recursive or huge aliases)") from exc
     except RecursionError as exc:
         raise error(f"{source} nests too deeply", field=field, value=source,

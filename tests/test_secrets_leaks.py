@@ -132,3 +132,11 @@ def test_errors_and_safeio_do_not_import_each_other():
     from muse_stack.fingerprint.environment import scrub_text
 
     assert PW not in scrub_text(f"https:/user:{PW}@host/x", [])
+
+
+def test_a_malformed_recipe_file_is_not_quoted_back(cli, tmp_path):
+    """PyYAML's error quotes the lines around the problem; the error names the line and column only."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((ROOT / "recipes" / "tiny-cpu.yaml").read_text() + f"env:\n  DB_PASS: [{PW}\n")
+    rc, out, err = cli("show", bad)
+    assert rc == 2 and PW not in out + err and "line " in err and "column" in err, err
