@@ -317,3 +317,18 @@ def load_recipe_quick():
     from muse_stack.recipes.catalogue import load_recipe
 
     return load_recipe("tiny-cpu", QUICK)
+
+
+def test_an_adapter_resume_names_a_missing_base_and_takes_its_new_place(tmp_path, cli, one_thread_env):
+    base = run("tiny-cpu", out=tmp_path / "base", steps=2, progress=False, overrides=QUICK)
+    start = tmp_path / "start"
+    shutil.copytree(checkpoints.latest(base.path).path, start)
+    part = run("tiny-cpu", out=tmp_path / "part", steps=4, stop_after=2, progress=False,
+               overrides=[*QUICK, *DROPOUT], pretrained_checkpoint=str(start))
+    start.rename(tmp_path / "moved")
+    rc, _, err = cli("run", "--resume", part.path, "--no-progress")
+    said = " ".join(err.split())
+    assert rc == 3 and "model.pretrained_checkpoint" in said and "hold only the adapters" in said, said
+    rc, _, err = cli("run", "--resume", part.path, "--no-progress", "--pretrained-checkpoint", tmp_path / "moved",
+                     "--allow-change")
+    assert rc == 0, err

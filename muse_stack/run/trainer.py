@@ -159,6 +159,11 @@ class Trainer:
         # but for the frozen base of an adapter run, which its checkpoints name and do not copy
         start = None if self.resuming and checkpoints_latest(self.path) is not None and recipe.peft is None \
             else recipe.model.pretrained_checkpoint
+        if self.resuming and recipe.peft is not None and start and not Path(start).is_dir():
+            raise InputError("the frozen base this adapter run trained on is not there: its checkpoints hold only "
+                             "the adapters", field="model.pretrained_checkpoint", value=start,
+                             fix="restore the base at that path, or give its new place: --pretrained-checkpoint DIR "
+                                 "--allow-change (the base's hash is checked against the one recorded at the start)")
         from muse_stack.run import numerics
 
         self.numerics = numerics.apply(recipe)  # before the engine touches the GPU
