@@ -54,7 +54,12 @@ def _check_vocab(recipe: Recipe) -> None:
 
     if recipe.data.kind in ("synthetic", "multimodal"):
         return  # synthetic ids come from the model's vocabulary; image-text rows are not built here
-    data = plan_for_recipe(recipe, require_tokenizer=False)
+    from muse_stack.errors import MuseStackError
+
+    try:
+        data = plan_for_recipe(recipe, require_tokenizer=False)
+    except MuseStackError:
+        return  # what the data plan lacks is the data build's error, reported where the rows are built
     if data.tokenizer_dir is None:
         return  # a missing tokenizer is the data build's error
     from muse_stack.data.chat import ChatTokenizer
