@@ -101,6 +101,18 @@ def test_export_while_the_run_prunes_its_checkpoint(cli, run_dir, tmp_path, monk
         save_and_prune(int(json.loads((root / "latest").read_text())["step"]) + 1)
         return files
 
+    calls.clear()
+
+    def early(folder, *a, **k):  # pruned before the files are listed: the export's own error, then a retry
+        calls.append(folder)
+        if len(calls) == 1:
+            save_and_prune(int(json.loads((root / "latest").read_text())["step"]) + 1)
+        return real(folder, *a, **k)
+
+    monkeypatch.setattr(ckpt, "_weight_files", early)
+    rc, out, err = cli("export", copy, "--hf", tmp_path / "hf3")
+    assert rc == 0 and "exported step 4" in out, (rc, out, err)
+
     monkeypatch.setattr(ckpt, "_weight_files", always)
     _clear(cli("export", copy, "--hf", tmp_path / "hf2"), 3, "still saving checkpoints", "export again")
     assert not (tmp_path / "hf2").exists()

@@ -136,7 +136,7 @@ def register(app: typer.Typer) -> None:
                                            help="adapter runs: the adapters in the Hugging Face peft layout"),
     ) -> None:
         """Write the run's latest checkpoint as a Hugging Face checkpoint (safetensors shards + config.json)."""
-        from muse_stack.errors import InputError
+        from muse_stack.errors import InputError, MuseStackError
         from muse_stack.run import checkpoints
         from muse_stack.run.export import export_run
 
@@ -144,21 +144,31 @@ def register(app: typer.Typer) -> None:
         if under is not None:
             raise InputError(f"the export directory would be under {under}, which is a file", field="--hf",
                              value=str(hf), fix="choose a path under a directory (or a new one)")
+        def latest_step() -> int | None:
+            try:
+                current = checkpoints.latest(run_dir)
+            except MuseStackError:
+                return None
+            return current.step if current is not None else None
+
         for attempt in range(3):
-            before = checkpoints.latest(run_dir)
+            before = latest_step()
             try:
                 out, step, count = export_run(run_dir, hf, max_shard_bytes=int(max_shard_mb * 10**6), progress=True,
                                               merge=merge, adapters_only=adapters_only)
                 break
-            except FileNotFoundError as exc:  # a step folder removed while it was read
-                after = checkpoints.latest(run_dir)
-                moved = before is not None and after is not None and after.step != before.step
+            except (FileNotFoundError, MuseStackError) as exc:  # e.g. a step folder removed while it was read
+                after = latest_step()
+                moved = before is not None and after is not None and after != before
                 if moved and attempt < 2 and not hf.exists():
                     continue  # the running job saved a newer checkpoint and pruned this one: export that one
+                if isinstance(exc, MuseStackError) and not moved:
+                    raise
+                what = exc.filename if isinstance(exc, FileNotFoundError) else type(exc).__name__
                 raise InputError(
-                    f"the checkpoint{f' at step {before.step}' if before else ''} lost a file while it was read "
-                    f"({exc.filename or exc}): " + ("the run is still saving checkpoints and pruned it"
-                                                    if moved else "it is incomplete"),
+                    f"the checkpoint{f' at step {before}' if before else ''} lost a file while it was read "
+                    f"({what}): " + ("the run is still saving checkpoints and pruned it" if moved
+                                     else "it is incomplete"),
                     field="RUN_DIR", value=str(run_dir),
                     fix="export again once the run has stopped (or saved its next checkpoint)" if moved else
                         "restore the step folder, or point checkpoints/latest at a complete one") from exc
