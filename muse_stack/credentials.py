@@ -48,16 +48,17 @@ URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/{1,3})[^/@\s:
 #: digest (``name:tag@sha256:...``) is not one, and neither is Slurm's ``--signal=B:TERM@120``: the
 #: host has a dot, or a ':', '/' or '#' after it, or is an [IPv6] address
 _BARE_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<user>[A-Za-z0-9._%+~-]+):(?P<pw>[^\s/@:]+)@"
-                            r"(?![A-Za-z0-9]+:[0-9a-fA-F]{16})"
+                            r"(?!sha\d+:)"
                             r"(?=[A-Za-z0-9-]+\.[A-Za-z0-9]|[A-Za-z0-9.-]+[:/#]|\[)")
 #: the words of a secret's name: a key word is one of these or, for the long ones, ends in one
-_LONG_WORDS = ("TOKEN", "APIKEY", "ACCESSKEY", "SECRETKEY", "PRIVATEKEY", "SSHKEY", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "PASSCODE", "CREDENTIAL",
-               "CREDENTIALS", "AUTH", "COOKIE", "PRIVATE", "SIGNATURE", "SESSION", "BEARER", "DSN")
+_LONG_WORDS = ("TOKEN", "APIKEY", "ACCESSKEY", "SECRETKEY", "PRIVATEKEY", "SSHKEY", "SECRET", "PASSWORD", "PASSWD",
+               "PASSPHRASE", "PASSCODE", "CREDENTIAL", "CREDENTIALS", "AUTH", "COOKIE", "PRIVATE", "SIGNATURE",
+               "SESSION", "BEARER", "DSN")
 _SHORT_WORDS = ("KEY", "PASS", "PWD", "PW", "PAT", "SIG", "JWT", "CRED", "CREDS")
 _WORD = re.compile(rf"(?:{'|'.join(_LONG_WORDS)})$", re.I)
 #: names that hold one of the words but no secret
 NOT_SECRET_NAMES = frozenset({"TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_IMPLICIT_TOKEN"})
-_QUERY = re.compile(r"(?P<lead>[?&;#](?P<name>[A-Za-z0-9_.\-\[\]]{1,64})=)(?P<value>[^&#\s\"'<>]+)")
+_QUERY = re.compile(r"(?P<lead>[?&;#](?P<name>[A-Za-z0-9_.\-\[\]]{1,64})=)(?P<value>[A-Za-z0-9%._~+/$-][^&#\s\"'<>`]*)")
 _AUTH_SCHEME = re.compile(r"(?P<lead>\b(?:[Bb]earer|BEARER|Basic|[Tt]oken|Digest)\s+)"
                           r"(?P<value>(?=[A-Za-z0-9._~+/=-]*[0-9])[A-Za-z0-9._~+/=-]{8,})")
 _EDGE = r"(?<![A-Za-z0-9])"

@@ -87,7 +87,8 @@ def test_errors_and_written_text_redact_every_unambiguous_shape(tmp_path):
         atomic.write_text(tmp_path / "f.txt", text)
         assert secret not in (tmp_path / "f.txt").read_text()
     # an image digest and a plain URL are left as they are
-    for keep in ("registry.example.com/muse:gb200@sha256:" + "ab" * 32, "https://example.com/a?revision=main"):
+    for keep in ("registry.example.com/muse:gb200@sha256:" + "ab" * 32, "https://example.com/a?revision=main",
+                 "FROM nvidia/cuda:13.0.0-devel-ubuntu24.04@sha256:1e8ac7a5...", "query words (`?token=`, `&sig=`)"):
         assert credentials.redact_text(keep) == keep and credentials.shape(keep) is None
 
 
