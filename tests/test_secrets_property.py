@@ -77,7 +77,7 @@ KINDS = ["url-userinfo", "bare-userinfo", "query", "bearer", "github", "github-p
 secrets = st.tuples(st.sampled_from(KINDS), st.integers(0, 2**32 - 1)).map(lambda t: _secret(*t))
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,15}", fullmatch=True)
 PLACES = ["env.{n}", "data.details.{n}", "data.template_kwargs.{n}", "notes.{n}", "correctness.{n}", "author.{n}",
-          "description", "data.dataset", "provenance.url", "data.files", "--pretrained-checkpoint"]
+          "description", "data.dataset", "provenance.url", "data.files", "--pretrained-checkpoint", "--out", "--hf"]
 FORMS = ["{v}", "[{v}]", "[{v}", "{{{v}", '"{v}', "!!binary {v}", "{{k: {v}}}"]
 
 
@@ -102,6 +102,10 @@ def test_a_literal_secret_is_refused_and_never_shown(cli, name, secret, place, f
         tmp = Path(tmp)
         if place == "--pretrained-checkpoint":
             commands = [["run", "tiny-cpu", "--steps", "1", "--pretrained-checkpoint", given_text, "--out", tmp / "r"]]
+        elif place == "--out":  # a path is printed and written: a credential-shaped one is refused too
+            commands = [["run", "tiny-cpu", "--steps", "1", "--out", tmp / given_text]]
+        elif place == "--hf":
+            commands = [["export", tmp / "no-run", "--hf", tmp / given_text]]
         else:
             override = f"{place.format(n=name)}={form.format(v=given_text)}"
             commands = [["show", "tiny-cpu", override], ["run", "tiny-cpu", override, "--out", tmp / "r"],

@@ -66,6 +66,12 @@ def register(app: typer.Typer) -> None:
         auto = resume == AUTO
         if resume is None and name is None:
             raise typer.BadParameter("give a recipe name, or --resume DIR")
+        from muse_stack.errors import UsageError
+        from muse_stack.safeio import refuse_secrets
+
+        for flag, value in (("--out", out), ("--resume", resume)):  # paths are printed and written
+            if value is not None:
+                refuse_secrets(str(value), field=flag, error=UsageError, what="the path")
         if resume is not None and not auto and (name is not None and not name.startswith("-")):
             overrides = [name, *(overrides or [])] if "=" in name else overrides
         if (resume is None or auto) and name is not None:
@@ -140,6 +146,10 @@ def register(app: typer.Typer) -> None:
         from muse_stack.run import checkpoints
         from muse_stack.run.export import export_run
 
+        from muse_stack.errors import UsageError
+        from muse_stack.safeio import refuse_secrets
+
+        refuse_secrets(str(hf), field="--hf", error=UsageError, what="the path")
         under = next((p for p in hf.absolute().parents if p.exists() and not p.is_dir()), None)
         if under is not None:
             raise InputError(f"the export directory would be under {under}, which is a file", field="--hf",
