@@ -17,6 +17,17 @@ N_adapter is the adapter parameters one token passes through (every dense adapte
 expert adapters, top-k of E when each expert has its own, k passes through a shared one).
 The 6N form becomes 4 x N_active + 6 x N_adapter.
 
+Perception towers (image-text recipes; :func:`tower_flops_per_sequence`), per image of ``t`` merged
+tokens (``4t`` patches of the 2 x 2 merge), forward:
+  vision    2 x (patch_dim x D + layers x (4 D^2 + 2 D I)) per patch (the patch embedding, q/k/v/proj
+            and the MLP), plus 4 x D x keys per patch and layer for attention, keys = the patches
+            of the frame on full-attention layers and of a window (at most S x S) on window layers
+  projector 2 x (out_hidden x P + P^2 + P x H) per merged token (adapter fc1, fc2, projection)
+  audio     0: image-text data holds no audio, so the audio tower does not run
+A part that trains counts 3 x its forward; a frozen part counts its forward once (nothing
+upstream of the towers trains, so no gradient flows through them). Per text token, the
+sequence's tower FLOPs are divided by its length.
+
 MFU = model FLOP/s per GPU / peak FLOP/s per GPU. The 6N form, 6 x N_active x tokens/s /
 peak, leaves attention out; it is reported beside MFU so numbers compare with records
 that use it.
@@ -27,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from muse_stack.model_config import ModelConfig
+from muse_stack.tower_config import TowersConfig
 
 
 def mean_keys_causal(seq_len: int) -> float:
@@ -81,6 +93,37 @@ def training_flops_per_token(cfg: ModelConfig, seq_lens: Sequence[int], peft=Non
         "training": 3 * (matmul + attention),
         "training_6n": 6.0 * cfg.active_params,
     }
+
+
+def vision_forward_flops_per_patch(towers: TowersConfig, frame_patches: int) -> dict[str, float]:
+    """Forward FLOPs per patch of the vision tower for frames of ``frame_patches`` patches."""
+    v = towers.vision_config
+    d, i = v.hidden_size, v.intermediate_size
+    matmul = 2.0 * (v.patch_dim * d + v.num_hidden_layers * (4 * d * d + 2 * d * i))
+    window = min(v.window_patches**2, frame_patches)
+    attention = sum(4.0 * d * (frame_patches if kind == "full_attention" else window) for kind in v.layer_types)
+    return {"matmul": matmul, "attention": attention}
+
+
+def projector_forward_flops_per_token(towers: TowersConfig, text_hidden_size: int) -> float:
+    """Forward FLOPs per merged image token of the vision adapter and projection."""
+    p = towers.projector_hidden_size
+    return 2.0 * (towers.out_hidden_size * p + p * p + p * text_hidden_size)
+
+
+def tower_flops_per_sequence(towers: TowersConfig, text_hidden_size: int, image_tokens: int, *,
+                             vision_trains: bool, projector_trains: bool) -> dict[str, float]:
+    """Model FLOPs of the towers for one sequence holding one image of ``image_tokens`` merged tokens
+    (see the module docstring): forward, training and the 6N-style matmul-only training figure."""
+    merge = towers.vision_config.merge_size**2
+    patches = image_tokens * merge
+    vision = vision_forward_flops_per_patch(towers, patches)
+    projector = projector_forward_flops_per_token(towers, text_hidden_size) * image_tokens
+    vision_fwd = (vision["matmul"] + vision["attention"]) * patches
+    fv, fp = (3 if vision_trains else 1), (3 if projector_trains else 1)
+    return {"image_tokens": float(image_tokens), "vision_forward": vision_fwd, "projector_forward": projector,
+            "training": fv * vision_fwd + fp * projector,
+            "training_6n": fv * vision["matmul"] * patches + fp * projector}
 
 
 PEFT_FORMULA = ("model FLOPs/token with adapters on a frozen base = 2 x 2 x N_active (forward, backward to inputs) "

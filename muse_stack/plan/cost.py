@@ -30,6 +30,13 @@ only (1 x the forward instead of 2 x: no weight gradients), and the adapters' ow
 then ``h B^T``, rank r; per local expert for expert targets) run forward, with both gradients in
 the backward, on the same roofline.
 
+An image-text recipe's first stage also runs the perception towers (:mod:`muse_stack.plan.towers`)
+on each micro-batch's images: the vision tower's GEMMs (patch embedding, q/k/v/proj, MLP) and the
+projector's on the same roofline, its attention at the attention efficiency; backward 2 x the
+forward for a part that trains and none for a frozen one (nothing upstream of the towers trains),
+and one more forward of the vision tower under full recompute. Their FLOPs join the MFU
+(:func:`muse_stack.flops.tower_flops_per_sequence`).
+
 A 1F1B pipeline of ``m`` micro-batches over stages of per-micro-batch time ``t_s`` (including the
 point-to-point send of the boundary activations) takes ``(m - 1) x max t_s + sum t_s / VPP``: the
 slowest stage sets the steady state, the fill and drain pass every stage once (uneven first and
@@ -92,6 +99,7 @@ class TermTimes(BaseModel):
     cp_comm: float = 0.0
     pp_p2p: float = 0.0
     microbatch_overhead: float = 0.0
+    towers: float = 0.0  # the perception towers (first stage of an image-text recipe)
 
     def total(self) -> float:
         return sum(self.model_dump().values())
@@ -238,6 +246,31 @@ def adapter_terms(settings, model: ModelConfig, spec: GpuSpec, cal: TimeCalibrat
     return {"dense_gemm": dense, "expert_gemm": expert}
 
 
+def tower_time(plan, spec: GpuSpec, cal: TimeCalibration, *, sequences: int, full_recompute: bool) -> float:
+    """Seconds of the perception towers for one micro-batch of ``sequences`` sequences, forward,
+    backward and recompute (see the module docstring); ``plan`` a :class:`~muse_stack.plan.towers.TowerPlan`."""
+    if plan is None or not plan.image_tokens_per_sequence:
+        return 0.0
+    towers = plan.towers
+    v = towers.vision_config
+    d, i = v.hidden_size, v.intermediate_size
+    tokens = sequences * plan.image_tokens_per_sequence
+    frame = plan.image_tokens_per_sequence * v.merge_size**2
+    patches = tokens * v.merge_size**2
+    eff = cal.gemm_efficiency_dense
+    layer = (gemm_time(patches, d, 3 * d, spec, eff) + gemm_time(patches, d, d, spec, eff)
+             + gemm_time(patches, d, i, spec, eff) + gemm_time(patches, i, d, spec, eff))
+    window = min(v.window_patches**2, frame)
+    keys = sum(frame if kind == "full_attention" else window for kind in v.layer_types)
+    vision = (gemm_time(patches, v.patch_dim, d, spec, eff) + v.num_hidden_layers * layer
+              + 4.0 * d * keys * patches / (spec.peak_bf16_tflops * 1e12) / cal.attention_efficiency)
+    p = towers.projector_hidden_size
+    projector = (gemm_time(tokens, towers.out_hidden_size, p, spec, eff) + gemm_time(tokens, p, p, spec, eff)
+                 + gemm_time(tokens, p, plan.text_hidden_size, spec, eff))
+    vision_total = vision * (1 + 2 * plan.vision_trains + (full_recompute and plan.vision_trains))
+    return vision_total + projector * (1 + 2 * plan.projector_trains)
+
+
 def recomputed_share(granularity: str, modules: list[str] | None, act: dict[str, float]) -> dict[str, float]:
     """Which forward terms run again in the backward pass, as shares of each term. Selective
     recompute of ``moe_act`` or ``moe`` reruns the elementwise work in proportion to the
@@ -306,9 +339,16 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
         link_gbps(stage_stride + 1, per_node, spec, cal.link_efficiency) * 1e9)
     out_gemm = gemm_time(tokens, model.hidden_size, model.vocab_size / tp, spec, cal.gemm_efficiency_dense) * (
         1 + backward["dense_gemm"])  # the output layer: frozen too under adapters
+    from muse_stack.plan.towers import tower_plan
+
+    towers = tower_plan(recipe)  # its stated choices are the plan's assumptions (planner.make_plan)
+    towers_s = tower_time(towers, spec, cal, sequences=batch.mbs,
+                          full_recompute=(recipe.recompute.granularity or "none") == "full")
     stage_terms: list[TermTimes] = []
     for s, n in enumerate(stages):
         terms = {key: n * val for key, val in per_layer.items()}
+        if s == 0:
+            terms["towers"] = towers_s
         if s == len(stages) - 1:
             terms["dense_gemm"] += out_gemm
         terms["pp_p2p"] = p2p if pp > 1 else 0.0
@@ -343,7 +383,11 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     terms_s["optimizer"] = optimizer
     tokens_step = batch.gbs * seq
     tps = tokens_step / step / world
-    flops = training_flops_per_token(model, seq_lens, peft=settings)
+    flops = dict(training_flops_per_token(model, seq_lens, peft=settings))
+    tower_flops = towers.flops_per_sequence() if towers is not None else None
+    if tower_flops is not None:  # the towers' FLOPs of a sequence, per token of it
+        flops["training"] += tower_flops["training"] / seq
+        flops["training_6n"] += tower_flops["training_6n"] / seq
     peak = spec.peak_bf16_tflops * 1e12
     price = recipe.hardware.price_per_gpu_hour
     return StepTime(

@@ -7,6 +7,11 @@ last sharded over the data-parallel group with the distributed optimizer. Expert
 shard over the expert-data-parallel group, world / (EP x ETP x PP), dense parameters over
 DP x CP. Activations follow the layer's formulas (see :func:`layer_activation_bytes_per_token`)
 under the recompute setting, times the micro-batches a 1F1B pipeline stage keeps in flight.
+
+An image-text recipe's first stage also holds the perception towers and the projector
+(:mod:`muse_stack.plan.towers`: whole on every GPU of the stage, their trainable parts with fp32
+gradients and DP-sharded optimizer state like dense weights, a frozen part with its weights only),
+and the activations their trainable parts keep for each micro-batch in flight.
 """
 
 from __future__ import annotations
@@ -174,6 +179,9 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
                 adapter_act += slots * (w_bytes + 1) * target_shape(target, model)[0] / (tp if target not in
                                                                                           EXPERT_TARGETS else etp)
 
+    from muse_stack.plan.towers import tower_plan
+
+    towers = tower_plan(recipe)
     act = layer_activation_bytes_per_token(model, tp, sp, act_bytes=w_bytes, etp=etp)
     if recipe.peft is not None:
         if not settings.expert_targets:
@@ -186,22 +194,24 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
     for s, n in enumerate(stages):
         holds = []
         extra = 0
+        tower_params = tower_trainable = 0
         if s == 0:
             holds.append("embedding")
             extra += vocab_part
-            if recipe.frozen or recipe.data.kind == "multimodal":
-                holds.append("perception towers (not counted)")
+            if towers is not None:
+                holds.append("perception towers")
+                tower_params, tower_trainable = towers.params, towers.trainable_params
         if s == pp - 1:
             holds.append("output layer")
             extra += vocab_part
-        dense = n * dense_layer + extra
+        dense = n * dense_layer + extra + tower_params
         experts = n * expert_layer
         params = dense + experts
         if base_frozen:
             trainable_dense = n * lora_dense
             trainable_expert = n * lora_expert
         else:
-            trainable_dense, trainable_expert = dense, experts
+            trainable_dense, trainable_expert = dense - tower_params + tower_trainable, experts
         weights = params * w_bytes + (trainable_dense + trainable_expert) * w_bytes * (recipe.peft is not None)
         grads = (trainable_dense + trainable_expert) * grad_bytes
         if offload_opt:
@@ -225,6 +235,8 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
             else:
                 per_mb = n * per_layer_full
                 working = 0
+            if s == 0 and towers is not None:  # the towers' own activations, per micro-batch of mbs sequences
+                per_mb += batch.mbs * towers.activation_bytes_per_sequence(w_bytes, granularity == "full")
             activations = (per_mb * in_flight + working) / GIB
             if s == pp - 1:
                 logits = tokens * model.vocab_size / tp * cal.logits_bytes / GIB

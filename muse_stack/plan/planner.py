@@ -104,6 +104,11 @@ def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration 
     assumptions = list(report.assumptions)
     if lay.distributed_optimizer is None:
         assumptions.append("layout.distributed_optimizer is not stated; the memory estimate assumes it on")
+    from muse_stack.plan.towers import tower_plan
+
+    towers = tower_plan(recipe)
+    if towers is not None:  # where the perception towers sit, what of them trains, what they compute
+        assumptions.extend(towers.describe())
     if batch.mbs is None or batch.seq_length is None:
         report.unchecked.append("activation memory: batch.mbs or batch.seq_length is not stated")
     missing = [f"layout.{k}" for k in ("ep", "cp") if getattr(lay, k) is None]
