@@ -227,3 +227,31 @@ def test_the_fixture_script_writes_the_shipped_rows(tmp_path):
     module.write_tokenizer(ROOT / "data" / "tiny-tokenizer", tmp_path / "tok")
     for name in ("tokenizer.json", "chat_template.jinja", "tokenizer_config.json"):
         assert (tmp_path / "tok" / name).read_bytes() == (ROOT / "data" / "tiny-mm-tokenizer" / name).read_bytes()
+
+
+def test_a_dataset_read_through_datasets_gives_the_rows_of_the_same_files(tmp_path):
+    """CORD-v2's form: a ``datasets`` dataset with an Image column (here a local parquet folder,
+    read by ``datasets.load_dataset`` as the hub's copy is) builds the rows the JSONL and image
+    files build: the same tokens, masks, images and hash."""
+    import datasets
+
+    rows = _fixture(tmp_path, 4)
+    records = [json.loads(line) for line in rows.read_text().splitlines()]
+    table = datasets.Dataset.from_dict({
+        "image": [{"bytes": (tmp_path / r["image"]).read_bytes(), "path": None} for r in records],
+        "ground_truth": [r["ground_truth"] for r in records]}).cast_column("image", datasets.Image())
+    folder = tmp_path / "cord"
+    folder.mkdir()
+    table.to_parquet(str(folder / "train.parquet"))
+    files = build_for_recipe(_recipe(rows), cache_dir=tmp_path / "a", progress=False)
+    hub = build_for_recipe(_recipe(rows, "data.files=null", f"data.dataset={folder}"), cache_dir=tmp_path / "b",
+                           progress=False)
+    assert hub.rows_sha256 == files.rows_sha256 and hub.rows().images == files.rows().images
+
+
+def test_the_seed_recipes_plan_packed_image_text_rows_with_the_released_ids():
+    plan = plan_for_recipe(load_recipe("sft-192-mm", ["batch.seq_length=4096"]), require_tokenizer=False)
+    assert plan.builder == "packed" and plan.row_tokens == 4096
+    assert plan.image == {"prompt": "Describe this image.", "patch_size": 14, "temporal_patch_size": 2,
+                          "merge_size": 2, "max_image_tokens": 4096, "max_image_pixels": 89_478_485,
+                          "image_token_id": 200092}

@@ -123,7 +123,7 @@ def plan_for_recipe(recipe: Recipe, *, require_tokenizer: bool = True) -> Plan:
     seed = next((s for s in (d.seed, t.data_seed, t.seed) if s is not None), 0)
     label = d.build_name or recipe.name
     image = _image_plan(recipe) if d.kind == "multimodal" else None
-    builder = "synthetic" if d.kind == "synthetic" else (d.builder or ("packed" if b.packed else "fixed"))
+    builder = "synthetic" if d.kind == "synthetic" else (d.builder or ("packed" if b.packed or image else "fixed"))
     if builder == "synthetic":
         if not b.seq_length:
             raise RecipeError("synthetic rows need a row length", field="batch.seq_length", value=None,
