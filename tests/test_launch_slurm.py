@@ -183,45 +183,53 @@ def test_slurm_submit_two_tasks_one_run_directory(slurm_cluster, tmp_path):
     assert all(r["tokens"] > 0 and r["loss"] > 0 for r in rows)
 
 
-def test_sigkill_then_requeue_completes_the_run_with_every_step_once(slurm_cluster, tmp_path):
+def test_sigkill_then_requeue_or_resubmit_completes_the_run_with_every_step_once(slurm_cluster, tmp_path):
     """The job is SIGKILLed mid-run (batch shell and every process, as a node crash or an OOM kill
-    leaves it), then requeued: the same script runs again under the same run name, `run --resume
-    auto` continues from the latest checkpoint, and metrics.jsonl holds every step exactly once."""
+    leaves it) and requeued; the requeued attempt is SIGKILLed too, and a new `launch` under the same
+    --run-name is submitted: each attempt runs `run --resume auto` into the one run directory and
+    continues from its latest checkpoint, and metrics.jsonl ends with every step exactly once."""
     env = {**slurm_cluster["env"], "PYTHONUNBUFFERED": "1"}
     runs = tmp_path / "runs"
     steps = 60
-    script = tmp_path / "requeue.sbatch"
-    cmd = [sys.executable, "-m", "muse_stack.cli", "launch", "tiny-cpu", "--slurm", "--submit", "--gpus", "1",
-           "--nodes", "1", "--steps", str(steps), "--time", "00:20:00", "--runs-dir", str(runs), "-o", str(script),
-           "training.checkpoint_interval=4", "training.measure_warmup_steps=2"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.strip().splitlines()[-1]
-    text = script.read_text()
-    assert "#SBATCH --requeue\n" in text and "--resume auto" in text
-    run_name = next(line for line in text.splitlines() if line.startswith("RUN_NAME=")).split("=", 1)[1].split(";")[0]
-    run = runs / run_name
+    name = "requeue-run"
+
+    def launch(script: Path) -> str:
+        cmd = [sys.executable, "-m", "muse_stack.cli", "launch", "tiny-cpu", "--slurm", "--submit", "--gpus", "1",
+               "--nodes", "1", "--steps", str(steps), "--time", "00:20:00", "--runs-dir", str(runs), "--run-name",
+               name, "-o", str(script), "training.checkpoint_interval=4", "training.measure_warmup_steps=2"]
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        text = script.read_text()
+        assert "#SBATCH --requeue\n" in text and "--resume auto" in text
+        return proc.stdout.strip().splitlines()[-1]
+
+    run = runs / name
     metrics = run / "metrics.jsonl"
+    finished = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
     def steps_done() -> int:
         return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
-    # mid-run, after a checkpoint: the latest complete one is behind the last logged step
-    assert _wait(lambda: steps_done() >= 10 and (run / "checkpoints" / "latest").exists(), 240, 0.1), \
-        f"job {job}: {_job_state(env, job)}, {steps_done()} steps"
-    killed_at = steps_done()
-    assert killed_at < steps
-    subprocess.run(["scancel", "--full", "--signal=KILL", job], env=env, check=True, timeout=30)
-    finished = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-    assert _wait(lambda: _job_state(env, job) in finished, 60, 0.25), _job_state(env, job)
-    assert json.loads((run / "results.json").read_text()).get("status") != "completed" \
-        if (run / "results.json").exists() else True
+    def kill_after(job: str, at_least: int) -> None:
+        # mid-run, after a checkpoint: the latest complete one is behind the last logged step
+        assert _wait(lambda: steps_done() >= at_least and (run / "checkpoints" / "latest").exists(), 240, 0.1), \
+            f"job {job}: {_job_state(env, job)}, {steps_done()} steps"
+        subprocess.run(["scancel", "--full", "--signal=KILL", job], env=env, check=True, timeout=30)
+        assert _wait(lambda: _job_state(env, job) in finished, 60, 0.25), _job_state(env, job)
+        assert steps_done() < steps, "the run finished before the kill"
+
+    job = launch(tmp_path / "first.sbatch")
+    kill_after(job, 10)
     requeue = subprocess.run(["scontrol", "requeue", job], env=env, capture_output=True, text=True, timeout=30)
     assert requeue.returncode == 0, requeue.stderr
-    assert _wait(lambda: _job_state(env, job) == "COMPLETED", 300, 0.5), _job_state(env, job)
-
+    kill_after(job, 30)
     log = (tmp_path / f"muse-tiny-cpu-{job}.out").read_text()
     assert "(attempt 0 of job" in log and "(attempt 1 of job" in log  # one log, both attempts
+
+    again = launch(tmp_path / "again.sbatch")  # a manual resubmit under the same run name
+    assert again != job
+    assert _wait(lambda: _job_state(env, again) in finished, 300, 0.5)
+    assert _job_state(env, again) == "COMPLETED", (tmp_path / f"muse-tiny-cpu-{again}.out").read_text()
     results = json.loads((run / "results.json").read_text())
     assert results["status"] == "completed" and results["steps_completed"] == steps
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
