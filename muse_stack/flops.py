@@ -126,6 +126,22 @@ def tower_flops_per_sequence(towers: TowersConfig, text_hidden_size: int, image_
             "training_6n": fv * vision["matmul"] * patches + fp * projector}
 
 
+def image_training_flops(towers: TowersConfig, text_hidden_size: int, grid_thw, *, vision_trains: bool,
+                         projector_trains: bool) -> dict[str, float]:
+    """The towers' model FLOPs for the images of one batch (``grid_thw`` rows (t, h, w) in patches;
+    each frame of h x w patches is its own attention group), summed: training and its 6N form."""
+    merge = towers.vision_config.merge_size**2
+    total = {"training": 0.0, "training_6n": 0.0}
+    for t, h, w in grid_thw:
+        per_frame = tower_flops_per_sequence(towers, text_hidden_size, int(h) * int(w) // merge,
+                                             vision_trains=vision_trains, projector_trains=projector_trains)
+        for key in total:
+            total[key] += int(t) * per_frame[key]
+    return total
+
+
+TOWERS_FORMULA = ("; plus the perception towers' FLOPs of the step's images per token (3 x the forward of a "
+                  "part that trains, 1 x of a frozen one; muse_stack/flops.py)")
 PEFT_FORMULA = ("model FLOPs/token with adapters on a frozen base = 2 x 2 x N_active (forward, backward to inputs) "
                 "+ 3 x attention + 6 x N_adapter (adapter parameters a token passes through)")
 FORMULA = ("model FLOPs/token = 3 x (2 x N_active + sum over layers of 4 x heads x head_dim x mean keys per query); "

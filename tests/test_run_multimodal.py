@@ -53,6 +53,39 @@ def test_a_short_run_trains_the_vision_tower_and_keeps_the_audio_tower_frozen(tr
     assert all(not torch.equal(start[k], end[k]) for k in vision if k.endswith("weight"))
 
 
+def test_the_mfu_counts_the_flops_of_the_images_trained_on(trained):
+    """results.json's FLOPs per token add the towers' FLOPs of every image of the run's batches
+    (recounted here from the same rows in the same order) per token."""
+    from muse_stack.flops import image_training_flops
+
+    recipe = load_recipe("tiny-cpu-mm")
+    results = json.loads((trained / "results.json").read_text())
+    flops = results["flops_per_token"]
+    built = build_for_recipe(recipe, progress=False)
+    stream = built.batches(1, seed=recipe.training.data_seed, epochs=None)
+    total, tokens = 0.0, 0
+    for _ in range(STEPS * recipe.batch.gbs):
+        mb = next(stream)
+        tokens += mb["input_ids"].numel()
+        total += image_training_flops(recipe.towers_config_resolved(), 64, mb["image_grid_thw"].tolist(),
+                                      vision_trains=True, projector_trains=True)["training"]
+    assert flops["towers_training"] == pytest.approx(total / tokens, rel=1e-12) and total > 0
+    assert flops["training"] == pytest.approx(flops["towers_training"] + 3 * (flops["matmul_forward"]
+                                              + flops["attention_forward"]), rel=1e-12)
+    assert "perception towers" in results["flops_formula"]
+
+
+def test_a_resumed_run_repeats_the_uninterrupted_one(trained, tmp_path):
+    out = tmp_path / "resumed"
+    first = run("tiny-cpu-mm", out=out, steps=STEPS, progress=False, stop_after=5,
+                overrides=["training.measure_warmup_steps=2", "training.checkpoint_interval=5"])
+    assert first.status != "completed"
+    assert run(None, resume=out, progress=False).status == "completed"
+    losses = [[json.loads(line)["loss"] for line in (d / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+              for d in (trained, out)]
+    assert losses[0] == losses[1]  # the towers' weights, optimizer state and the data position resume exactly
+
+
 def test_the_export_loads_in_transformers_with_both_towers_and_gives_our_logits(trained, tmp_path, cli):
     out = tmp_path / "hf"
     rc, _, err = cli("export", trained, "--hf", out)

@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import Any
 
-from muse_stack.flops import FORMULA, PEFT_FORMULA, training_flops_per_token
+from muse_stack.flops import FORMULA, PEFT_FORMULA, TOWERS_FORMULA, training_flops_per_token
 from muse_stack.model_config import ModelConfig
 
 
@@ -20,14 +20,19 @@ def measurement_window(steps_completed: int, warmup: int) -> tuple[int, int] | N
 
 def summarise(metrics: list[dict[str, Any]], *, model: ModelConfig, world_size: int, seq_lens: list[int],
               warmup: int, peak_tflops: float | None, peak_source: str, price_per_gpu_hour: float | None,
-              wall_seconds: float, status: str, device: str, engine: str, peft=None) -> dict[str, Any]:
+              wall_seconds: float, status: str, device: str, engine: str, peft=None,
+              towers: dict[str, float] | None = None) -> dict[str, Any]:
     """Everything results.json reports. tokens/s per GPU is Σ tokens / Σ step time / GPUs over
     the window (the time-weighted mean of the per-step values in metrics.jsonl). Beside the mean
     step time: the median and the slowest window step's ratio to it (a stall such as a garbage
     collection shows there while the mean hides it), with that step's number."""
     done = len(metrics)
     window = measurement_window(done, warmup)
-    flops = training_flops_per_token(model, seq_lens, peft=peft)
+    flops = dict(training_flops_per_token(model, seq_lens, peft=peft))
+    if towers is not None:  # the perception towers' FLOPs per token of the steps that ran them
+        flops["towers_training"], flops["towers_training_6n"] = towers["training"], towers["training_6n"]
+        flops["training"] += towers["training"]
+        flops["training_6n"] += towers["training_6n"]
     out: dict[str, Any] = {
         "status": status,
         "steps_completed": done,
@@ -38,7 +43,7 @@ def summarise(metrics: list[dict[str, Any]], *, model: ModelConfig, world_size: 
         "engine": engine,
         "active_params": model.active_params,
         "flops_per_token": flops,
-        "flops_formula": PEFT_FORMULA if peft is not None else FORMULA,
+        "flops_formula": (PEFT_FORMULA if peft is not None else FORMULA) + (TOWERS_FORMULA if towers else ""),
         "peak_tflops": peak_tflops,
         "peak_source": peak_source,
         "wall_seconds": wall_seconds,

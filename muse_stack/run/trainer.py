@@ -408,7 +408,8 @@ class Trainer:
                             wall_seconds=self.prior_wall + time.time() - self.started, status=self.status,
                             device=engine.device if engine is not None else "unknown",
                             engine=engine.name if engine is not None else recipe.engine,
-                            peft=getattr(engine, "peft", None))
+                            peft=getattr(engine, "peft", None),
+                            towers=getattr(engine, "tower_flops_per_token", lambda: None)())
         results["recipe"] = recipe.name
         if self.rank_peaks is not None and self.env.world_size > 1:
             results["peak_memory_gib_by_rank"] = self.rank_peaks
