@@ -194,7 +194,8 @@ def test_run_names_are_unique_per_launch_and_fixed_in_the_job_file():
 def test_fabrics_set_their_own_nccl_settings():
     efa = resolve("sft-192")
     assert efa.fabric == "efa" and efa.env["NCCL_NET_PLUGIN"] == "ofi" and efa.env["FI_PROVIDER"] == "efa"
-    assert efa.library_path and efa.env["NCCL_MNNVL_ENABLE"] == "1"
+    # the image lists the EFA folders after the set's NCCL and cuDNN; the job puts nothing ahead of them
+    assert efa.library_path is None and efa.env["NCCL_MNNVL_ENABLE"] == "1"
     ib = resolve("sft-192", fabric="ib", image=IMG.replace("h200", "gb200"), kubernetes=True)
     assert ib.env["NCCL_NET"] == "IB" and "FI_PROVIDER" not in ib.env and "NCCL_NET_PLUGIN" not in ib.env
     assert ib.library_path is None and ib.env["NCCL_MNNVL_ENABLE"] == "1"  # NVLink domain whatever the fabric

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from muse_stack.errors import InputError, LayoutError, RecipeError, UsageError
 from muse_stack.launch.image import Image
-from muse_stack.launch.targets import EFA_LIBRARY_PATH, FABRIC_ENV, Target, fabric_for, target_for
+from muse_stack.launch.targets import FABRIC_ENV, Target, fabric_for, target_for
 from muse_stack.recipes.schema import Recipe
 
 RDZV_PORT = 29500
@@ -302,4 +302,6 @@ def _network(target: Target, fabric: str | None) -> tuple[str, dict[str, str], s
     network = (f"EFA {efa.installer_version} (aws-ofi-nccl {efa.aws_ofi_nccl}, libfabric {efa.libfabric}) "
                f"from containers/locks/{target.lock}.toml; {target.instance}, {target.efa_devices} EFA interfaces, "
                f"{target.note} (--fabric efa)")
-    return network, env, EFA_LIBRARY_PATH
+    # the image's LD_LIBRARY_PATH already lists the EFA plugin and libfabric after the set's cuDNN and
+    # NCCL (Dockerfile); nothing is put ahead of the set
+    return network, env, None

@@ -23,10 +23,6 @@ from dataclasses import dataclass, field
 
 from muse_stack.errors import LayoutError, UsageError
 
-# where the EFA installer puts libfabric and the aws-ofi-nccl plugin in the image (prepended to the
-# image's own LD_LIBRARY_PATH inside the container, so the CUDA base's entries stay)
-EFA_LIBRARY_PATH = "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
-
 _COMMON_ENV: dict[str, str] = {
     "NCCL_SOCKET_IFNAME": "^lo,docker",  # NCCL's bootstrap on the host network, not loopback or docker
     # warnings only: INFO on every rank of a many-node job floods the logs; `launch --nccl-debug INFO`
