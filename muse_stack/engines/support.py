@@ -116,8 +116,8 @@ def check_towers_placed(recipe: Recipe) -> None:
                           "decoder only); the reference engine trains them with the decoder",
                           field="engine", value="megatron",
                           fix="`muse-stack plan` counts the towers for this recipe; to train them, use engine: "
-                              "reference (`muse-stack run tiny-cpu-mm` trains both towers' recipe on this CPU), or "
-                              "text data (data.kind: sft)")
+                              "reference (`muse-stack run tiny-cpu-mm` trains a toy model with both towers on this "
+                              "CPU); or train on text data (data.kind: sft)")
 
 
 def check_precision_aware(recipe: Recipe) -> None:
