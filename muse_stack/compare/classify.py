@@ -19,7 +19,8 @@ none does):
 
 Between two run directories the resolved recipes are compared too (``recipe.*``): what the
 run computes (model, layout, batch, precision, optimizer, training schedule, data, fusions,
-frozen modules, PEFT) is numerics; recompute, offload, hardware and checkpoint cadence are
+frozen modules, PEFT, the held-out split's size ``validation.eval_iters``) is numerics; recompute,
+offload, hardware, checkpoint cadence and validation cadence (``validation.eval_interval``) are
 performance (the recipe's ``env`` is classed like the environment); names, descriptions,
 provenance, notes, where metrics are logged (``logging``) and the recorded stack and results are
 informational, and so is the record of which values the fill policy filled (``filled``,
@@ -185,7 +186,10 @@ RULES: list[tuple[str, str]] = [
     *((f"recipe.{p}", PERFORMANCE) for p in (
         "recompute", "recompute.*", "offload", "offload.*", "hardware", "hardware.*", "env", "env.*",
         "training.checkpoint_interval", "training.keep_checkpoints", "training.final_checkpoint",
-        "training.async_checkpoint", "training.gc", "training.gc.*")),
+        "training.async_checkpoint", "training.gc", "training.gc.*",
+        # how often the held-out loss is measured (it draws no random number training would);
+        # validation.eval_iters sizes the held-out split, so it changes the rows trained on: numerics
+        "validation.eval_interval")),
     ("recipe", NUMERICS),
     ("recipe.*", NUMERICS),
     # what was trained on

@@ -20,6 +20,7 @@ class TrainContext:
     world_size: int = 1
     local_rank: int = 0
     pretrained_checkpoint: str | None = None
+    validation: Any = None  # muse_stack.data.split.HeldOut: the held-out rows (None: no validation)
 
 
 @dataclass
@@ -38,6 +39,12 @@ class Engine(Protocol):
     def __init__(self, ctx: TrainContext) -> None: ...
 
     def train_step(self, step: int) -> StepStats: ...
+
+    def evaluate(self) -> tuple[float, int]:
+        """The model's loss over the held-out split (``ctx.validation``): the mean over the
+        supervised tokens of its ``eval_iters`` global batches, all ranks, no update, and the
+        number of those tokens; every rank calls it at the same steps and gets the same values."""
+        ...
 
     def seq_lens(self) -> list[int]:
         """Sequence lengths of a typical micro-batch row, for the attention FLOP count."""

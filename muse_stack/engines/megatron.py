@@ -269,6 +269,43 @@ class MegatronEngine:
 
         return ps.get_tensor_model_parallel_world_size()
 
+    # -- validation -----------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, int]:
+        """The loss over the held-out split (``ctx.validation``): its ``eval_iters`` global
+        batches, each split over the data-parallel ranks and micro-batches as :meth:`train_step`
+        splits a step and run through megatron-core's pipeline schedule with ``forward_only=True``
+        (as Megatron-Bridge's ``evaluate``), the model in eval mode; the loss is the sum over every
+        supervised token of every batch and rank divided by their count (Bridge's reduction of
+        ``lm loss``). Every generator is as it was afterwards."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        from muse_stack.engines.state import capture_rng
+
+        recipe, held = self.ctx.recipe, self.ctx.validation
+        rng = capture_rng(self.device, extra={"mcore_tracker": _tracker_states()})
+        stream = held.batches(recipe.batch.mbs, rank=self.dp_rank, world_size=self.dp_size)
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        self.model.eval()
+        try:
+            for _ in range(held.eval_iters):
+                raw = [next(stream) for _ in range(self.micro_batches)]
+                width = raw[0]["input_ids"].shape[1]
+                micro = [self._prepare(mb) for mb in raw]
+                seq, mbs = (width * recipe.batch.mbs, 1) if self.thd else (width, recipe.batch.mbs)
+                losses = get_forward_backward_func()(
+                    forward_step_func=self._forward_step, data_iterator=iter(micro), model=[self.model],
+                    num_microbatches=self.micro_batches, seq_length=seq, micro_batch_size=mbs, forward_only=True)
+                for item in losses:  # the last pipeline stage's (loss sum, supervised tokens) per micro-batch
+                    totals += item["lm loss"].to(torch.float64)
+        finally:
+            self.model.train()
+            self._restore_rng(rng)
+        # every TP rank of the last stage holds the same sums: the ratio is unaffected
+        tdist.all_reduce(totals)
+        loss_sum, supervised = totals.tolist()
+        return loss_sum / max(supervised, 1.0), int(round(supervised / self._loss_copies()))
+
     @torch.no_grad()
     def eval_loss(self, mb: dict[str, Any]) -> tuple[float, int]:
         """Mean supervised-token loss of one micro-batch on this rank (PP = 1), no update."""
@@ -507,15 +544,10 @@ class MegatronEngine:
         """This rank's generators (Python, NumPy, torch CPU and this rank's CUDA device, and
         megatron-core's tensor-parallel RNG tracker, whose forks draw the dropout masks of TP
         regions) and the data position, in ``rng/rank-NNNNN.pt`` beside the shards."""
-        from megatron.core import tensor_parallel
-
         from muse_stack.engines.state import capture_rng, save_rank_state
 
-        # a ByteTensor per stream; a CUDA-graph-safe tracker holds torch.Generator objects: their states
-        tracker = {name: st if torch.is_tensor(st) else st.get_state()
-                   for name, st in tensor_parallel.random.get_cuda_rng_tracker().get_states().items()}
         save_rank_state(directory, self.ctx.rank, {
-            "rng": capture_rng(self.device, extra={"mcore_tracker": tracker}),
+            "rng": capture_rng(self.device, extra={"mcore_tracker": _tracker_states()}),
             "data": self._batches.position()})
 
     def _restore_rng(self, state: dict[str, Any]) -> None:
@@ -534,6 +566,15 @@ class MegatronEngine:
                 else:
                     current[name] = st
             tracker.set_states(current)
+
+
+def _tracker_states() -> dict[str, Any]:
+    """megatron-core's tensor-parallel RNG tracker, by stream: a ByteTensor per stream; a
+    CUDA-graph-safe tracker holds torch.Generator objects: their states."""
+    from megatron.core import tensor_parallel
+
+    return {name: st.clone() if torch.is_tensor(st) else st.get_state()
+            for name, st in tensor_parallel.random.get_cuda_rng_tracker().get_states().items()}
 
 
 def supervised_mask(mb: dict[str, torch.Tensor]) -> torch.Tensor:

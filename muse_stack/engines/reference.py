@@ -183,6 +183,38 @@ class ReferenceEngine:
         return StepStats(loss=float(loss_sum) / denom, grad_norm=float(grad_norm), lr=lr,
                          tokens=int(global_tokens), supervised_tokens=int(global_supervised))
 
+    # -- validation -----------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, int]:
+        """The loss over the held-out split (``ctx.validation``), as a step computes its loss
+        (per supervised token over every micro-batch of every rank) with the model in eval mode and
+        no gradient; every generator is as it was afterwards, so training draws what it would
+        have drawn without validation."""
+        from muse_stack.engines.state import capture_rng, restore_rng
+
+        ctx = self.ctx
+        rng = capture_rng(self.device)
+        sums = torch.zeros(2, dtype=torch.float64)
+        self.model.eval()
+        try:
+            for mb in ctx.validation.batches(ctx.recipe.batch.mbs, rank=ctx.rank, world_size=ctx.world_size):
+                mb = {k: (v.to(self.device) if torch.is_tensor(v) else v) for k, v in mb.items()}
+                with self.autocast:
+                    media = {k: mb[k] for k in MEDIA_INPUTS if k in mb}
+                    out = self.model(mb["input_ids"], position_ids=mb["position_ids"], segment_ids=mb["segment_ids"],
+                                     labels=mb["labels"], loss_mask=mb["loss_mask"], **media)
+                n = out.num_tokens.to(torch.float64).cpu()
+                sums += torch.stack([out.loss.to(torch.float64).cpu() * n, n])
+        finally:
+            self.model.train()
+            restore_rng(rng, self.device)
+        if ctx.world_size > 1:
+            t = sums.to(self.device)
+            dist.all_reduce(t)
+            sums = t.cpu()
+        loss_sum, supervised = sums.tolist()
+        return loss_sum / max(supervised, 1.0), int(supervised)
+
     def _count_tower_flops(self, micro: list[dict[str, Any]]) -> None:
         towers = self.model.towers_config
         if towers is None:

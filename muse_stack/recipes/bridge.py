@@ -61,6 +61,11 @@ BRIDGE_KEYS: dict[str, str] = {
     "train.manual_gc": "training.gc.manual",
     "train.manual_gc_interval": "training.gc.interval",
     "train.manual_gc_eval": "training.gc.eval",
+    # ValidationConfig (and TrainingConfig's deprecated copies of its keys)
+    "validation.eval_interval": "validation.eval_interval",
+    "validation.eval_iters": "validation.eval_iters",
+    "train.eval_interval": "validation.eval_interval",
+    "train.eval_iters": "validation.eval_iters",
     # OptimizerConfig (megatron.core); the first four have the same name in both
     "optimizer.lr": "optimizer.lr",
     "optimizer.min_lr": "optimizer.min_lr",
@@ -98,9 +103,9 @@ BRIDGE_KEYS: dict[str, str] = {
 #: ConfigContainer sections that are not recipe sections: any key under them is a Bridge key
 BRIDGE_ONLY_SECTIONS = frozenset({"train", "scheduler", "ddp", "rng", "logger", "checkpoint", "dataset",
                                   "dist", "mixed_precision", "comm_overlap", "profiling", "tokenizer", "ft",
-                                  "straggler", "nvrx_straggler", "inprocess_restart", "validation"})
+                                  "straggler", "nvrx_straggler", "inprocess_restart"})
 #: sections both formats have; their Bridge-only keys are recognised by the schema not knowing them
-SHARED_SECTIONS = frozenset({"model", "optimizer", "peft"})
+SHARED_SECTIONS = frozenset({"model", "optimizer", "peft", "validation"})
 
 
 def _recipe_fields() -> list[str]:

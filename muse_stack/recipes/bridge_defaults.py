@@ -18,6 +18,13 @@ trains with 0.033, the value filled here.
 Warm-up: ``lr_warmup_iters``, in optimizer steps. Bridge's ``ConfigContainer.validate`` caps the
 warm-up below the decay length (``train_iters`` when ``lr_decay_iters`` is None); the fill
 caps it at ``training.steps`` the same way (:mod:`muse_stack.recipes.fill`).
+
+Validation: each common function builds ``ValidationConfig(eval_interval=..., eval_iters=...)``
+(``_pretrain_common``, ``_sft_common``, ``_peft_common``) or sets ``cfg.validation.eval_interval``
+and ``cfg.validation.eval_iters`` (``_sft_common_vlm``, ``_peft_common_vlm``); the values are in
+:data:`VALIDATION`. They are filled only into a recipe that states a ``validation`` section: the
+held-out split they size changes the rows a recipe trains on, so a recipe without the section
+keeps its recorded data.
 """
 
 from __future__ import annotations
@@ -76,4 +83,15 @@ KINDS: dict[str, dict] = {
         "values": {"name": "adam", "lr": 1e-4, "min_lr": 1e-5, "warmup_steps": 500, "decay_style": "cosine",
                    "weight_decay": 0.033, "clip_grad": 1.0, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8},
     },
+}
+
+
+#: per recipe kind: the ``ValidationConfig`` values of the same common function (recipe fields
+#: ``validation.*``, Bridge's own names)
+VALIDATION: dict[str, dict[str, int]] = {
+    "pretrain": {"eval_interval": 500, "eval_iters": 32},
+    "sft": {"eval_interval": 100, "eval_iters": 32},
+    "peft": {"eval_interval": 100, "eval_iters": 32},
+    "sft_vlm": {"eval_interval": 500, "eval_iters": 32},
+    "peft_vlm": {"eval_interval": 500, "eval_iters": 32},
 }

@@ -7,6 +7,12 @@ recipe states) always wins. Every value filled is recorded in the resolved recip
 the fingerprint's recipe hash covers. ``fill_policy: none`` fills nothing, and a recipe whose
 kind Bridge has no common recipe for (``task: benchmark``) gets nothing filled: the engines
 refuse what stays unstated, naming it.
+
+Validation values (``validation.eval_interval``, ``validation.eval_iters``) are filled the same
+way, from the same common function, but only into a recipe that states a ``validation`` section
+(``validation: {}`` or an override under it): the held-out split changes the rows the recipe
+trains on, so a recipe without the section keeps its recorded data (Bridge's recipes always
+validate; ours do when asked).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from muse_stack.recipes.bridge_defaults import KINDS, POLICY, WHEEL
+from muse_stack.recipes.bridge_defaults import KINDS, POLICY, VALIDATION, WHEEL
 
 NONE = "none"
 POLICIES = (POLICY, NONE)
@@ -73,5 +79,14 @@ def apply(data: dict[str, Any]) -> dict[str, Any]:
         filled[f"optimizer.{field}"] = {"value": value, "source": note}
     if filled:
         out["optimizer"] = opt
+    validation = data.get("validation")
+    if isinstance(validation, dict):  # stated: fill what it leaves unstated (None: no validation)
+        validation = dict(validation)
+        for field, value in VALIDATION[kind].items():
+            if validation.get(field) is None:
+                validation[field] = value
+                filled[f"validation.{field}"] = {"value": value, "source": src}
+        out["validation"] = validation
+    if filled:
         out["filled"] = filled
     return out

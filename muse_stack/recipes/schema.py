@@ -300,6 +300,24 @@ class Training(_Strict):
                                   description="Python's garbage collector: manual collection at chosen steps")
 
 
+class Validation(_Strict):
+    """Validation loss on a held-out split of the recipe's data (Megatron-Bridge's
+    ``ValidationConfig``: ``validation.eval_interval``, ``validation.eval_iters``). The split holds
+    ``eval_iters`` x ``batch.gbs`` rows of the build, drawn once by a fixed seed
+    (:mod:`muse_stack.data.split`); training takes the others. Every ``eval_interval`` steps and at
+    the end of the run the model's loss over those ``eval_iters`` global batches (the same ones
+    each time) is recorded as ``val_loss``. A recipe without this section has no validation and
+    trains on all its rows; with it, an unstated value is filled from Bridge 0.6.2's common recipe
+    for the recipe's kind (``fill_policy``, recorded under ``filled``)."""
+
+    eval_interval: int | None = Field(None, ge=1, le=MAX_STEPS, description="steps between validation losses "
+                                                                             "(Bridge: validation.eval_interval)")
+    eval_iters: int | None = Field(None, ge=1, le=MAX_STEPS, description="global batches per validation loss; "
+                                                                         "the held-out split is eval_iters x "
+                                                                         "batch.gbs rows (Bridge: "
+                                                                         "validation.eval_iters)")
+
+
 class Data(_Strict):
     kind: Literal["synthetic", "sft", "pretrain", "multimodal"] = "sft"
     dataset: str | None = Field(None, description="Hugging Face dataset id")
@@ -421,6 +439,8 @@ class Recipe(_Strict):
     optimizer: Optimizer = Field(default_factory=Optimizer)
     training: Training = Field(default_factory=Training)
     data: Data = Field(default_factory=Data)
+    validation: Validation | None = Field(None, description="validation loss on a held-out split (absent: none, "
+                                                           "every row trains)")
     logging: Logging = Field(default_factory=Logging)
     frozen: list[str] = Field(default_factory=list, description="modules that do not train")
     peft: Peft | None = None

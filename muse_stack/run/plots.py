@@ -25,7 +25,11 @@ def _save(fig, path: Path) -> None:
 def loss_plot(metrics: list[dict[str, Any]], path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     steps = [m["step"] for m in metrics]
-    ax.plot(steps, [m["loss"] for m in metrics], marker=".", lw=1)
+    ax.plot(steps, [m["loss"] for m in metrics], marker=".", lw=1, label="training")
+    val = [(m["step"], m["val_loss"]) for m in metrics if m.get("val_loss") is not None]
+    if val:  # the held-out split's loss (recipe validation)
+        ax.plot([s for s, _ in val], [v for _, v in val], marker="o", lw=1, label="validation")
+        ax.legend()
     ax.set_xlabel("step")
     ax.set_ylabel("loss (per supervised token)")
     ax.set_title(title)

@@ -57,6 +57,8 @@ class LogSink:
     def log(self, row: Row) -> None:
         log.info("step %d loss %.4f grad_norm %.3f lr %.3g %.3fs", row["step"], row["loss"], row["grad_norm"],
                  row["lr"], row["step_time_s"])
+        if row.get("val_loss") is not None:
+            log.info("step %d val_loss %.4f", row["step"], row["val_loss"])
 
     def close(self) -> None:
         pass
@@ -68,6 +70,10 @@ class StdoutSink:
     rate, the tokens/s of the steps since the previous line and the time left at that pace::
 
         step 40/100 | loss 2.3512 | grad_norm 0.812 | lr 0.000287 | 12,345 tokens/s | ETA 0:01:12
+
+    and a line for each validation loss (recipe ``validation``), at its step whatever the interval::
+
+        step 40/100 | val_loss 2.4107 | val_ppl 11.14 | 8,192 supervised tokens | 1.3s
     """
 
     def __init__(self, interval: int, stream: Any = None) -> None:
@@ -85,17 +91,28 @@ class StdoutSink:
         self._tokens += row["tokens"]
         self._seconds += row["step_time_s"]
         step = row["step"]
-        if step % self.interval and step != self.total:
-            return
-        rate = self._tokens / self._seconds if self._seconds > 0 else 0.0
-        left = max(0, self.total - step) * self._seconds / self._steps
-        print(f"step {step}/{self.total} | loss {row['loss']:.4f} | grad_norm {row['grad_norm']:.3f} | "
-              f"lr {row['lr']:.3g} | {rate:,.0f} tokens/s | ETA {_clock(left)}", file=self.stream or sys.stdout,
-              flush=True)
-        self._steps, self._tokens, self._seconds = 0, 0, 0.0
+        out = self.stream or sys.stdout
+        if not step % self.interval or step == self.total:
+            rate = self._tokens / self._seconds if self._seconds > 0 else 0.0
+            left = max(0, self.total - step) * self._seconds / self._steps
+            print(f"step {step}/{self.total} | loss {row['loss']:.4f} | grad_norm {row['grad_norm']:.3f} | "
+                  f"lr {row['lr']:.3g} | {rate:,.0f} tokens/s | ETA {_clock(left)}", file=out, flush=True)
+            self._steps, self._tokens, self._seconds = 0, 0, 0.0
+        if row.get("val_loss") is not None:
+            print(validation_line(row, self.total), file=out, flush=True)
 
     def close(self) -> None:
         pass
+
+
+def validation_line(row: Row, total: int) -> str:
+    """The line a validation loss gets (perplexity as Megatron-Bridge prints it: exp of the loss, capped at 20)."""
+    import math
+
+    loss = row["val_loss"]
+    ppl = math.exp(min(20.0, loss)) if math.isfinite(loss) else math.nan
+    return (f"step {row['step']}/{total} | val_loss {loss:.4f} | val_ppl {ppl:.4g} | "
+            f"{row.get('val_supervised_tokens', 0):,} supervised tokens | {row.get('val_s', 0.0):.1f}s")
 
 
 def _clock(seconds: float) -> str:
@@ -119,6 +136,8 @@ class ProgressSink:
 
     def log(self, row: Row) -> None:
         self.bar.update(self.task, advance=1, loss=f"{row['loss']:.4f}")
+        if row.get("val_loss") is not None:
+            self.bar.console.print(validation_line(row, int(self.bar.tasks[0].total or 0)), highlight=False)
 
     def close(self) -> None:
         self.bar.stop()

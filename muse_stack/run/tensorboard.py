@@ -1,10 +1,11 @@
 """Metric sinks beside ``metrics.jsonl``: TensorBoard event files and, optionally, Weights & Biases.
 
-Each sink is a component with the same four calls, made on one rank (rank 0):
+Each sink is a component with the same five calls, made on one rank (rank 0):
 
 - ``on_start(recipe_text, fingerprint_summary)``: the resolved recipe and the stack fingerprint's
   summary, as text;
 - ``on_step(step, metrics)``: every numeric value of a step's metrics record, as a scalar at that step;
+- ``on_validation(step, values)``: a validation loss (recipe ``validation``) as ``val/loss`` at its step;
 - ``on_end(results)``: the run's results (``results.json``), numeric ones as scalars at the last step
   and all of them as a text table;
 - ``close()``: flush and close (safe to call twice).
@@ -88,6 +89,11 @@ class TensorBoardLogger:
         for name, value in _scalars({k: v for k, v in metrics.items() if k != "step"}).items():
             self._writer.add_scalar(f"train/{name}", value, global_step=int(step))
 
+    def on_validation(self, step: int, values: Mapping[str, Any]) -> None:
+        self._last_step = max(self._last_step, int(step))
+        for name, value in _scalars(values).items():
+            self._writer.add_scalar(f"val/{name}", value, global_step=int(step))
+
     def on_end(self, results: Mapping[str, Any]) -> None:
         step = results.get("steps_completed")
         step = int(step) if isinstance(step, int) and not isinstance(step, bool) else self._last_step
@@ -141,6 +147,10 @@ class WandbLogger:
         self._last_step = max(self._last_step, int(step))
         values = {f"train/{k}": v for k, v in _scalars({k: v for k, v in metrics.items() if k != "step"}).items()}
         self._run.log(values, step=int(step))
+
+    def on_validation(self, step: int, values: Mapping[str, Any]) -> None:
+        self._last_step = max(self._last_step, int(step))
+        self._run.log({f"val/{k}": v for k, v in _scalars(values).items()}, step=int(step))
 
     def on_end(self, results: Mapping[str, Any]) -> None:
         for name, value in _scalars(results).items():

@@ -39,6 +39,8 @@ from muse_stack.run.sinks import MetricSink, sinks_for
 
 console = Console(stderr=True)
 log = logging.getLogger("muse_stack.run")
+#: the keys of a step's metrics row that record its validation (recipe ``validation``), when due
+VALIDATION_KEYS = ("val_loss", "val_supervised_tokens", "val_s")
 
 
 @dataclass
@@ -91,6 +93,7 @@ class Trainer:
         self.gc = recipe.training.gc
         self._gc_was_enabled: bool | None = None  #: set while the run holds the collector off
         self.gc_collections: list[int] = []  #: the steps after which the run collected by hand
+        self.held_out = None  #: the held-out split (muse_stack.data.split.HeldOut) when the recipe validates
 
     # -- the whole run --------------------------------------------------------------------
     def run(self) -> RunOutcome:
@@ -152,6 +155,14 @@ class Trainer:
             data = build_for_recipe(recipe, progress=False)
         faults.point("after-data")
         self._check_stop()
+        from muse_stack.data.split import split_for_recipe
+
+        # with validation: training takes the build's rows less the held-out ones (the same on every rank)
+        data, self.held_out = split_for_recipe(recipe, data)
+        if self.held_out is not None:
+            log.info("validation: %d held-out rows (rows_sha256 %s), loss over %d batches every %d steps and at "
+                     "the end", self.held_out.num_rows, self.held_out.rows_sha256, self.held_out.eval_iters,
+                     self.held_out.eval_interval)
         self.total = total_steps(recipe, data)
         log.info("recipe %s: %d steps, data %s (%d rows, rows_sha256 %s)", recipe.name, self.total, data.path,
                  data.num_rows, data.rows_sha256)
@@ -168,7 +179,8 @@ class Trainer:
 
         self.numerics = numerics.apply(recipe)  # before the engine touches the GPU
         ctx = TrainContext(recipe=recipe, model=self.model_cfg, data=data, total_steps=self.total, rank=env.rank,
-                           world_size=env.world_size, local_rank=env.local_rank, pretrained_checkpoint=start)
+                           world_size=env.world_size, local_rank=env.local_rank, pretrained_checkpoint=start,
+                           validation=self.held_out)
         self.engine = get_engine(recipe.engine)(ctx)
         self.checkpoints = CheckpointManager(self.path, self.engine, interval=recipe.training.checkpoint_interval,
                                              keep=recipe.training.keep_checkpoints, rank=env.rank,
@@ -278,10 +290,12 @@ class Trainer:
     def _fingerprint(self, data) -> None:
         from muse_stack.fingerprint import capture, merge_ranks
 
-        fp = capture(recipe_sha256=recipe_sha256(self.recipe), rows_sha256=data.rows_sha256,
-                     extra={"recipe": self.recipe.name, "engine": self.engine.describe(),
-                            "numerics": {"deterministic": bool(self.recipe.numerics.deterministic),
-                                         "set": getattr(self, "numerics", {})}})
+        extra = {"recipe": self.recipe.name, "engine": self.engine.describe(),
+                 "numerics": {"deterministic": bool(self.recipe.numerics.deterministic),
+                              "set": getattr(self, "numerics", {})}}
+        if self.held_out is not None:  # rows_sha256 is then the training rows'; the held-out rows' is here
+            extra["validation"] = self.held_out.describe()
+        fp = capture(recipe_sha256=recipe_sha256(self.recipe), rows_sha256=data.rows_sha256, extra=extra)
         all_fps = dist.gather(fp)
         if not self.rank0:
             return
@@ -333,12 +347,18 @@ class Trainer:
                    "step_time_s": dt, "tokens": stats.tokens, "supervised_tokens": stats.supervised_tokens,
                    "tokens_per_s": stats.tokens / dt, "tokens_per_s_per_gpu": stats.tokens / dt / world,
                    "peak_memory_gib": engine.peak_memory_gib(), "gc_s": gc_s}
+            if self._validation_due(step):  # after the step's timing: its own seconds are val_s
+                row.update(self._validate(step))
             self.metrics.append(row)
             for sink in self.sinks:
                 sink.log(row)
+            train_values = {k: v for k, v in row.items() if k not in VALIDATION_KEYS}
             if step % self.recipe.training.log_interval == 0 or step == self.total:
                 for logger in self.loggers:
-                    logger.on_step(row["step"], row)
+                    logger.on_step(row["step"], train_values)
+            if "val_loss" in row:
+                for logger in self.loggers:
+                    logger.on_validation(step, {"loss": row["val_loss"]})
             self.step = step
             faults.point("after-step", step)
             if self._decide(step):
@@ -355,6 +375,31 @@ class Trainer:
             log.warning("interrupted (%s) after step %d; checkpoint at step %s", self.stop.signal, self.step,
                         self.checkpoints.last_step)
         self.checkpoints.wait()
+
+    # -- validation -----------------------------------------------------------------------
+    def _validation_due(self, step: int) -> bool:
+        """Every ``validation.eval_interval`` steps and at the last step of the run (once there)."""
+        held = self.held_out
+        return held is not None and (step % held.eval_interval == 0 or step == self.total)
+
+    def _validate(self, step: int) -> dict[str, Any]:
+        """The held-out loss after ``step``, on every rank; with manual garbage collection and
+        ``training.gc.eval`` a full collection before it and a young-generation one after it (as
+        Megatron-Bridge's ``manual_gc_eval``), outside every step's time."""
+        import gc
+
+        assert self.engine is not None
+        collect = self.gc.manual and self.gc.eval
+        if collect:
+            self._gc_collect(step)
+        t0 = time.perf_counter()
+        loss, supervised = self.engine.evaluate()
+        seconds = time.perf_counter() - t0
+        if collect:
+            gc.collect(generation=0)
+        log.info("validation at step %d: val_loss %.6f over %d supervised tokens (%.3fs)", step, loss, supervised,
+                 seconds)
+        return {"val_loss": loss, "val_supervised_tokens": supervised, "val_s": seconds}
 
     def _decide(self, step: int) -> bool:
         """After a step: save when due, complete a background save, and say whether to stop."""
@@ -437,6 +482,11 @@ class Trainer:
             results["changes"] = self.changes
         results["gc"] = {"manual": self.gc.manual, "interval": self.gc.interval, "eval": self.gc.eval,
                          "collections_by_hand": len(self.gc_collections)}
+        if self.held_out is not None:
+            evaluated = [r for r in metrics if r.get("val_loss") is not None]
+            results["validation"] = {**self.held_out.describe(), "evaluations": len(evaluated),
+                                     "last_step": evaluated[-1]["step"] if evaluated else None,
+                                     "val_loss": evaluated[-1]["val_loss"] if evaluated else None}
         atomic.write_json(self.path / rundir.RESULTS, results)
         for logger in self.loggers:
             logger.on_end(results)
