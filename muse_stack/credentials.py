@@ -161,8 +161,8 @@ def findings(data: Any, path: str = "", *, under_secret: bool = False,
     if isinstance(data, dict):
         for key, value in data.items():
             where = f"{path}.{key}" if path else str(key)
-            if shape(str(key)):
-                out.append((where, f"the key holds {shape(str(key))}"))
+            if shape(str(key)):  # named by where it stands: the key itself is not shown
+                out.append((f"{path}.{REDACTED}" if path else REDACTED, f"a key holds {shape(str(key))}"))
                 continue
             out.extend(findings(value, where, under_secret=under_secret or secret_name(str(key)),
                                 secret_name=secret_name))

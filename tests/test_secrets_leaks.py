@@ -141,3 +141,11 @@ def test_a_malformed_recipe_file_is_not_quoted_back(cli, tmp_path):
     bad.write_text((ROOT / "recipes" / "tiny-cpu.yaml").read_text() + f"env:\n  DB_PASS: [{PW}\n")
     rc, out, err = cli("show", bad)
     assert rc == 2 and PW not in out + err and "line " in err and "column" in err, err
+
+
+def test_a_credential_shaped_key_in_a_recipe_file_is_not_shown(cli, tmp_path):
+    key = "".join(random.Random(7).choices(string.ascii_letters + string.digits, k=40))  # high entropy, no prefix
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text((ROOT / "recipes" / "tiny-cpu.yaml").read_text() + f"notes:\n  {key}: x\n")
+    rc, out, err = cli("show", recipe)
+    assert rc == 2 and key not in out + err and "notes.<redacted>" in err, err
