@@ -135,7 +135,9 @@ def test_the_fixture_builds_with_the_processor_layout_and_the_stated_loss(tmp_pa
     tok = ChatTokenizer(ROOT / "data" / "tiny-mm-tokenizer")
     patch, start, end = (tok.tokenizer.token_to_id(t) for t in ("<|patch|>", "<|image_start|>", "<|image_end|>"))
     assert patch == load_recipe("tiny-cpu-mm").towers_config_resolved().image_token_id
-    assert built.stats["images"] == built.stats["kept_conversations"] > 30
+    assert built.stats["images"] == built.stats["kept_conversations"] == 64
+    docs = " ".join((ROOT / "docs" / "data.md").read_text().split())
+    assert f"into {built.stats['packs']} rows of 512 tokens, {built.stats['image_tokens']:,} of them image" in docs
     for r in range(rows.num_rows):
         ids, mask = rows.ids[r], rows.mask[r]
         starts, ends = np.flatnonzero(ids == start), np.flatnonzero(ids == end)
@@ -190,6 +192,18 @@ def test_a_bad_image_is_an_input_error_naming_its_row(tmp_path, damage, words):
         build_for_recipe(_recipe(rows, *extra), cache_dir=tmp_path / "cache", progress=False)
     assert f"row 3 (id {record['id']})" in exc.value.message and words in exc.value.message and exc.value.fix
     assert not any((tmp_path / "cache").glob("*/rows.parquet"))  # nothing half-built is left
+
+
+def test_the_builds_pixel_limit_governs_not_pils_global_one(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # PIL's process-wide limit, lowered
+    buf = io.BytesIO()
+    Image.new("RGB", (100, 100)).save(buf, format="PNG")  # 10,000 pixels: past twice PIL's limit
+    assert open_rgb(buf.getvalue(), ImageSpec(max_image_pixels=50_000), row="r").size == (100, 100)
+    with pytest.raises(InputError, match="100 x 100 pixels, more than the 6,000"):
+        open_rgb(buf.getvalue(), ImageSpec(max_image_pixels=6_000), row="r")
+    with pytest.raises(InputError, match="oversized"):  # past twice the build's limit PIL refuses to decode
+        open_rgb(buf.getvalue(), ImageSpec(max_image_pixels=4_000), row="r")
+    assert Image.MAX_IMAGE_PIXELS == 1000  # left as it was
 
 
 def test_image_text_plans_refuse_what_would_cut_or_misplace_an_image(tmp_path):

@@ -118,9 +118,12 @@ def open_rgb(data: bytes, spec: ImageSpec, *, row: str):
 
     from PIL import Image
 
+    limit = Image.MAX_IMAGE_PIXELS  # PIL's own bomb check follows the build's limit while it decodes
+    Image.MAX_IMAGE_PIXELS = spec.max_image_pixels
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            # past the limit the check below says so by size; past twice it, PIL refuses to decode
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
             width, height = image.size
             if width * height > spec.max_image_pixels:
@@ -132,12 +135,14 @@ def open_rgb(data: bytes, spec: ImageSpec, *, row: str):
             image.load()
     except InputError:
         raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+    except Image.DecompressionBombError as exc:
         raise InputError(f"{row}: the image is oversized ({exc})", field="data image", value=row,
                          fix="downscale or drop the image, or raise data.details.max_image_pixels") from exc
     except (OSError, SyntaxError, ValueError) as exc:  # PIL's errors for an unreadable or truncated image
         raise InputError(f"{row}: the image cannot be decoded ({type(exc).__name__}: {exc})", field="data image",
                          value=row, fix="replace the corrupt image file, or drop the row from the data") from exc
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
