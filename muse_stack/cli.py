@@ -75,7 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # usage errors from the command-line parser; anything else is a defect
         show = getattr(exc, "show", None)
         if callable(show) and hasattr(exc, "exit_code"):
-            show()
+            import io
+
+            from muse_stack.credentials import redact_text
+
+            buf = io.StringIO()  # the parser's message may quote what was typed: credentials redacted
+            show(file=buf)
+            sys.stderr.write(redact_text(buf.getvalue()))
             return int(exc.exit_code)
         if os.environ.get("MUSE_STACK_DEBUG"):
             raise

@@ -149,3 +149,8 @@ def test_a_credential_shaped_key_in_a_recipe_file_is_not_shown(cli, tmp_path):
     recipe.write_text((ROOT / "recipes" / "tiny-cpu.yaml").read_text() + f"notes:\n  {key}: x\n")
     rc, out, err = cli("show", recipe)
     assert rc == 2 and key not in out + err and "notes.<redacted>" in err, err
+
+
+def test_the_command_line_parser_does_not_echo_a_token(cli):
+    rc, out, err = cli("run", "tiny-cpu", f"--{TOKEN}")
+    assert rc == 2 and TOKEN not in out + err and "No such option" in err, err
