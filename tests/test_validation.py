@@ -226,3 +226,52 @@ def test_a_resume_records_each_validation_once(tmp_path, validated):
     full = metrics(validated[0].path)
     # the resumed steps repeat the uninterrupted run's float32 operations from state saved bit for bit
     assert [r.get("val_loss") for r in rows] == [r.get("val_loss") for r in full]
+
+
+# -- compare: the validation curves --------------------------------------------------------
+def _run_dir(path: Path, val: dict[int, float | None], steps: int = 20) -> Path:
+    path.mkdir(parents=True)
+    lines = []
+    for s in range(1, steps + 1):
+        row = {"step": s, "loss": 4.0 - 0.1 * s, "grad_norm": 1.0}
+        if s in val:
+            row["val_loss"] = val[s]
+        lines.append(json.dumps(row))
+    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return path
+
+
+GOLDEN_VAL = {s: 4.2 - 0.1 * s for s in range(4, 21, 4)}
+
+
+def test_compare_judges_the_validation_curves_only_when_asked(tmp_path, cli):
+    golden = _run_dir(tmp_path / "golden", GOLDEN_VAL)
+    # the same training curve; the held-out loss stalls from step 12 on
+    worse = _run_dir(tmp_path / "worse", {s: v if s < 12 else GOLDEN_VAL[8] for s, v in GOLDEN_VAL.items()})
+    rc, out, _ = cli("compare", golden, worse, "--json", "--no-plot")
+    assert rc == 0 and "validation" not in json.loads(out)
+    rc, out, _ = cli("compare", golden, worse, "--json", "--no-plot", "--validation")
+    report = json.loads(out)
+    assert rc == 1 and report["convergence"]["passed"] and not report["validation"]["passed"]
+    assert "final loss" in report["validation"]["failed_checks"]
+    assert report["validation"]["points_compared"] == len(GOLDEN_VAL)
+    same = _run_dir(tmp_path / "same", GOLDEN_VAL)
+    rc, out, _ = cli("compare", golden, same, "--json", "--no-plot", "--validation")
+    assert rc == 0 and json.loads(out)["validation"]["passed"]
+    rc, out, _ = cli("compare", golden, same, "--validation")  # the table, and the plot with both curves
+    assert rc == 0 and "validation (5 points compared" in out and (same / "compare-golden.png").is_file()
+
+
+def test_validation_curves_must_exist_at_the_same_steps_and_be_finite(tmp_path):
+    from muse_stack.compare.convergence import check_validation
+    from muse_stack.compare.runs import read_metrics
+
+    golden = read_metrics(_run_dir(tmp_path / "golden", GOLDEN_VAL))
+    none = check_validation(golden, read_metrics(_run_dir(tmp_path / "none", {})))
+    assert none.failed == ["validation recorded"] and "candidate records no val_loss" in none.checks[0].detail
+    shifted = check_validation(golden, read_metrics(_run_dir(tmp_path / "shifted", {s + 1: v for s, v in
+                                                                                      GOLDEN_VAL.items()})))
+    assert "same validation steps" in shifted.failed
+    broken = {**GOLDEN_VAL, 8: None}
+    nan = check_validation(golden, read_metrics(_run_dir(tmp_path / "nan", broken)))
+    assert "finite validation loss" in nan.failed and "at steps 8" in nan.checks[2].detail

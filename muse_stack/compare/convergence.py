@@ -14,6 +14,10 @@ Unlike Bridge, the curves must cover the same steps: a step missing from either 
 duplicated step, runs of different lengths, or a NaN/Inf loss or grad norm in either run
 fail the check and say which steps. (Bridge turns missing steps into NaN, which then pass
 every comparison, so a run that died at step 30 of 50 passes there.)
+
+:func:`check_validation` judges the validation curves the same way (``compare --validation``):
+the ``val_loss`` of each step that records one (recipe ``validation``), with the same statistical
+checks and thresholds; both runs must have validated at the same steps, with finite losses.
 """
 
 from __future__ import annotations
@@ -205,6 +209,50 @@ def _integrity(golden: Metrics, candidate: Metrics) -> list[Check]:
     return checks
 
 
+def validation_points(metrics: Metrics) -> dict[int, float]:
+    """step -> the validation loss recorded at that step (``val_loss`` in its metrics row); a
+    null or non-number is NaN (it fails the finite check)."""
+    from muse_stack.compare.runs import _number
+
+    out: dict[int, float] = {}
+    for r in metrics.steps:
+        if "val_loss" in r.raw:
+            try:
+                out[r.step] = _number(r.raw["val_loss"])
+            except (TypeError, ValueError):
+                out[r.step] = math.nan
+    return out
+
+
+def check_validation(golden: Metrics, candidate: Metrics, thresholds: Thresholds | None = None) -> ConvergenceResult:
+    """The validation curves of two runs, judged as :func:`check_convergence` judges the
+    training curves, over the steps both validated at."""
+    t = thresholds or Thresholds()
+    result = ConvergenceResult(thresholds=asdict(t))
+    g, c = validation_points(golden), validation_points(candidate)
+    none = [name for name, points in (("golden", g), ("candidate", c)) if not points]
+    result.checks.append(Check(
+        "validation recorded", not none, {"golden": len(g), "candidate": len(c)}, "both runs",
+        "; ".join(f"{name} records no val_loss (its recipe has no validation section)" for name in none)
+        or f"golden {len(g)} points, candidate {len(c)}", "val_loss in both runs"))
+    if none:
+        return result
+    g_only, c_only = set(g) - set(c), set(c) - set(g)
+    detail = "; ".join(f"only the {name} validated at steps {step_ranges(only)}"
+                       for name, only in (("golden", g_only), ("candidate", c_only)) if only)
+    result.checks.append(Check("same validation steps", not detail,
+                               {"golden_only": sorted(g_only), "candidate_only": sorted(c_only)}, "equal",
+                               detail or f"steps {step_ranges(set(g))} in both", "validated at the same steps"))
+    bad = {name: sorted(s for s, v in points.items() if not math.isfinite(v))
+           for name, points in (("golden", g), ("candidate", c))}
+    bad = {k: v for k, v in bad.items() if v}
+    result.checks.append(Check(
+        "finite validation loss", not bad, bad, "all finite",
+        "; ".join(f"{name} val_loss not finite at steps {step_ranges(set(steps))}" for name, steps in bad.items())
+        or "all finite", "no NaN/Inf"))
+    return _statistics(result, g, c, t)
+
+
 def check_convergence(golden: Metrics, candidate: Metrics, thresholds: Thresholds | None = None) -> ConvergenceResult:
     t = thresholds or Thresholds()
     result = ConvergenceResult(thresholds=asdict(t))
@@ -212,6 +260,12 @@ def check_convergence(golden: Metrics, candidate: Metrics, thresholds: Threshold
 
     g_by_step = {r.step: r.loss for r in golden.steps}
     c_by_step = {r.step: r.loss for r in candidate.steps}
+    return _statistics(result, g_by_step, c_by_step, t)
+
+
+def _statistics(result: ConvergenceResult, g_by_step: dict[int, float], c_by_step: dict[int, float],
+                t: Thresholds) -> ConvergenceResult:
+    """Correlation, point-wise tolerance, final loss and outliers of two curves (step -> loss)."""
     common = sorted(s for s in g_by_step.keys() & c_by_step.keys()
                     if math.isfinite(g_by_step[s]) and math.isfinite(c_by_step[s]))
     skip = max(0, int(len(common) * t.skip_first))

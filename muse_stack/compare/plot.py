@@ -22,6 +22,13 @@ def plot_losses(golden: Metrics, candidate: Metrics, golden_name: str, candidate
     c = {r.step: r.loss for r in candidate.steps}
     ax.plot(list(g), list(g.values()), "-", color="#444444", lw=1.6, label=f"golden: {golden_name}")
     ax.plot(list(c), list(c.values()), "-", color="#d62728", lw=1.2, alpha=0.85, label=f"candidate: {candidate_name}")
+    from muse_stack.compare.convergence import validation_points
+
+    for metrics, color, name in ((golden, "#444444", "golden"), (candidate, "#d62728", "candidate")):
+        val = validation_points(metrics)  # the held-out loss, where the runs validated
+        if val:
+            ax.plot(list(val), list(val.values()), "o--", color=color, lw=0.8, ms=4, mfc="none",
+                    label=f"{name} validation")
     missing = sorted(set(g) - set(c))
     if missing:
         ax.plot(missing, [g[s] for s in missing], "x", color="#d62728", ms=5, label="missing in candidate")

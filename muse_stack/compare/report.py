@@ -94,6 +94,17 @@ def render_compare(report: CompareReport, console: Console) -> None:
         table.add_row(c.name, Text(verdict, style="green" if c.passed else "bold red"),
                       c.rule, c.detail)
     console.print(table)
+    val = report.validation
+    if val is not None:  # compare --validation: the held-out loss curves, the same checks
+        vtable = Table(title=f"validation ({len(val.steps)} points compared, {val.skipped} skipped)",
+                       title_justify="left")
+        for column in ("check", "result", "rule"):
+            vtable.add_column(column)
+        vtable.add_column("detail", overflow="fold", ratio=1)
+        for c in val.checks:
+            verdict = "n/a" if c.passed and c.value is None else "pass" if c.passed else "FAIL"
+            vtable.add_row(c.name, Text(verdict, style="green" if c.passed else "bold red"), c.rule, c.detail)
+        console.print(vtable)
     if report.bitwise.get("identical"):
         console.print(Text(f"bitwise identical: {report.bitwise['detail']}", style="bold green"))
     elif report.bitwise:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from muse_stack.compare.convergence import ConvergenceResult, Thresholds, check_convergence
+from muse_stack.compare.convergence import ConvergenceResult, Thresholds, check_convergence, check_validation
 from muse_stack.compare.diff import diff_inputs
 from muse_stack.compare.plot import plot_losses
 from muse_stack.compare.runs import read_metrics, read_results, require_run_dir
@@ -40,17 +40,20 @@ class CompareReport:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     plot: str | None = None
     bitwise: dict[str, Any] = field(default_factory=dict)
+    #: the validation curves' checks (``compare --validation``), None when not asked for
+    validation: ConvergenceResult | None = None
 
     @property
     def passed(self) -> bool:
-        return self.convergence.passed and all(g["passed"] for g in self.gates)
+        return (self.convergence.passed and (self.validation is None or self.validation.passed)
+                and all(g["passed"] for g in self.gates))
 
     @property
     def exit_code(self) -> int:
         return 0 if self.passed else 1
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "reference": self.reference,
             "candidate": self.candidate,
             "passed": self.passed,
@@ -62,6 +65,9 @@ class CompareReport:
             "fingerprint_diff": self.fingerprint,
             "plot": self.plot,
         }
+        if self.validation is not None:
+            out["validation"] = self.validation.as_dict()
+        return out
 
 
 def bitwise(golden, candidate) -> dict[str, Any]:
@@ -163,7 +169,9 @@ def compare_runs(
     gates: Gates | None = None,
     plot: str | Path | None = None,
     make_plot: bool = True,
+    validation: bool = False,
 ) -> CompareReport:
+    """``validation``: also judge the runs' validation curves (``val_loss``), with the same thresholds."""
     ref_run, cand_run = require_run_dir(reference), require_run_dir(candidate)
     golden, cand = read_metrics(ref_run), read_metrics(cand_run)
     conv = check_convergence(golden, cand, thresholds)
@@ -176,11 +184,13 @@ def compare_runs(
         gates=_gates(perf, gates or Gates()),
         fingerprint=fingerprint_summary(ref_run, cand_run),
         bitwise=bitwise(golden, cand),
+        validation=check_validation(golden, cand, thresholds) if validation else None,
     )
     if make_plot:
         ref_name = ref_run.resolve().name
         out = Path(plot) if plot else cand_run / f"compare-{ref_name}.png"
-        verdict = "PASS" if report.passed else "FAIL: " + ", ".join(conv.failed + [g["gate"] for g in report.gates if not g["passed"]])
+        failed = conv.failed + [f"validation {name}" for name in (report.validation.failed if report.validation else [])]
+        verdict = "PASS" if report.passed else "FAIL: " + ", ".join(failed + [g["gate"] for g in report.gates if not g["passed"]])
         plot_losses(golden, cand, ref_name, cand_run.resolve().name, out, title=f"{cand_run.resolve().name} vs {ref_name} — {verdict}")
         report.plot = str(out)
     return report

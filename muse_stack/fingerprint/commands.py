@@ -149,6 +149,9 @@ def register(app: typer.Typer) -> None:
         max_outlier_ratio: float = typer.Option(0.10, "--max-outlier-ratio"),
         max_throughput_drop: Optional[float] = typer.Option(None, "--max-throughput-drop", help="Fail if tokens/s per GPU drops more than this percent."),
         max_memory_increase: Optional[float] = typer.Option(None, "--max-memory-increase", help="Fail if peak memory rises more than this percent."),
+        validation: bool = typer.Option(False, "--validation",
+                                        help="Also judge the validation curves (val_loss, recipe validation) with "
+                                             "the same checks; both runs must have validated at the same steps."),
     ) -> None:
         """Convergence (loss curves), throughput, memory and stack of a candidate run against a golden run.
 
@@ -187,7 +190,7 @@ def register(app: typer.Typer) -> None:
             skip_first=chosen["skip_first"],
         )
         report = compare_runs(run_a, run_b, thresholds, Gates(max_throughput_drop, max_memory_increase),
-                              plot=plot, make_plot=not no_plot)
+                              plot=plot, make_plot=not no_plot, validation=validation)
         if as_json:
             typer.echo(_dump(report.as_dict()))
         else:
