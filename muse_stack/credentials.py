@@ -56,6 +56,10 @@ _LONG_WORDS = ("TOKEN", "APIKEY", "ACCESSKEY", "SECRETKEY", "PRIVATEKEY", "SSHKE
                "SESSION", "BEARER", "DSN")
 _SHORT_WORDS = ("KEY", "PASS", "PWD", "PW", "PAT", "SIG", "JWT", "CRED", "CREDS")
 _WORD = re.compile(rf"(?:{'|'.join(_LONG_WORDS)})$", re.I)
+#: words that name nothing but a secret wherever they stand in a name (``client_secret_id``); the
+#: others only as the last word (``pad_token_id`` and ``num_key_value_heads`` are model fields)
+_ONLY_SECRET = frozenset({"SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "BEARER",
+                          "APIKEY", "SECRETKEY", "PRIVATEKEY", "ACCESSKEY"})
 #: names that hold one of the words but no secret
 NOT_SECRET_NAMES = frozenset({"TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_IMPLICIT_TOKEN"})
 _QUERY = re.compile(r"(?P<lead>[?&;#](?P<name>[A-Za-z0-9_.\-\[\]]{1,64})=)(?P<value>[A-Za-z0-9%._~+/$-][^&#\s\"'<>`]*)")
@@ -85,15 +89,20 @@ _ALNUM_TOKEN = re.compile(r"[A-Za-z0-9+/=_-]{20,}")
 
 
 def is_secret_key(name: str) -> bool:
-    """A key (or environment variable name) that names a secret: one of its words (split at '_',
-    '-', '.', spaces and case changes) is a secret word, or ends in one of the long ones:
-    ``api_key``, ``hfToken``, ``DB_PASS``, ``GITHUB_PAT``, ``pwd`` and ``bearer`` are;
-    ``tokenizer``, ``row_tokens``, ``path`` and ``TOKENIZERS_PARALLELISM`` are not."""
+    """A key (or environment variable name) that names a secret: its last word (split at '_', '-',
+    '.', spaces and case changes) is a secret word, or ends in one of the long ones, or any word is
+    one that names nothing but a secret (secret, password, credential, bearer, ...): ``api_key``,
+    ``hfToken``, ``DB_PASS``, ``GITHUB_PAT``, ``pwd``, ``bearer`` and ``client_secret_id`` are;
+    ``tokenizer``, ``row_tokens``, ``path``, ``pad_token_id``, ``num_key_value_heads`` and
+    ``TOKENIZERS_PARALLELISM`` are not."""
     name = str(name)
     if name.upper() in NOT_SECRET_NAMES:
         return False
     words = [w for w in re.split(r"[_\-.\s]+|(?<=[a-z0-9])(?=[A-Z])", name) if w]
-    return any(w.upper() in _SHORT_WORDS or _WORD.search(w) for w in words)
+    if not words:
+        return False
+    last = words[-1]
+    return last.upper() in _SHORT_WORDS or bool(_WORD.search(last)) or any(w.upper() in _ONLY_SECRET for w in words)
 
 
 def looks_random(token: str) -> bool:

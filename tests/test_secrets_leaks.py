@@ -154,3 +154,27 @@ def test_a_credential_shaped_key_in_a_recipe_file_is_not_shown(cli, tmp_path):
 def test_the_command_line_parser_does_not_echo_a_token(cli):
     rc, out, err = cli("run", "tiny-cpu", f"--{TOKEN}")
     assert rc == 2 and TOKEN not in out + err and "No such option" in err, err
+
+
+def test_no_recipe_or_model_field_is_secret_named(cli):
+    """Token ids and key/value heads are model fields, not secrets: every field of the recipe
+    schema, of ModelConfig and every Megatron-Bridge key takes an override."""
+    import pydantic
+
+    from muse_stack.model_config import ModelConfig
+    from muse_stack.recipes.bridge import BRIDGE_KEYS
+    from muse_stack.recipes.schema import Recipe
+
+    def fields(model, prefix=""):
+        for name, info in model.model_fields.items():
+            yield prefix + name
+            for arg in (info.annotation, *getattr(info.annotation, "__args__", ())):
+                if isinstance(arg, type) and issubclass(arg, pydantic.BaseModel):
+                    yield from fields(arg, f"{prefix}{name}.")
+
+    names = [*fields(Recipe), *(f"model.overrides.{n}" for n in ModelConfig.model_fields), *BRIDGE_KEYS]
+    assert [n for n in names if any(credentials.is_secret_key(p) for p in n.split("."))] == []
+    rc, _, err = cli("show", "tiny-cpu", "model.overrides.num_key_value_heads=4", "model.overrides.pad_token_id=0")
+    assert rc == 0, err
+    rc, out, err = cli("show", "tiny-cpu", "env.DB_PASS=4417290")  # a number is a literal too
+    assert rc == 2 and "4417290" not in out + err, err

@@ -46,7 +46,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         refuse_secrets(parsed, field=key)
         refuse_secrets(raw, field=key)
     reference = ENV_REFERENCE.fullmatch(raw.strip()) or SHELL_REFERENCE.fullmatch(raw.strip())
-    if raw.strip() and not reference and any(is_secret_key(part) for part in path):
+    if raw.strip() and not reference and any(is_secret_key(part) for part in path) and _text_or_malformed(raw, key):
         from muse_stack.credentials import FIX, REDACTED
 
         raise RecipeError("a secret-named key is given a literal value; recipes, run directories and launch "
@@ -59,6 +59,19 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     else:
         value = None
     return path, value
+
+
+def _text_or_malformed(raw: str, key: str) -> bool:
+    """Whether a value under a secret-named key is a literal (text or a number) or cannot be
+    parsed (its parse error must not be shown); a flag, null or a section (checked inside by the
+    recipe's own rule) is not."""
+    from muse_stack.safeio import load_yaml
+
+    try:
+        value = load_yaml(raw, source="the value", field=key)
+    except Exception:
+        return True
+    return not isinstance(value, (dict, list, bool, type(None)))
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], known: dict[str, Any] | None = None) -> dict[str, Any]:
