@@ -114,3 +114,17 @@ def test_planning_md_prints_the_towers_stage():
     plan, m = _stage0("sft-192-mm", BATCH)
     text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "planning.md").read_text().split())
     assert f"stage 0 at {m.params / 1e9:.2f}B parameters, {m.total_gib:.1f} GiB" in text
+
+
+def test_the_counts_are_the_reference_models_own():
+    """tiny-cpu-mm's towers as the reference engine builds and freezes them: the plan counts the
+    parameters the model holds and, of them, the ones that train."""
+    from muse_stack.model import MuseSparkForCausalLM, freeze
+
+    recipe = load_recipe("tiny-cpu-mm")
+    plan = tower_plan(recipe)
+    model = MuseSparkForCausalLM(recipe.model_config_resolved(), seed=None, towers=recipe.towers_config_resolved())
+    freeze(model, [f"model.{name}" for name in recipe.frozen])
+    towers = [p for n, p in model.named_parameters() if not n.startswith(("model.language_model.", "lm_head."))]
+    assert plan.params == sum(p.numel() for p in towers) > 0
+    assert plan.trainable_params == sum(p.numel() for p in towers if p.requires_grad) < plan.params
