@@ -106,6 +106,11 @@ def test_the_step_time_and_the_mfu_count_the_towers():
     # a stated image size is used as stated
     stated = tower_plan(load_recipe("sft-192-mm", [*BATCH, "data.details.image_tokens_per_sequence=1200"]))
     assert stated.image_tokens_per_sequence == 1200
+    from muse_stack.errors import RecipeError
+
+    with pytest.raises(RecipeError) as exc:
+        tower_plan(load_recipe("sft-192-mm", [*BATCH, "data.details.image_tokens_per_sequence=0"]))
+    assert exc.value.field == "data.details.image_tokens_per_sequence"
 
 
 def test_planning_md_prints_the_towers_stage():

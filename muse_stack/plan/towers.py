@@ -99,7 +99,14 @@ def tower_plan(recipe: Recipe) -> TowerPlan | None:
     stated = recipe.data.details.get("image_tokens_per_sequence")
     cap = recipe.data.details.get("max_image_tokens", MAX_IMAGE_TOKENS)
     seq = recipe.batch.seq_length
-    if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0:
+    if stated is not None and not (isinstance(stated, int) and not isinstance(stated, bool) and stated > 0):
+        from muse_stack.errors import RecipeError
+
+        raise RecipeError("must be a positive whole number of merged image tokens",
+                          field="data.details.image_tokens_per_sequence", value=stated,
+                          fix="give the image tokens of a typical sequence, or leave it out (the plan then takes "
+                              "the image processor's cap, an upper bound)")
+    if stated is not None:
         tokens, source = stated, "data.details.image_tokens_per_sequence"
     elif seq:
         tokens = min(cap, seq)
