@@ -123,3 +123,11 @@ def test_a_vocabulary_smaller_than_the_tokenizer_is_refused_before_the_run(cli, 
                  2, "model.vocab_size", "512")
     assert "vocab_size=512" in err
     assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize("damage, needle", [(b"\xff\xfe\x00", "not UTF-8"), (b"a: [\n", "not valid YAML")])
+def test_export_of_a_checkpoint_with_a_damaged_recipe_is_a_clear_error(cli, run_dir, tmp_path, damage, needle):
+    copy = _copy(run_dir, tmp_path)
+    (copy / "checkpoints" / "step-00000002" / "recipe.yaml").write_bytes(damage)
+    _clear(cli("export", copy, "--hf", tmp_path / "hf"), 3, needle)
+    assert not (tmp_path / "hf").exists()

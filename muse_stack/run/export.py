@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import yaml
 
 from muse_stack import atomic
 from muse_stack.errors import InputError
@@ -346,7 +345,10 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     if text is None:
         raise InputError("the checkpoint does not record its recipe", field="RUN_DIR", value=str(current.path),
                          fix="export a checkpoint written by muse-stack run")
-    recipe = parse_recipe(yaml.safe_load(text), str(current.path / checkpoints.RECIPE))
+    from muse_stack.safeio import load_yaml
+
+    source = str(current.path / checkpoints.RECIPE)
+    recipe = parse_recipe(load_yaml(text, source=source, field="RUN_DIR", error=InputError), source)
     config = recipe.model_config_resolved()
     meta = adapter_meta(current.path, recipe.engine)
     if meta is None and (merge or adapters_only):
