@@ -7,8 +7,11 @@ that is renamed into place only when complete. An interrupted build therefore le
 output; the next build removes the dead build's temporary directory and starts again.
 
 The cache key is the sha256 of the builder parameters (builder, row/pack size, alignment, seed,
-limits), the source fingerprint (sha256 of each local file, or dataset id + revision + split),
-the tokenizer.json and chat template sha256, the template kwargs and the loss mask type. The
+limits; for image-text rows also the prompt, the image processor's settings and the image token
+id), the source fingerprint (sha256 of each local file, or dataset id + revision + split; for
+image-text rows also of each image file the rows name), the tokenizer.json and chat template
+sha256, the template kwargs and the loss mask type. Image-text rows are built by
+:mod:`muse_stack.data.multimodal`. The
 cache directory is ``--cache``, else ``$MUSE_STACK_CACHE/data``, else ``~/.cache/muse-stack/data``.
 """
 
