@@ -131,3 +131,10 @@ def test_export_of_a_checkpoint_with_a_damaged_recipe_is_a_clear_error(cli, run_
     (copy / "checkpoints" / "step-00000002" / "recipe.yaml").write_bytes(damage)
     _clear(cli("export", copy, "--hf", tmp_path / "hf"), 3, needle)
     assert not (tmp_path / "hf").exists()
+
+
+def test_resume_auto_over_a_completed_run_with_a_damaged_recipe_is_a_clear_error(cli, run_dir, tmp_path):
+    copy = _copy(run_dir, tmp_path)
+    (copy / "recipe.yaml").write_bytes(b"\x00\x01\xff\xfe" * 50)
+    _clear(cli("run", "tiny-cpu", "--steps", "2", "training.checkpoint_interval=1", "--resume", "auto", "--out",
+               copy, "--no-progress"), 3, "not UTF-8")

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from muse_stack.errors import InputError
 from muse_stack.recipes.catalogue import parse_recipe, recipe_sha256
@@ -164,7 +163,8 @@ def inspect_out(path: Path, wanted: Recipe, *, auto: bool) -> Found:
     if status == "completed" and (current is None or current.step <= done):
         if not auto:
             raise exists
-        on_disk = parse_recipe(yaml.safe_load((path / rundir.RECIPE).read_text()), str(path / rundir.RECIPE))
+        on_disk = parse_recipe(read_yaml(path / rundir.RECIPE, field="--out", what="recipe", fix=_DAMAGED),
+                               str(path / rundir.RECIPE))
         fields = changed_fields(on_disk, wanted)
         if fields:
             listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in fields.items()))
