@@ -269,3 +269,22 @@ def test_the_seed_recipes_plan_packed_image_text_rows_with_the_released_ids():
     assert plan.image == {"prompt": "Describe this image.", "patch_size": 14, "temporal_patch_size": 2,
                           "merge_size": 2, "max_image_tokens": 4096, "max_image_pixels": 89_478_485,
                           "image_token_id": 200092}
+
+
+def test_the_expansion_in_ids_is_the_processors_expansion_in_text():
+    """transformers' MuseSparkProcessor replaces each image token in the rendered text by
+    start + image token x n + end (replace_image_token) and then tokenizes; expanding in id space
+    gives the same ids."""
+    from muse_stack.data.multimodal import cord_messages, media_ids, tokenize_image_text
+
+    tok = ChatTokenizer(ROOT / "data" / "tiny-mm-tokenizer")
+    record = json.loads((ROOT / "data" / "tiny-receipts.jsonl").read_text().splitlines()[5])
+    image = (ROOT / "data" / record["image"]).read_bytes()
+    spec = ImageSpec()
+    ours = tokenize_image_text(tok, cord_messages(record, "Describe this image.", "r"), [image],
+                               media_ids(tok, 513), spec, "r")
+    n = spec.placeholders(ours.grids[0])
+    text = tok.render(cord_messages(record, "Describe this image.", "r"))
+    assert text.count("<|patch|>") == 1
+    expanded = text.replace("<|patch|>", "<|image_start|>" + "<|patch|>" * n + "<|image_end|>")
+    assert tok.tokenizer.encode(expanded, add_special_tokens=False).ids == ours.ids.tolist()
