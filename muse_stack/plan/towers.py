@@ -14,7 +14,8 @@ Stated choices (each reported in the plan's assumptions):
 * **Workload**: image-text data feeds the vision tower only (the audio tower does not run). Each
   sequence holds one image of ``data.details.image_tokens_per_sequence`` merged tokens when the
   recipe states it, else of ``min(max_image_tokens, seq_length)``: the image processor's cap
-  (4096), an upper bound.
+  (4096), an upper bound. Every CP rank runs the towers on the whole image (transformers defines
+  no split of them).
 * **Activations** of a vision layer per patch: ``bytes x (7 D + 2 I)`` (the two norms' outputs, q,
   k, v, the attention output and projection input, the MLP's two I-wide tensors); under full
   recompute only each layer's input, ``bytes x D``; the projector ``bytes x (out + 2 P + H)`` per
@@ -86,7 +87,8 @@ class TowerPlan:
                 f"(not split over TP; replicated over DP, optimizer state sharded over DP x CP); training {trains}, "
                 f"frozen {frozen}",
                 f"perception workload: one image of {self.image_tokens_per_sequence or '?'} merged tokens per sequence "
-                f"({self.image_tokens_source}); the audio tower does not run on image-text data"]
+                f"({self.image_tokens_source}), the whole image on every CP rank; the audio tower does not run on "
+                "image-text data"]
 
 
 def tower_plan(recipe: Recipe) -> TowerPlan | None:
