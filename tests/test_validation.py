@@ -68,15 +68,19 @@ def test_bridge_keys_map_and_a_stated_value_wins():
     assert "validation.eval_interval" in err.value.render() or "validation.eval_iters" in err.value.render()
 
 
-def test_without_a_fill_policy_an_unstated_value_is_refused_naming_it():
-    recipe = load_recipe("tiny-cpu", ["fill_policy=none", "validation.eval_iters=2"] + [
+def test_without_a_fill_policy_an_unstated_value_is_refused_naming_it(tmp_path):
+    overrides = ["fill_policy=none", "validation.eval_iters=2"] + [
         f"optimizer.{k}={v}" for k, v in (("lr", 1e-3), ("min_lr", 0.0), ("warmup_steps", 1), ("decay_style", "cosine"),
                                            ("weight_decay", 0.0), ("clip_grad", 1.0), ("beta1", 0.9),
-                                           ("beta2", 0.95), ("eps", 1e-8))])
+                                           ("beta2", 0.95), ("eps", 1e-8))]
+    recipe = load_recipe("tiny-cpu", overrides)
     assert recipe.validation.eval_interval is None
     with pytest.raises(RecipeError) as err:
         split_for_recipe(recipe, object())
     assert err.value.field == "validation.eval_interval"
+    with pytest.raises(RecipeError) as err:  # refused before the run writes anything
+        run("tiny-cpu", out=tmp_path / "run", overrides=overrides, progress=False)
+    assert err.value.field == "validation.eval_interval" and not (tmp_path / "run").exists()
 
 
 # -- the held-out split ----------------------------------------------------------------------

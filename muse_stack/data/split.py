@@ -76,6 +76,23 @@ class HeldOut:
                 "eval_interval": self.eval_interval, "seed": HOLD_OUT_SEED}
 
 
+def check_stated(recipe: Any) -> None:
+    """A recipe that validates states (or has filled) both keys and a global batch size: checked
+    before a run writes anything."""
+    validation = recipe.validation
+    if validation is None:
+        return
+    for field in ("eval_interval", "eval_iters"):
+        if getattr(validation, field) is None:
+            raise RecipeError(f"validation.{field} is unstated and the recipe's fill policy gives none",
+                              field=f"validation.{field}", value=None,
+                              fix=f"state it (e.g. validation.{field}=100), or set fill_policy: megatron-bridge-0.6.2 "
+                                  "on a pretrain, sft or peft recipe")
+    if not recipe.batch.gbs:
+        raise RecipeError("validation needs the global batch size: the held-out split is eval_iters x batch.gbs "
+                          "rows", field="batch.gbs", value=recipe.batch.gbs, fix="set batch.gbs")
+
+
 def split_for_recipe(recipe: Any, data: Any) -> tuple[Any, HeldOut | None]:
     """``(training data, held-out split)`` for a recipe and its build: the build itself and None
     when the recipe has no ``validation``; else a build of the training rows alone (same folder,
@@ -83,16 +100,8 @@ def split_for_recipe(recipe: Any, data: Any) -> tuple[Any, HeldOut | None]:
     validation = recipe.validation
     if validation is None:
         return data, None
-    for field in ("eval_interval", "eval_iters"):
-        if getattr(validation, field) is None:
-            raise RecipeError(f"validation.{field} is unstated and the recipe's fill policy gives none",
-                              field=f"validation.{field}", value=None,
-                              fix=f"state it (e.g. validation.{field}=100), or set fill_policy: megatron-bridge-0.6.2 "
-                                  "on a pretrain, sft or peft recipe")
+    check_stated(recipe)
     gbs = recipe.batch.gbs
-    if not gbs:
-        raise RecipeError("validation needs the global batch size: the held-out split is eval_iters x batch.gbs "
-                          "rows", field="batch.gbs", value=gbs, fix="set batch.gbs")
     count = validation.eval_iters * gbs
     all_rows = data.rows()
     total = all_rows.num_rows

@@ -38,6 +38,9 @@ def check_runnable(recipe: Recipe, name: str) -> Recipe:
     plan, _ = make_plan(recipe)
     check_recipe(recipe)  # what the engine would refuse or not train as written, before any output
     _check_vocab(recipe)
+    from muse_stack.data.split import check_stated
+
+    check_stated(recipe)  # a validation section with a value unstated
     if plan.fits is False:
         raise LayoutError(
             f"the plan does not fit: {plan.peak_memory_gib:.1f} GiB estimated on stage {plan.peak_stage} "
