@@ -109,7 +109,8 @@ def test_pixel_values_are_transformers_processor_output(mode, size):
 def test_json2token_writes_donut_tags_as_megatron_bridge():
     parse = {"menu": [{"nm": "TEA", "cnt": "1"}, {"nm": "BUN", "cnt": "2"}], "total": {"total_price": "5.00"}}
     assert json2token(parse) == ("<s_total><s_total_price>5.00</s_total_price></s_total>"
-                                 "<s_menu><s_nm>TEA</s_nm><s_cnt>1</s_cnt><sep/><s_nm>BUN</s_nm><s_cnt>2</s_cnt></s_menu>")
+                                 "<s_menu><s_nm>TEA</s_nm><s_cnt>1</s_cnt><sep/>"
+                                 "<s_nm>BUN</s_nm><s_cnt>2</s_cnt></s_menu>")
     assert json2token({"text_sequence": "plain"}) == "plain"
 
 
