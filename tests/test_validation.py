@@ -279,3 +279,47 @@ def test_validation_curves_must_exist_at_the_same_steps_and_be_finite(tmp_path):
     broken = {**GOLDEN_VAL, 8: None}
     nan = check_validation(golden, read_metrics(_run_dir(tmp_path / "nan", broken)))
     assert "finite validation loss" in nan.failed and "at steps 8" in nan.checks[2].detail
+
+
+@pytest.mark.parametrize("collect", [True, False])
+def test_manual_gc_collects_around_each_validation(tmp_path, monkeypatch, collect):
+    """With training.gc.eval (Bridge's manual_gc_eval) a full collection right before each
+    validation and a young-generation one right after it; without it, none (the collector is off)."""
+    import gc
+
+    from muse_stack.engines.reference import ReferenceEngine
+    from muse_stack.run.trainer import Trainer
+
+    events: list[tuple] = []
+    state = {"training": False}
+    real_eval, real_step, real_finish = ReferenceEngine.evaluate, ReferenceEngine.train_step, Trainer.finish
+
+    def evaluate(self):
+        events.append(("validate",))
+        return real_eval(self)
+
+    def train_step(self, n):
+        state["training"] = True
+        events.append(("step", n))
+        return real_step(self, n)
+
+    def finish(self):
+        state["training"] = False
+        return real_finish(self)
+
+    def callback(phase, info):
+        if phase == "start" and state["training"]:
+            events.append(("gc", info["generation"]))
+
+    monkeypatch.setattr(ReferenceEngine, "evaluate", evaluate)
+    monkeypatch.setattr(ReferenceEngine, "train_step", train_step)
+    monkeypatch.setattr(Trainer, "finish", finish)
+    gc.callbacks.append(callback)
+    try:
+        out = run("tiny-cpu", out=tmp_path / "gc", steps=3, progress=False,
+                  overrides=[*VALIDATE, f"training.gc.eval={str(collect).lower()}", "training.final_checkpoint=false"])
+    finally:
+        gc.callbacks.remove(callback)
+    assert out.status == "completed"
+    around = [("gc", 2), ("validate",), ("gc", 0)] if collect else [("validate",)]
+    assert events == [("step", 1), ("step", 2), *around, ("step", 3), *around]
