@@ -189,8 +189,10 @@ def compare_runs(
     if make_plot:
         ref_name = ref_run.resolve().name
         out = Path(plot) if plot else cand_run / f"compare-{ref_name}.png"
-        failed = conv.failed + [f"validation {name}" for name in (report.validation.failed if report.validation else [])]
-        verdict = "PASS" if report.passed else "FAIL: " + ", ".join(failed + [g["gate"] for g in report.gates if not g["passed"]])
+        failed = conv.failed + [f"validation {name}" for name in (report.validation.failed
+                                                                   if report.validation else [])]
+        failed += [g["gate"] for g in report.gates if not g["passed"]]
+        verdict = "PASS" if report.passed else "FAIL: " + ", ".join(failed)
         plot_losses(golden, cand, ref_name, cand_run.resolve().name, out, title=f"{cand_run.resolve().name} vs {ref_name} — {verdict}")
         report.plot = str(out)
     return report
