@@ -10,7 +10,7 @@ from muse_stack.engines.mcore.config import transformer_config_kwargs
 from muse_stack.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 
-FP8 = ["precision=fp8", "fp8.recipe=tensorwise", "fp8.format=hybrid"]
+FP8 = ["precision=fp8", "fp8.recipe=tensorwise", "fp8.format=hybrid", "layout.dispatcher=alltoall"]
 
 
 def test_fp8_sets_te_fp8_gemms_on_bf16_weights():
@@ -25,11 +25,14 @@ def test_fp8_sets_te_fp8_gemms_on_bf16_weights():
 
 
 @pytest.mark.parametrize("overrides,field", [
-    (["precision=fp8", "fp8.format=hybrid"], "fp8.recipe"),
-    (["precision=fp8", "fp8.recipe=tensorwise"], "fp8.format"),
-    (["precision=fp8", "fp8.recipe=mxfp8", "fp8.format=hybrid"], "fp8.recipe"),  # MXFP8 needs sm100; H200 is sm90
+    # megatron-core pads the experts' tokens for FP8 only with alltoall/flex; slice-1gpu ships allgather
+    (["precision=fp8", "fp8.recipe=tensorwise", "fp8.format=hybrid"], "layout.dispatcher"),
+    (["precision=fp8", "fp8.format=hybrid", "layout.dispatcher=alltoall"], "fp8.recipe"),
+    (["precision=fp8", "fp8.recipe=tensorwise", "layout.dispatcher=alltoall"], "fp8.format"),
+    (["precision=fp8", "fp8.recipe=mxfp8", "fp8.format=hybrid", "layout.dispatcher=alltoall"], "fp8.recipe"),  # sm100 only
     (["fp8.recipe=tensorwise", "fp8.format=hybrid"], "fp8"),  # settings without precision: fp8
-    (["precision=fp8", "fp8.recipe=delayed", "fp8.format=hybrid", "recompute.granularity=full"], "fp8.recipe"),
+    (["precision=fp8", "fp8.recipe=delayed", "fp8.format=hybrid", "recompute.granularity=full",
+      "layout.dispatcher=alltoall"], "fp8.recipe"),
 ])
 def test_fp8_is_refused_naming_the_field(overrides, field):
     with pytest.raises(RecipeError) as info:
