@@ -27,7 +27,7 @@ def megatron_engine(name: str, overrides: list[str], steps: int):
     from muse_stack.data import build_for_recipe
     from muse_stack.engines.base import TrainContext
     from muse_stack.engines.megatron import MegatronEngine
-    from muse_stack.engines.support import check_recipe
+    from muse_stack.engines.spec import check_recipe
     from muse_stack.recipes.catalogue import load_recipe
 
     recipe = load_recipe(name, [*overrides, f"training.steps={steps}"])

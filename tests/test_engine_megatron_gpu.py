@@ -28,7 +28,7 @@ LOGITS_VS_REFERENCE_BF16 = 1.25
 @pytest.mark.skipif(not torch.cuda.is_available() or missing() is not None,
                     reason=f"needs CUDA, Transformer Engine and megatron-core ({missing()})")
 def test_same_weights_same_loss_tp1():
-    from muse_stack.engines.mcore.parity import run
+    from muse_stack.verify.parity import run
 
     out = run(train_steps=3)
     assert out["rel_diff_vs_fp32"] < LOSS_REL_TOL
@@ -42,7 +42,7 @@ def test_same_weights_same_loss_tp1():
 def test_same_weights_same_loss_packed_rows():
     """Three sequences in one row: THD attention and per-sequence RoPE in the engine, segment
     masks and restarted positions in the reference."""
-    from muse_stack.engines.mcore.parity import run
+    from muse_stack.verify.parity import run
 
     out = run(train_steps=2, packed=True)
     assert out["rel_diff_vs_fp32"] < LOSS_REL_TOL

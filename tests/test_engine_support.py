@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from muse_stack.engines.support import check_recipe
+from muse_stack.engines.spec import check_recipe
 from muse_stack.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from muse_stack.errors import MuseStackError, UsageError
-from muse_stack.launch import k8s, quoting, slurm
+from muse_stack import quoting
+from muse_stack.launch import k8s, slurm
 from muse_stack.launch.spec import resolve
 
 BASH = shutil.which("bash")

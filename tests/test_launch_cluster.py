@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from muse_stack.errors import MuseStackError, UsageError
-from muse_stack.launch import k8s, quoting, slurm
+from muse_stack import quoting
+from muse_stack.launch import k8s, slurm
 from muse_stack.launch.image import parse
 from muse_stack.launch.spec import default_run_name, resolve
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from muse_stack.launch import k8s, quoting
+from muse_stack import quoting
+from muse_stack.launch import k8s
 from muse_stack.launch.spec import resolve
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

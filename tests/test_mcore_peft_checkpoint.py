@@ -151,14 +151,14 @@ def _megatron_recipe(**over):
 
 
 def test_peft_on_the_megatron_engine_passes_check_recipe():
-    from muse_stack.engines.support import check_recipe
+    from muse_stack.engines.spec import check_recipe
 
     check_recipe(_megatron_recipe())
     check_recipe(_megatron_recipe(**{"training.async_checkpoint": True}))  # the adapter state saves async too
 
 
 def test_expert_adapters_under_etp_are_refused_naming_the_field():
-    from muse_stack.engines.support import check_recipe
+    from muse_stack.engines.spec import check_recipe
 
     with pytest.raises(RecipeError) as err:
         check_recipe(_megatron_recipe(**{"layout.etp": 2, "layout.tp": 2}))

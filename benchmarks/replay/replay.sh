@@ -111,7 +111,7 @@ run)
   timeout ${RUN_TIMEOUT:-300} $MS run slice-1gpu --out "runs/replay-$lock" --no-progress > "$OUT/$lock/run.log" 2>&1
   echo "run exit $?"; tail -4 "$OUT/$lock/run.log"
   for f in results.json metrics.jsonl fingerprint.json recipe.yaml; do cp "runs/replay-$lock/$f" "$OUT/$lock/" 2>/dev/null; done
-  timeout ${PARITY_TIMEOUT:-200} $PY -m muse_stack.engines.mcore.parity --train-steps 3 --out "$OUT/$lock/parity-tp1.json" \
+  timeout ${PARITY_TIMEOUT:-200} $PY -m muse_stack.verify.parity --train-steps 3 --out "$OUT/$lock/parity-tp1.json" \
     > "$OUT/$lock/parity.log" 2>&1; echo "parity exit $?"; tail -3 "$OUT/$lock/parity.log"
   $PY -m pip list --format=json > "$OUT/$lock/pip-list.json" 2>/dev/null
   tar -C "$OUT" -czf "$OUT/replay-$lock.tgz" "$lock" && rm -rf "${OUT:?}/$lock"

@@ -7,18 +7,9 @@ from muse_stack.engines.base import Engine, StepStats, TrainContext
 
 def get_engine(name: str):
     """The engine class for a recipe's ``engine`` field."""
-    if name == "reference":
-        from muse_stack.engines.reference import ReferenceEngine
+    from muse_stack.engines.spec import engine_spec
 
-        return ReferenceEngine
-    if name == "megatron":
-        from muse_stack.engines.megatron_available import require_megatron
-
-        require_megatron()
-        from muse_stack.engines.megatron import MegatronEngine
-
-        return MegatronEngine
-    raise ValueError(f"unknown engine {name!r}")
+    return engine_spec(name).load()
 
 
 __all__ = ["Engine", "StepStats", "TrainContext", "get_engine"]

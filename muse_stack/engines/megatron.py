@@ -9,7 +9,7 @@ optimizer. Each optimizer step runs megatron-core's pipeline schedule
 token and divided by the global supervised-token count (``calculate_per_token_loss``; the division
 is applied to the loss before the backward rather than to every gradient after it), so the loss
 and gradients are those of the reference engine. The LR of every step is
-:func:`muse_stack.run.schedule.lr_at`. Checkpoints are megatron-core dist-checkpoints; with
+:func:`muse_stack.engines.schedule.lr_at`. Checkpoints are megatron-core dist-checkpoints; with
 ``recipe.peft`` they hold the adapter tensors and their optimizer state only, plus the base's
 identity (:mod:`muse_stack.engines.mcore.peft_checkpoint`).
 """
@@ -27,7 +27,7 @@ import torch.distributed as tdist
 from muse_stack.engines.base import StepStats, TrainContext
 from muse_stack.engines.megatron_available import require_megatron
 from muse_stack.errors import RecipeError
-from muse_stack.run.schedule import lr_at
+from muse_stack.engines.schedule import lr_at
 
 GIB = 2**30
 
@@ -46,7 +46,7 @@ class MegatronEngine:
 
     def __init__(self, ctx: TrainContext, *, load_state: dict[str, torch.Tensor] | None = None,
                  load_adapter_state: dict[str, torch.Tensor] | None = None) -> None:
-        from muse_stack.run import numerics
+        from muse_stack.engines import numerics
 
         numerics.apply(ctx.recipe)  # deterministic mode: before any kernel runs (idempotent)
         require_megatron()

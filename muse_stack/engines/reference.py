@@ -22,7 +22,7 @@ from muse_stack import atomic
 from muse_stack.engines.base import StepStats, TrainContext
 from muse_stack.engines.support import TOWERS
 from muse_stack.errors import RecipeError
-from muse_stack.run.schedule import lr_at
+from muse_stack.engines.schedule import lr_at
 
 GIB = 2**30
 #: the batch keys the model takes as media (muse_stack.data.batches)
@@ -264,7 +264,7 @@ class ReferenceEngine:
         (:func:`muse_stack.engines.state.capture_rng`) and the data position (rank 0 writes)."""
         from muse_stack.engines.state import capture_rng
         from muse_stack.model import save_checkpoint
-        from muse_stack.run import dist as run_dist
+        from muse_stack.engines import dist as run_dist
 
         rng = run_dist.gather(capture_rng(self.device))  # a collective: every rank, before rank 0 writes
         if self.ctx.rank != 0:

@@ -122,7 +122,7 @@ def _layout(recipe: Recipe, target: Target, nodes: int | None, gpus: int | None)
 def check_mount_path(value: str | None, field: str) -> str | None:
     """A host folder pyxis mounts: printable, and without the separators of --container-mounts
     (a comma would add a mount of its own: ``/etc:/host-etc,...``)."""
-    from muse_stack.launch import quoting
+    from muse_stack import quoting
 
     quoting.check_path(value, field)
     if value is not None and any(c in value for c in MOUNT_SEPARATORS):
@@ -227,7 +227,7 @@ def _check_start(recipe: Recipe, pretrained: str | None, target: Target, kuberne
                               f"mounted read-only; Kubernetes: a folder under {CHECKPOINT_MOUNT}/ in the volume claim)")
     if pretrained is None:
         return None
-    from muse_stack.launch import quoting
+    from muse_stack import quoting
     from muse_stack.safeio import refuse_secrets
 
     refuse_secrets(str(pretrained), field="--pretrained-checkpoint", error=UsageError, what="the path")

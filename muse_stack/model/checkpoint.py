@@ -72,6 +72,26 @@ class LoadReport:
         return text
 
 
+@dataclass(frozen=True)
+class TensorSpec:
+    """One checkpoint tensor: its HF name, shape and dtype (read from a header, nothing loaded)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+
+#: reads one tensor by HF name
+TensorGetter = Callable[[str], torch.Tensor]
+
+
 def safetensors_dtype(name: str) -> torch.dtype:
     """The torch dtype of a safetensors header's dtype name."""
     return {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
@@ -391,3 +411,25 @@ def load_checkpoint(directory: str | os.PathLike[str], dtype: torch.dtype | None
     model.load_state_dict(tensors, strict=True, assign=True)
     model.load_report = report
     return model
+
+
+def hf_tensor_source(folder: Path) -> tuple[list[TensorSpec], TensorGetter]:
+    """Every tensor of an HF-layout folder (a checkpoint, or a reference-engine step folder) by
+    name, from the headers; each is read only when asked for."""
+    from safetensors import safe_open
+
+    files = _weight_files(folder)
+    where: dict[str, str] = {}
+    specs: list[TensorSpec] = []
+    for file, names in files.items():
+        with safe_open(str(folder / file), framework="pt") as handle:
+            for name in names:
+                s = handle.get_slice(name)
+                specs.append(TensorSpec(name, tuple(s.get_shape()), safetensors_dtype(s.get_dtype())))
+                where[name] = file
+
+    def get(name: str) -> torch.Tensor:
+        with safe_open(str(folder / where[name]), framework="pt") as handle:
+            return handle.get_tensor(name)
+
+    return specs, get

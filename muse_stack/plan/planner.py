@@ -6,7 +6,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from muse_stack.engines.support import unstated_training_values
 from muse_stack.errors import LayoutError
 from muse_stack.hardware import gpu_spec
 from muse_stack.plan.cost import StepTime, TimeCalibration, estimate_step
@@ -14,6 +13,8 @@ from muse_stack.plan.layout import data_parallel, expert_data_parallel, pack_ali
 from muse_stack.plan.memory import Calibration, StageMemory, estimate
 from muse_stack.plan.rules import RuleReport, check
 from muse_stack.plan.used import UsedMemory, used_memory
+from muse_stack.recipes.completeness import unstated_training_values
+from muse_stack.recipes.engines import traits
 from muse_stack.recipes.schema import Recipe
 
 
@@ -152,7 +153,7 @@ def _step_time(recipe: Recipe, model, world: int, stages: list[int] | None, dp: 
     spec = gpu_spec(recipe.hardware.gpu)
     if spec is None or spec.hbm_gbps is None or spec.peak_bf16_tflops is None:
         return None, f"no datasheet figures for {recipe.hardware.gpu} in muse_stack/hardware.py"
-    if recipe.engine != "megatron":
+    if not traits(recipe.engine).step_time_model:
         return None, f"the step-time model is of megatron-core; the recipe's engine is {recipe.engine}"
     lay, batch = recipe.layout, recipe.batch
     missing = [f for f, v in (("batch.mbs", batch.mbs), ("batch.gbs", batch.gbs), ("batch.seq_length", batch.seq_length),

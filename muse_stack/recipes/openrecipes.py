@@ -100,8 +100,8 @@ def muse_stack_overrides(command: str | None) -> list[str] | None:
 
 def run_command(recipe: Recipe) -> str:
     """The ``muse-stack run`` command of a recipe, with the fields of :data:`CARRIED` as overrides,
-    every word quoted (:func:`muse_stack.launch.quoting.word`)."""
-    from muse_stack.launch.quoting import word
+    every word quoted (:func:`muse_stack.quoting.word`)."""
+    from muse_stack.quoting import word
 
     def text(value: Any) -> str:  # YAML, as an override's value is read (1e-08 would read as a string)
         out = yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip()

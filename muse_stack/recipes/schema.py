@@ -184,7 +184,7 @@ class Fusions(_Strict):
 
 class Numerics(_Strict):
     deterministic: bool = Field(False, description="two runs of the recipe on the same stack and GPU type repeat bit "
-                                                   "for bit (deterministic kernels; slower): muse_stack/run/numerics.py")
+                                                   "for bit (deterministic kernels; slower): muse_stack/engines/numerics.py")
 
 
 #: Transformer Engine's FP8 scaling recipes (megatron-core's ``fp8_recipe``) and the GPU
@@ -524,13 +524,10 @@ class Recipe(_Strict):
             raise ValueError(f"optimizer.min_lr ({self.optimizer.min_lr}) exceeds optimizer.lr ({self.optimizer.lr})")
         if self.training.steps is None and self.training.epochs is None:
             raise ValueError("training needs steps or epochs (or both)")
-        if (self.optimizer.precision_aware or self.optimizer.param_remainders) and self.engine != "megatron":
-            raise ValueError("optimizer.precision_aware and optimizer.param_remainders apply to the megatron engine "
-                             "only: set engine: megatron or drop them")
+        from muse_stack.recipes.engines import refuse_fields_of_other_engines
+
+        refuse_fields_of_other_engines(self)
         self._check_fp8()
-        if self.fusions.compile_elementwise and self.engine != "megatron":
-            raise ValueError("fusions.compile_elementwise applies to the megatron engine only: "
-                             "set engine: megatron or drop fusions.compile_elementwise")
         return self
 
     def _check_fp8(self) -> None:
@@ -542,9 +539,6 @@ class Recipe(_Strict):
                 raise RecipeError("fp8 settings without precision: fp8", field="fp8", value=self.fp8.model_dump(),
                                   fix="set precision=fp8, or drop the fp8 block")
             return
-        if self.engine != "megatron":
-            raise RecipeError("precision: fp8 runs on the megatron engine only (Transformer Engine's FP8 GEMMs)",
-                              field="precision", value="fp8", fix="set engine: megatron, or precision: bf16")
         settings = self.fp8 or Fp8()
         for key, example in (("recipe", "tensorwise"), ("format", "hybrid")):
             if getattr(settings, key) is None:

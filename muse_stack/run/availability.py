@@ -4,6 +4,7 @@ instead of a process-count mismatch whose suggested fix leads to a layout error.
 
 from __future__ import annotations
 
+from muse_stack.engines.spec import engine_spec
 from muse_stack.errors import EngineUnavailable
 from muse_stack.recipes.schema import Recipe
 
@@ -17,7 +18,8 @@ def _cuda_devices() -> int:
 def check_runnable_here(recipe: Recipe, name: str) -> None:
     """Raise :class:`EngineUnavailable` when the recipe's engine or device cannot run on this machine."""
     hw = recipe.hardware
-    if hw.gpu == "cpu" and recipe.engine == "reference":
+    spec = engine_spec(recipe.engine)
+    if hw.gpu == "cpu" and spec.traits.runs_on_cpu:
         return
     needs = (f"{name} needs {hw.count} {hw.gpu} GPU{'s' if hw.count != 1 else ''} "
              f"({hw.nodes} node{'s' if hw.nodes != 1 else ''} of {hw.per_node})")
@@ -27,14 +29,10 @@ def check_runnable_here(recipe: Recipe, name: str) -> None:
              f"-v $PWD/runs:/workspace/runs muse-stack:{target} run {name}` starts it")
     fix = (f"use a GPU image (`make image gpu={target}`): {start}; on this machine the CPU reference engine "
            "runs `muse-stack run tiny-cpu`")
-    if recipe.engine == "megatron":
-        from muse_stack.engines.megatron_available import missing
-
-        reason = missing()
-        if reason:
-            raise EngineUnavailable(f"{needs} and the megatron-core engine, which runs megatron-core and "
-                                    f"Transformer Engine on CUDA: {reason}", field="engine", value=recipe.engine,
-                                    fix=fix)
+    reason = spec.missing()
+    if reason:
+        raise EngineUnavailable(f"{needs} and {spec.traits.summary}: {reason}", field="engine",
+                                value=recipe.engine, fix=fix)
     if hw.gpu != "cpu" and _cuda_devices() == 0:
         raise EngineUnavailable(f"{needs}; this machine has no CUDA device", field="hardware.gpu", value=hw.gpu,
                                 fix=fix)

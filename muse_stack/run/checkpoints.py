@@ -38,7 +38,8 @@ from typing import Any
 
 from muse_stack import atomic
 from muse_stack.errors import InputError, MuseStackError
-from muse_stack.run import dist, faults
+from muse_stack.engines import dist
+from muse_stack.run import faults
 
 log = logging.getLogger("muse_stack.run")
 

@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
             # after what the engine refuses in the recipe itself (on any machine), the engine and the
             # device: on a machine without them, that is the error to see, not the process count or
             # the layout that --gpus would lead to
-            from muse_stack.engines.support import check_recipe
+            from muse_stack.engines.spec import check_recipe
             from muse_stack.recipes.catalogue import load_recipe
             from muse_stack.run.availability import check_runnable_here
 

@@ -27,16 +27,17 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from muse_stack import atomic
+from muse_stack.engines.spec import engine_spec
 from muse_stack.errors import InputError
-from muse_stack.model.checkpoint import CONFIG_NAME, DEFAULT_MAX_SHARD_BYTES, INDEX_FILE, SINGLE_FILE, safetensors_dtype
 from muse_stack.hf_config import full_config
+from muse_stack.model.checkpoint import (CONFIG_NAME, DEFAULT_MAX_SHARD_BYTES, INDEX_FILE, SINGLE_FILE, TensorGetter,
+                                         TensorSpec)
 from muse_stack.model_config import ModelConfig
 from muse_stack.recipes.catalogue import parse_recipe
 from muse_stack.run import checkpoints
@@ -45,21 +46,8 @@ if TYPE_CHECKING:
     from muse_stack.model.hf_export import Towers
 
 
-@dataclass(frozen=True)
-class Spec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-    @property
-    def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * torch.empty((), dtype=self.dtype).element_size()
-
-
-Getter = Callable[[str], torch.Tensor]
+Spec = TensorSpec
+Getter = TensorGetter
 
 
 def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -72,65 +60,6 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 # ---- sources ---------------------------------------------------------------------------
-def reference_source(folder: Path) -> tuple[list[Spec], Getter]:
-    """The HF-named safetensors of a reference-engine step folder."""
-    from safetensors import safe_open
-
-    from muse_stack.model.checkpoint import _weight_files
-
-    files = _weight_files(folder)
-    where: dict[str, str] = {}
-    specs: list[Spec] = []
-    for file, names in files.items():
-        with safe_open(str(folder / file), framework="pt") as handle:
-            for name in names:
-                s = handle.get_slice(name)
-                specs.append(Spec(name, tuple(s.get_shape()), safetensors_dtype(s.get_dtype())))
-                where[name] = file
-
-    def get(name: str) -> torch.Tensor:
-        with safe_open(str(folder / where[name]), framework="pt") as handle:
-            return handle.get_tensor(name)
-
-    return specs, get
-
-
-def megatron_source(folder: Path) -> tuple[list[Spec], Getter]:
-    """The model tensors of a megatron-core torch_dist checkpoint, by HF name."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    from muse_stack.engines.mcore.weights import dist_key_to_hf
-
-    reader = dcp.FileSystemReader(str(folder))
-    try:
-        meta = reader.read_metadata()
-    except Exception as exc:  # noqa: BLE001 - any unreadable metadata is the same user error
-        raise InputError(f"cannot read the dist-checkpoint's metadata ({exc})", field="checkpoint",
-                         value=str(folder), fix="the checkpoint is incomplete or not a torch_dist checkpoint") from exc
-    keys: dict[str, str] = {}
-    specs: list[Spec] = []
-    for key, md in meta.state_dict_metadata.items():
-        hf = dist_key_to_hf(key)  # the engine's own mapping
-        if hf is None or not isinstance(md, TensorStorageMetadata):
-            continue
-        if hf in keys:
-            raise InputError(f"two dist-checkpoint tensors map to {hf}: {keys[hf]} and {key}", field="checkpoint",
-                             value=str(folder), fix="report this layout: the weight mapping is not one-to-one here")
-        keys[hf] = key
-        specs.append(Spec(hf, tuple(md.size), md.properties.dtype))
-
-    by_name = {s.name: s for s in specs}
-
-    def get(name: str) -> torch.Tensor:
-        spec = by_name[name]
-        box = {keys[name]: torch.empty(spec.shape, dtype=spec.dtype)}
-        dcp.load(box, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
-        return box[keys[name]]
-
-    return specs, get
-
-
 # ---- writing ---------------------------------------------------------------------------
 def plan_shards(specs: list[Spec], max_bytes: int) -> list[list[Spec]]:
     shards: list[list[Spec]] = [[]]
@@ -199,46 +128,6 @@ def write_hf(out: Path, config: ModelConfig, specs: list[Spec], get: Getter, *,
 
 
 # ---- adapter checkpoints (LoRA / DoRA) ---------------------------------------------------
-def adapter_meta(folder: Path, engine: str) -> dict | None:
-    """The adapter settings and base identity of a step folder, or None for a full checkpoint."""
-    if engine == "megatron":
-        from muse_stack.engines.mcore.peft_checkpoint import read_meta
-
-        return read_meta(folder)
-    from muse_stack.model.peft_io import ADAPTER_META, read_adapter_meta
-
-    return read_adapter_meta(folder) if (folder / ADAPTER_META).exists() else None
-
-
-def adapter_tensors(folder: Path, engine: str) -> dict[str, torch.Tensor]:
-    """The adapter tensors of a step folder by their reference names, whole (a megatron
-    dist-checkpoint stores them so: :mod:`muse_stack.engines.mcore.peft_checkpoint`)."""
-    if engine != "megatron":
-        from safetensors.torch import load_file
-
-        from muse_stack.model.peft_io import ADAPTER_FILE
-
-        return load_file(str(folder / ADAPTER_FILE))
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    from muse_stack.engines.mcore.peft_checkpoint import adapter_keys
-
-    try:
-        meta = dcp.FileSystemReader(str(folder)).read_metadata()
-    except Exception as exc:  # noqa: BLE001 - any unreadable metadata is the same user error
-        raise InputError(f"cannot read the dist-checkpoint's metadata ({exc})", field="checkpoint",
-                         value=str(folder), fix="the checkpoint is incomplete or not a torch_dist checkpoint") from exc
-    entries = meta.state_dict_metadata
-    box = {k: torch.empty(tuple(entries[k].size), dtype=entries[k].properties.dtype)
-           for k in adapter_keys(entries) if isinstance(entries[k], TensorStorageMetadata)}
-    if not box:
-        raise InputError("the dist-checkpoint holds no adapter tensors", field="checkpoint", value=str(folder),
-                         fix="export a checkpoint written by a peft run of this version of muse-stack")
-    dcp.load(box, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
-    return box
-
-
 def _adapted_model(config: ModelConfig, settings, tensors: dict[str, torch.Tensor], *, base: torch.nn.Module | None):
     """A reference model with ``settings``' adapters holding ``tensors``: on the meta device
     (adapters only real) when ``base`` is None, else ``base`` itself with the adapters attached."""
@@ -271,36 +160,17 @@ def _merge_base(config: ModelConfig, engine: str, base_id: dict, folder: Path) -
     """The base model the adapters sit on, on the CPU, checked against the saved identity."""
     from muse_stack.model import MuseSparkForCausalLM, load_weights_into
 
+    spec = engine_spec(engine)
     path = base_id.get("path")
     if path and not Path(path).is_dir():
         raise InputError(f"--merge needs the base checkpoint the adapters sit on; {path} is not a directory here",
                          field="--merge", value=path,
                          fix="run the export where that checkpoint is, or use --adapters-only")
-    if not path and engine == "megatron":
-        raise InputError("--merge needs the base weights, but this run's megatron base was initialised from seed "
-                         f"{base_id.get('init_seed')} on the GPU and its weights are not on disk",
-                         field="--merge", value=str(folder),
-                         fix="use --adapters-only, or train with model.pretrained_checkpoint set to an HF checkpoint")
+    spec.check_base(None, path, base_id, folder)  # refusals before anything is built
     model = MuseSparkForCausalLM(config, seed=base_id.get("init_seed") if not path else 0)
     if path:
         load_weights_into(model, path)
-    if engine == "megatron":
-        from muse_stack.engines.mcore.peft_checkpoint import safetensors_headers_sha256
-
-        ours = safetensors_headers_sha256(path)
-        if ours != base_id.get("headers_sha256"):
-            raise InputError(f"the base checkpoint {path} is not the one the adapters were trained on "
-                             f"(headers sha256 {ours[:12]}, saved {str(base_id.get('headers_sha256'))[:12]})",
-                             field="--merge", value=path, fix="restore that checkpoint, or use --adapters-only")
-    else:
-        from muse_stack.model.peft_io import base_sha256
-
-        ours = base_sha256(model)
-        if ours != base_id.get("sha256"):
-            raise InputError(f"the base model rebuilt here is not the one the adapters were trained on "
-                             f"(sha256 {ours[:12]}, saved {str(base_id.get('sha256'))[:12]})",
-                             field="--merge", value=path or f"seed {base_id.get('init_seed')}",
-                             fix="restore the base checkpoint the run used, or use --adapters-only")
+    spec.check_base(model, path, base_id, folder)
     return model
 
 
@@ -315,7 +185,7 @@ def export_adapter_run(folder: Path, engine: str, config: ModelConfig, meta: dic
                             targets=tuple(p["targets"]), per_expert=p["per_expert"])
     base_id = meta.get("base") or {}
     base = _merge_base(config, engine, base_id, folder) if merge else None  # refusals before any tensor is read
-    tensors = adapter_tensors(folder, engine)
+    tensors = engine_spec(engine).adapter_tensors(folder)
     model = _adapted_model(config, settings, tensors, base=base)
     if merge:
         export_merged(model, out)
@@ -350,7 +220,8 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     source = str(current.path / checkpoints.RECIPE)
     recipe = parse_recipe(load_yaml(text, source=source, field="RUN_DIR", error=InputError), source)
     config = recipe.model_config_resolved()
-    meta = adapter_meta(current.path, recipe.engine)
+    engine = engine_spec(recipe.engine)
+    meta = engine.adapter_meta(current.path)
     if meta is None and (merge or adapters_only):
         flag = "--merge" if merge else "--adapters-only"
         raise InputError(f"{flag} exports adapters, but the checkpoint holds a full model", field=flag, value=True,
@@ -363,12 +234,9 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
                                  "the adapters folded in, as a plain HF checkpoint)")
         count = export_adapter_run(current.path, recipe.engine, config, meta, out, merge=merge)
         return out, current.step, count
-    if recipe.engine == "megatron":
-        specs, get = megatron_source(current.path)
-    else:
-        specs, get = reference_source(current.path)
+    specs, get = engine.hf_tensors(current.path)
     own = None
-    if recipe.engine != "megatron":  # a reference model with towers saved them in its step folder
+    if engine.trains_towers:  # a model with towers saved them in its step folder
         from muse_stack.model.hf_export import towers_from_checkpoint
 
         own = towers_from_checkpoint(current.path)

@@ -13,11 +13,12 @@ import json
 from pathlib import Path
 
 from muse_stack.engines import get_engine
-from muse_stack.engines.support import check_recipe
+from muse_stack.engines.spec import check_recipe
 from muse_stack.errors import InputError, LayoutError, RecipeError, UsageError
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe
 from muse_stack.recipes.schema import REQUIRED_PATH, Recipe
-from muse_stack.run import dist, rundir
+from muse_stack.engines import dist
+from muse_stack.run import rundir
 from muse_stack.run.availability import check_inputs
 from muse_stack.run.lock import RunLock
 from muse_stack.run.signals import StopFlag

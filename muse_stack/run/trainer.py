@@ -31,7 +31,8 @@ from muse_stack.engines import TrainContext, get_engine
 from muse_stack.errors import InputError, MuseStackError
 from muse_stack.recipes.catalogue import recipe_sha256, recipe_yaml
 from muse_stack.recipes.schema import Recipe
-from muse_stack.run import dist, faults, rundir
+from muse_stack.engines import dist
+from muse_stack.run import faults, rundir
 from muse_stack.run.checkpoints import CheckpointManager, disk_full, out_of_space
 from muse_stack.run.checkpoints import latest as checkpoints_latest
 from muse_stack.run.signals import StopFlag, StopRequested
@@ -175,7 +176,7 @@ class Trainer:
                              "the adapters", field="model.pretrained_checkpoint", value=start,
                              fix="restore the base at that path, or give its new place: --pretrained-checkpoint DIR "
                                  "--allow-change (the base's hash is checked against the one recorded at the start)")
-        from muse_stack.run import numerics
+        from muse_stack.engines import numerics
 
         self.numerics = numerics.apply(recipe)  # before the engine touches the GPU
         ctx = TrainContext(recipe=recipe, model=self.model_cfg, data=data, total_steps=self.total, rank=env.rank,

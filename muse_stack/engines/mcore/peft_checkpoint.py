@@ -188,3 +188,27 @@ def check_resume(directory: Path, meta: dict[str, Any] | None, *, settings: dict
                          f"this run {_describe(ours or {})}", field="adapters.base", value=saved,
                          fix=f"resume with the base they name ({saved.get('path') or 'seeded init'}: "
                              "model.pretrained_checkpoint, training.seed and the layout as saved), or start a new run")
+
+
+def dist_adapter_tensors(folder: Path) -> dict:
+    """The adapter tensors of this engine's dist-checkpoint step folder by their reference names,
+    whole (the checkpoint stores them so)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from muse_stack.errors import InputError
+
+    try:
+        meta = dcp.FileSystemReader(str(folder)).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - any unreadable metadata is the same user error
+        raise InputError(f"cannot read the dist-checkpoint's metadata ({exc})", field="checkpoint",
+                         value=str(folder), fix="the checkpoint is incomplete or not a torch_dist checkpoint") from exc
+    entries = meta.state_dict_metadata
+    box = {k: torch.empty(tuple(entries[k].size), dtype=entries[k].properties.dtype)
+           for k in adapter_keys(entries) if isinstance(entries[k], TensorStorageMetadata)}
+    if not box:
+        raise InputError("the dist-checkpoint holds no adapter tensors", field="checkpoint", value=str(folder),
+                         fix="export a checkpoint written by a peft run of this version of muse-stack")
+    dcp.load(box, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
+    return box

@@ -13,6 +13,7 @@ them.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from dataclasses import dataclass
 
 LM = "model.language_model."
@@ -192,3 +193,42 @@ def _cat(parts, axis):
     import torch
 
     return torch.cat(parts, dim=axis)
+
+
+def dist_hf_source(folder: Path):
+    """The model tensors of this engine's torch_dist checkpoint by HF name ((TensorSpec list, getter)):
+    each tensor is read whole under its global key when asked for."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from muse_stack.errors import InputError
+    from muse_stack.model.checkpoint import TensorSpec
+
+    reader = dcp.FileSystemReader(str(folder))
+    try:
+        meta = reader.read_metadata()
+    except Exception as exc:  # noqa: BLE001 - any unreadable metadata is the same user error
+        raise InputError(f"cannot read the dist-checkpoint's metadata ({exc})", field="checkpoint",
+                         value=str(folder), fix="the checkpoint is incomplete or not a torch_dist checkpoint") from exc
+    keys: dict[str, str] = {}
+    specs: list[TensorSpec] = []
+    for key, md in meta.state_dict_metadata.items():
+        hf = dist_key_to_hf(key)  # the engine's own mapping
+        if hf is None or not isinstance(md, TensorStorageMetadata):
+            continue
+        if hf in keys:
+            raise InputError(f"two dist-checkpoint tensors map to {hf}: {keys[hf]} and {key}", field="checkpoint",
+                             value=str(folder), fix="report this layout: the weight mapping is not one-to-one here")
+        keys[hf] = key
+        specs.append(TensorSpec(hf, tuple(md.size), md.properties.dtype))
+
+    by_name = {s.name: s for s in specs}
+
+    def get(name: str):
+        spec = by_name[name]
+        box = {keys[name]: torch.empty(spec.shape, dtype=spec.dtype)}
+        dcp.load(box, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
+        return box[keys[name]]
+
+    return specs, get

@@ -1,7 +1,7 @@
 """Adapters, same weights, same tokens: the megatron-core engine's LoRA/DoRA against the
 reference engine's (one GPU, TP 1).
 
-``python -m muse_stack.engines.mcore.peft_parity [--scheme lora|dora] [--out FILE]``
+``python -m muse_stack.verify.peft_parity [--scheme lora|dora] [--out FILE]``
 
 The parity model of :mod:`.parity` (every Muse Spark feature, small) gets adapters on every
 target the scheme allows (LoRA: attention, latent projections and one adapter per routed
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from muse_stack.engines.base import TrainContext
-from muse_stack.engines.mcore.parity import SEQ, _OneBatch, make_batch, tiny_recipe
+from muse_stack.verify.parity import SEQ, _OneBatch, make_batch, tiny_recipe
 from muse_stack.recipes.catalogue import parse_recipe
 
 #: Both float32 computations (the reference's and the engine's) round differently from the
@@ -89,7 +89,7 @@ def _engine_adapter_grads(engine, batch) -> tuple[torch.Tensor, float, dict[str,
     """The engine's loss and adapter gradients (main_grad of megatron-core's DDP) on ``batch``."""
     from muse_stack.engines.mcore.peft import mcore_to_reference
 
-    from muse_stack.engines.mcore.parity import engine_forward_backward
+    from muse_stack.verify.parity import engine_forward_backward
 
     logits, loss = engine_forward_backward(engine, batch)
     grads: dict[str, torch.Tensor] = {}
@@ -122,7 +122,7 @@ def run(scheme: str = "lora", seed: int = 1234, train_steps: int = 3) -> dict[st
 
     require_megatron()
     from muse_stack.engines.megatron import MegatronEngine
-    from muse_stack.engines.mcore.parity import _train
+    from muse_stack.verify.parity import _train
     from muse_stack.model.peft import base_state_dict
     from muse_stack.recipes.peft import resolve
 

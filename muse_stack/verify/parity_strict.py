@@ -1,7 +1,7 @@
 """Strict parity: the megatron-core engine against the reference model at trained weights,
 in float32 with a float64 yardstick, with negative controls that show the check can fail.
 
-``python -m muse_stack.engines.mcore.parity_strict [--train-steps K] [--skip-bf16] [--out FILE]``
+``python -m muse_stack.verify.parity_strict [--train-steps K] [--skip-bf16] [--out FILE]``
 (one GPU, TP 1; exit status 0 when every check passes, 1 otherwise).
 
 Why: at random initialisation (what :mod:`.parity` compares) the logits are ~0 and the loss
@@ -66,8 +66,8 @@ from typing import Any
 
 import torch
 
-from muse_stack.engines.mcore.parity import SEQ, TINY, _OneBatch, tiny_recipe
-from muse_stack.engines.mcore.peft_parity import FP32_FACTOR, _forward_backward_reference, _rel
+from muse_stack.verify.parity import SEQ, TINY, _OneBatch, tiny_recipe
+from muse_stack.verify.peft_parity import FP32_FACTOR, _forward_backward_reference, _rel
 from muse_stack.model_config import ModelConfig
 
 # ---- tolerances ------------------------------------------------------------------------
@@ -427,7 +427,7 @@ def engine_fp32_pass(engine, batch, ref_grads: dict[str, torch.Tensor]):
     megatron-core's DDP), in the reference's names and shapes (expert weights stacked)."""
     from muse_stack.engines.mcore.weights import local_to_global, mcore_to_hf
 
-    from muse_stack.engines.mcore.parity import engine_forward_backward
+    from muse_stack.verify.parity import engine_forward_backward
 
     logits, loss = engine_forward_backward(engine, batch)
     off = engine.load_kwargs

@@ -1,6 +1,6 @@
 """Same weights, same tokens: the megatron-core engine against the reference model.
 
-``python -m muse_stack.engines.mcore.parity [--tp N --ep N --etp N --pp N --cp N] [--packed]
+``python -m muse_stack.verify.parity [--tp N --ep N --etp N --pp N --cp N] [--packed]
 [--train-steps K] [--out FILE]`` (under torchrun for more than one GPU). The reference model is
 initialised on the CPU from the seed (as the reference engine does), its HF-named state dict
 is loaded into the megatron-core model through the weight mapping, and both compute the mean

@@ -1,0 +1,63 @@
+"""What a recipe may ask of each training engine: the traits the recipe checks, the planner and the
+machine check read, kept as data at the recipes' level (the engines' behaviour, which imports
+torch and megatron-core, is :mod:`muse_stack.engines.spec`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from muse_stack.errors import RecipeError
+
+
+@dataclass(frozen=True)
+class EngineTraits:
+    name: str
+    summary: str
+    runs_on_cpu: bool  #: a recipe with ``hardware.gpu: cpu`` runs on it
+    step_time_model: bool  #: ``muse-stack plan`` models its step time (muse_stack/plan/cost.py)
+    #: recipe fields only this engine reads: set on another engine, they are refused
+    fields: frozenset[str]
+
+
+TRAITS: dict[str, EngineTraits] = {
+    "reference": EngineTraits(
+        name="reference", summary="the PyTorch reference engine (CPU or GPU, data-parallel only)",
+        runs_on_cpu=True, step_time_model=False, fields=frozenset()),
+    "megatron": EngineTraits(
+        name="megatron", summary="the megatron-core engine, which runs megatron-core and Transformer Engine on CUDA",
+        runs_on_cpu=False, step_time_model=True,
+        fields=frozenset({"optimizer.precision_aware", "optimizer.param_remainders", "fusions.compile_elementwise",
+                          "precision=fp8"})),
+}
+
+
+def traits(name: str) -> EngineTraits:
+    try:
+        return TRAITS[name]
+    except KeyError:
+        raise RecipeError("not an engine", field="engine", value=name,
+                          fix=f"use one of {', '.join(sorted(TRAITS))}") from None
+
+
+def engines_reading(field: str) -> list[str]:
+    return sorted(name for name, t in TRAITS.items() if field in t.fields)
+
+
+def refuse_fields_of_other_engines(recipe) -> None:
+    """A recipe field only another engine reads is refused, naming the field and that engine."""
+    own = traits(recipe.engine).fields
+    used = {
+        "optimizer.precision_aware": bool(recipe.optimizer.precision_aware),
+        "optimizer.param_remainders": bool(recipe.optimizer.param_remainders),
+        "fusions.compile_elementwise": bool(recipe.fusions.compile_elementwise),
+        "precision=fp8": recipe.precision == "fp8",
+    }
+    for field, set_ in used.items():
+        if set_ and field not in own:
+            where = " or ".join(engines_reading(field))
+            name = field.split("=")[0]
+            raise RecipeError(f"{field.replace('=', ': ')} applies to the {where} engine only",
+                              field=name, value=True if "=" not in field else field.split("=")[1],
+                              fix=f"set engine: {where}, or drop {name}" + ("" if "=" not in field
+                                                                           else " (precision: bf16)"))
