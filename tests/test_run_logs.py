@@ -11,7 +11,7 @@ import re
 import pytest
 
 from muse_stack.run.pipeline import run
-from muse_stack.run.sinks import StdoutSink
+from muse_stack.run.sinks import RunStart, StdoutSink
 
 LINE = re.compile(r"^step (\d+)/(\d+) \| loss (\S+) \| grad_norm (\S+) \| lr (\S+) \| ([\d,]+) tokens/s \| "
                   r"ETA (\d+):(\d\d):(\d\d)$")
@@ -68,7 +68,7 @@ def test_no_progress_prints_a_step_line_every_log_interval(tmp_path, cli, monkey
 def test_the_step_line_rate_and_eta_come_from_the_steps_since_the_last_line():
     stream = io.StringIO()
     sink = StdoutSink(2, stream)
-    sink.open([], 6)
+    sink.open(RunStart([], 6))
     for step, (tokens, seconds) in enumerate([(100, 1.0), (300, 1.0), (50, 0.5), (150, 0.5)], start=1):
         sink.log({"step": step, "loss": 1.0, "grad_norm": 0.5, "lr": 1e-3, "tokens": tokens, "step_time_s": seconds})
     first, second = stream.getvalue().splitlines()

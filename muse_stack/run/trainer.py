@@ -5,8 +5,8 @@ and calls, in one direction:
 
 * setup: the data rows, the engine (behind :class:`muse_stack.engines.Engine`), the
   :class:`~muse_stack.run.checkpoints.CheckpointManager` (which loads the latest checkpoint
-  on resume), the fingerprint, and the metric sinks (:mod:`muse_stack.run.sinks`);
-* per step: ``engine.train_step`` -> a metrics row -> every sink -> one decision
+  on resume), the fingerprint, and the metric loggers (:mod:`muse_stack.run.sinks`);
+* per step: ``engine.train_step`` -> a metrics row -> every logger -> one decision
   (:meth:`Trainer._decide`): save now, stop now, or go on;
 * finish: the last save's completion, ``results.json``, the plots.
 
@@ -36,12 +36,11 @@ from muse_stack.run import faults, rundir
 from muse_stack.run.checkpoints import CheckpointManager, disk_full, out_of_space
 from muse_stack.run.checkpoints import latest as checkpoints_latest
 from muse_stack.run.signals import StopFlag, StopRequested
-from muse_stack.run.sinks import MetricSink, sinks_for
+from muse_stack.run.sinks import MetricLoggers, RunStart, loggers_for
 
 console = Console(stderr=True)
 log = logging.getLogger("muse_stack.run")
 #: the keys of a step's metrics row that record its validation (recipe ``validation``), when due
-VALIDATION_KEYS = ("val_loss", "val_supervised_tokens", "val_s")
 
 
 @dataclass
@@ -83,8 +82,8 @@ class Trainer:
         self.diverged_at: int | None = None
         self.engine = None
         self.checkpoints: CheckpointManager | None = None
-        self.sinks: list[MetricSink] = []
-        self.loggers: list[Any] = []  # TensorBoard / W&B (the recipe's logging section), rank 0
+        #: metrics.jsonl, run.log, the progress bar or stdout line, TensorBoard / W&B: rank 0
+        self.loggers = MetricLoggers([])
         self.rank_peaks: list[float | None] | None = None
         self.peak_tflops, self.peak_source = None, "not measured"
         self.changes: list[dict[str, Any]] = []
@@ -200,11 +199,11 @@ class Trainer:
         if self.rank0:
             self.peak_tflops, self.peak_source = peak_for(recipe.hardware.gpu)
             log.info("peak %s TFLOP/s (%s)", self.peak_tflops, self.peak_source)
-        self.sinks = sinks_for(self.path, recipe.name, rank=env.rank, progress=self.progress, console=console,
-                               log_interval=recipe.training.log_interval, stream=self.step_stream)
-        for sink in self.sinks:
-            sink.open(history, self.total)
-        self._open_loggers()
+        self.loggers = loggers_for(recipe, self.path, rank=env.rank, progress=self.progress, console=console,
+                                   stream=self.step_stream,
+                                   resumed_step=self.resumed_step if self.resuming else None)
+        if self.loggers:
+            self.loggers.open(self._run_start(history))
         self.setup_done = True
         self._gc_start()
 
@@ -243,15 +242,9 @@ class Trainer:
             gc.enable()
         self._gc_was_enabled = None
 
-    def _open_loggers(self) -> None:
-        """The recipe's experiment loggers (TensorBoard by default), given the resolved recipe and
-        the stack as fingerprinted; rank 0 only."""
-        from muse_stack.run.tensorboard import sinks_for as loggers_for
-
-        self.loggers = loggers_for(self.recipe, self.path, self.env.rank,
-                                   resumed_step=self.resumed_step if self.resuming else None)
-        if not self.loggers:
-            return
+    def _run_start(self, history: list[dict[str, Any]]) -> RunStart:
+        """What the loggers open with: the history, the step count, the resolved recipe and the
+        stack as fingerprinted."""
         recipe_text = (self.path / rundir.RECIPE).read_text() if (self.path / rundir.RECIPE).is_file() else ""
         try:
             fp = json.loads((self.path / rundir.FINGERPRINT).read_text())
@@ -259,8 +252,7 @@ class Trainer:
             stack["python"] = (fp.get("python") or {}).get("version")
         except (OSError, ValueError, AttributeError):
             stack = {}
-        for logger in self.loggers:
-            logger.on_start(recipe_text, stack)
+        return RunStart(history, self.total, recipe_text, stack)
 
     def _check_stop(self) -> None:
         """Between setup phases, on every rank at once: stop when any rank was signalled."""
@@ -351,15 +343,7 @@ class Trainer:
             if self._validation_due(step):  # after the step's timing: its own seconds are val_s
                 row.update(self._validate(step))
             self.metrics.append(row)
-            for sink in self.sinks:
-                sink.log(row)
-            train_values = {k: v for k, v in row.items() if k not in VALIDATION_KEYS}
-            if step % self.recipe.training.log_interval == 0 or step == self.total:
-                for logger in self.loggers:
-                    logger.on_step(row["step"], train_values)
-            if "val_loss" in row:
-                for logger in self.loggers:
-                    logger.on_validation(step, {"loss": row["val_loss"]})
+            self.loggers.log(row)
             self.step = step
             faults.point("after-step", step)
             if self._decide(step):
@@ -424,12 +408,17 @@ class Trainer:
 
     # -- finish ---------------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
+        """Results, plots and the loggers' end; the loggers are closed whatever happens."""
+        try:
+            return self._finish()
+        finally:
+            self.loggers.close()
+
+    def _finish(self) -> dict[str, Any]:
         from muse_stack.run.peak import peak_for
         from muse_stack.run.plots import loss_plot, throughput_plot
         from muse_stack.run.results import summarise
 
-        for sink in self.sinks:
-            sink.close()
         if not self.rank0:
             return {}
         if self.resuming and not self.setup_done:
@@ -439,9 +428,6 @@ class Trainer:
             # run.log and on stderr)
             log.error("resume %s before its first step%s; the run directory is unchanged", self.status,
                       f": {self.error}" if self.error else "")
-            for logger in self.loggers:
-                logger.close()
-            self.loggers = []
             return {}
         recipe, engine, metrics = self.recipe, self.engine, self.metrics
         warm = warmup_steps(recipe, recipe.training.steps or len(metrics) or 1)
@@ -489,10 +475,8 @@ class Trainer:
                                      "last_step": evaluated[-1]["step"] if evaluated else None,
                                      "val_loss": evaluated[-1]["val_loss"] if evaluated else None}
         atomic.write_json(self.path / rundir.RESULTS, results)
-        for logger in self.loggers:
-            logger.on_end(results)
-            logger.close()
-        self.loggers = []
+        self.loggers.end(results)
+        self.loggers.close()
         if metrics:
             loss_plot(metrics, self.path / "loss.png", f"{recipe.name}: loss")
             throughput_plot(metrics, self.path / "throughput.png", f"{recipe.name}: tokens/s per GPU",
