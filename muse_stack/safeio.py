@@ -170,16 +170,6 @@ def read_yaml(path: str | Path, *, field: str, what: str = "YAML file", fix: str
         raise
 
 
-def load_yaml_all(text: str, *, source: str, field: str, error: type[Exception] = RecipeError) -> list[Any]:
-    try:
-        return list(yaml.load_all(text, Loader=_BoundedLoader))  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise error(f"{source} is not valid YAML: {str(exc)[:600]}", field=field, value=source,
-                    fix="fix the YAML at the position shown") from exc
-    except RecursionError as exc:
-        raise error(f"{source} nests too deeply", field=field, value=source, fix="flatten the document") from exc
-
-
 def load_json(text: str, *, source: str, field: str, fix: str, want: type | None = dict) -> Any:
     """Parse JSON; malformed or of the wrong top-level type is an :class:`InputError` (corrupt input)."""
     try:

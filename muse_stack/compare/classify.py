@@ -204,7 +204,3 @@ def classify(path: str) -> str:
         if fnmatchcase(path, pattern):
             return cls
     return INFORMATIONAL
-
-
-def is_volatile(path: str) -> bool:
-    return any(fnmatchcase(path, p) for p in VOLATILE)
