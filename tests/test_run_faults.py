@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from muse_stack.run import checkpoints, faults
-from muse_stack.run.lock import RunLock
+from muse_stack.run.dirlock import RunLock
 from muse_stack.run.pipeline import run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """The run pipeline: validate and plan, then hand the run to :class:`~muse_stack.run.trainer.Trainer`.
 
 Bad input fails before anything is written. Once the run directory exists it is locked for
-this process (:mod:`muse_stack.run.lock`) and always ends with a results.json whose status
+this process (:mod:`muse_stack.run.dirlock`) and always ends with a results.json whose status
 is completed, interrupted (SIGINT/SIGTERM, caught from the first line: the last finished
 step is checkpointed), diverged (a non-finite loss) or failed; a process killed outright
 leaves its latest complete checkpoint, and ``--resume`` continues from it.
@@ -20,7 +20,7 @@ from muse_stack.recipes.schema import REQUIRED_PATH, Recipe
 from muse_stack.engines import dist
 from muse_stack.run import rundir
 from muse_stack.run.availability import check_inputs
-from muse_stack.run.lock import RunLock
+from muse_stack.run.dirlock import RunLock
 from muse_stack.run.signals import StopFlag
 from muse_stack.run.trainer import RunOutcome, Trainer
 
@@ -134,7 +134,7 @@ def _locked_by_another(path: Path) -> str | None:
     import fcntl
     import os
 
-    from muse_stack.run.lock import LOCK
+    from muse_stack.run.dirlock import LOCK
 
     try:
         fd = os.open(path / LOCK, os.O_RDONLY)
