@@ -30,10 +30,12 @@ app = typer.Typer(
 # module paths whose register(app) adds commands; one line per area
 _AREAS: list[str] = [
     "muse_stack.recipes.commands",
+    "muse_stack.plan.commands",
     "muse_stack.run.commands",
     "muse_stack.stack.commands",
     "muse_stack.data.commands",
     "muse_stack.fingerprint.commands",
+    "muse_stack.compare.commands",
     "muse_stack.launch.commands",
 ]
 

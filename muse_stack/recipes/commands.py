@@ -1,4 +1,4 @@
-"""Commands: list, show, plan, record import/export."""
+"""Commands: list, show, record import/export."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ from rich.table import Table
 
 from muse_stack import atomic
 from muse_stack.errors import InputError
-from muse_stack.plan.planner import Plan, make_plan
 from muse_stack.recipes.catalogue import load_recipe, recipe_names, recipe_yaml
 
 console = Console()
 
 
-def _layout_label(recipe) -> str:
+def layout_label(recipe) -> str:
     lay = recipe.layout
     parts = [f"TP{lay.tp}", f"PP{lay.pp}"]
     if lay.cp is None or lay.cp > 1:
@@ -32,84 +31,6 @@ def _layout_label(recipe) -> str:
     return "/".join(parts)
 
 
-def print_plan(plan: Plan) -> None:
-    t = Table(title=f"plan: {plan.recipe}", show_header=False, title_justify="left")
-    t.add_column(style="bold")
-    t.add_column()
-    t.add_row("GPUs", f"{plan.world_size} x {plan.gpu} ({plan.nodes} nodes)")
-    t.add_row("layout", f"TP {plan.tp}  PP {plan.pp}  CP {plan.cp}  EP {plan.ep}  ETP {plan.etp}  "
-                        f"SP {plan.sequence_parallel}")
-    t.add_row("data parallel", f"DP {plan.dp}   expert DP {plan.expert_dp} (world / (EP x ETP x PP))")
-    if plan.stages:
-        text = "/".join(str(n) for n in plan.stages)
-        holds = "; ".join(f"stage {s}: {', '.join(h)}" for s, h in plan.stage_holds.items())
-        t.add_row("stages", f"{text}  ({holds})" if holds else text)
-    t.add_row("microbatches", f"{plan.microbatches_per_replica} per replica per step")
-    t.add_row("tokens per step", f"{plan.tokens_per_step:,}" if plan.tokens_per_step else "unknown")
-    if plan.steps_per_epoch is not None:
-        t.add_row("steps per epoch", str(plan.steps_per_epoch))
-    t.add_row("steps", str(plan.steps))
-    t.add_row("experts per EP rank", f"{plan.experts_per_ep_rank:g}" if plan.experts_per_ep_rank else "unknown")
-    t.add_row("pack alignment", str(plan.pack_alignment))
-    t.add_row("parameters", f"{plan.total_params:,} total, {plan.active_params:,} active per token")
-    if plan.peft is not None:
-        p = plan.peft
-        experts = [t for t in p["targets"] if t.startswith("mlp.experts.")]
-        t.add_row("adapters", f"{p['scheme'].upper()} rank {p['rank']} alpha {p['alpha']:g} dropout {p['dropout']:g} "
-                              f"on {', '.join(p['targets'])}"
-                              + (f" ({'one per expert' if p['per_expert'] else 'one shared by all experts'})"
-                                 if experts else "")
-                              + f"; {plan.adapter_params:,} adapter parameters, base frozen")
-    console.print(t)
-    if plan.memory:
-        m = Table(title="memory per GPU (GiB), by pipeline stage", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False, collapse_padding=True)
-        for col in ("stage", "layers", "params", "weights", "grads", "optim", "activ", "logits", "buf", "total"):
-            m.add_column(col, justify="right", min_width=len(col), no_wrap=True)
-        for s in plan.memory:
-            def f(x):
-                return "?" if x is None else f"{x:.1f}"
-            activ = None if s.activations_gib is None else s.activations_gib * s.activation_factor
-            m.add_row(str(s.stage), str(s.layers), f"{s.params / 1e9:.2f}B", f(s.weights_gib), f(s.grads_gib),
-                      f(s.optimizer_gib), "-" if activ is None else f(activ),
-                      "-" if s.logits_gib is None else f(s.logits_gib), f(s.buffers_gib), f(s.total_gib))
-        console.print(m)
-        if plan.peak_memory_gib is not None and plan.gpu_memory_gib is None:
-            console.print(f"peak {plan.peak_memory_gib:.1f} GiB estimated per process (no GPU memory to check against)")
-        elif plan.peak_memory_gib is not None:
-            verdict = "[green]fits[/]" if plan.fits else "[red]does not fit[/]"
-            console.print(f"peak {plan.peak_memory_gib:.1f} GiB (stage {plan.peak_stage}) of "
-                          f"{plan.gpu_memory_gib:.2f} GiB per {plan.gpu}: {verdict} "
-                          f"(needs {plan.calibration.headroom_fraction:.0%} headroom; "
-                          f"activ: modelled x {plan.memory[plan.peak_stage].activation_factor:.2f}, "
-                          f"runtime buffers {plan.calibration.runtime_overhead_gib} GiB)")
-    if plan.used is not None:
-        u = plan.used
-        reserve = (f"allocator reserve {u.allocator_reserve_gib:.1f} "
-                   f"({u.calibration.allocator_reserve_fraction:.1%}, measured)")
-        console.print(f"expected used (nvidia-smi) {u.used_gib:.1f} GiB = allocated {u.allocated_gib:.1f} + {reserve} "
-                      f"+ outside the allocator {u.outside_allocator_gib:.2f} (context, kernels, workspaces; measured) "
-                      f"+ NCCL buffers {u.nccl_gib:.2f} ({', '.join(f'{k} {v:.2f}' for k, v in u.nccl_by_group.items())})"
-                      + ("" if plan.fits_used is not False else " [red]exceeds the GPU[/]"))
-    print_time(plan)
-    for a in plan.assumptions:
-        console.print(f"[yellow]assumed:[/] {a}")
-    if plan.peft is not None and plan.peft["filled"]:
-        from muse_stack.recipes.peft import DEFAULTS_SOURCE
-
-        console.print(f"[yellow]filled:[/] {', '.join(plan.peft['filled'])} (not stated by the recipe; "
-                      f"{DEFAULTS_SOURCE})")
-    if plan.peft is not None:
-        from muse_stack.recipes.peft import INIT
-
-        console.print(f"adapter init: {INIT}")
-    for u in plan.unchecked:
-        console.print(f"[yellow]not checked:[/] {u}")
-    if plan.unstated_training:
-        console.print(f"[yellow]not stated:[/] {', '.join(plan.unstated_training)}: `run` and `launch` refuse the "
-                      "recipe until it states them (neither its fill policy nor either engine fills them in)")
-
-
 def print_filled(recipe) -> None:
     """The values the recipe's fill policy filled, grouped by source."""
     by_source: dict[str, list[str]] = {}
@@ -117,27 +38,6 @@ def print_filled(recipe) -> None:
         by_source.setdefault(f.source, []).append(f"{path} = {json.dumps(f.value)}")
     for src, items in by_source.items():
         console.print(f"[yellow]filled:[/] {', '.join(items)} (not stated by the recipe; {src})", highlight=False)
-
-
-def print_time(plan: Plan) -> None:
-    t = plan.time
-    if t is None:
-        console.print(f"[yellow]step time not estimated:[/] {plan.time_unavailable}")
-        return
-    price = f"  ${t.usd_per_million_tokens:.2f} per 1M tokens" if t.usd_per_million_tokens is not None else ""
-    console.print(f"step time {t.step_s:.3f} s ({t.microbatches} micro-batches)  {t.tokens_per_s_per_gpu:,.1f} tokens/s/GPU  "
-                  f"MFU {t.mfu:.1%} (6N: {t.mfu_6n:.1%}){price}  dominant: {t.dominant}")
-    m = Table(title="step time by term (per step, on the slowest stage)", title_justify="left", box=box.SIMPLE_HEAD,
-              pad_edge=False, collapse_padding=True)
-    m.add_column("term")
-    m.add_column("s", justify="right")
-    m.add_column("share", justify="right")
-    for key, v in t.terms_s.items():
-        if v:
-            m.add_row(key.replace("_", " "), f"{v:.3f}", f"{v / t.step_s:.0%}")
-    console.print(m)
-    for a in t.assumptions:
-        console.print(f"[yellow]assumed:[/] {a}")
 
 
 def register(app: typer.Typer) -> None:
@@ -148,7 +48,7 @@ def register(app: typer.Typer) -> None:
         for name in recipe_names():
             r = load_recipe(name)
             rows.append({"name": r.name, "task": r.task, "gpus": r.hardware.count, "hardware": r.hardware.gpu,
-                         "layout": _layout_label(r), "engine": r.engine,
+                         "layout": layout_label(r), "engine": r.engine,
                          "source": r.aliases[0] if r.aliases else r.provenance.source})
         if json_out:
             typer.echo(json.dumps(rows, indent=2))
@@ -192,107 +92,6 @@ def register(app: typer.Typer) -> None:
         for key, rest in rows:
             line = f"{key:<{key_w}}  {rest}"
             typer.echo(line if len(line) <= width else f"{key}\n    {rest}")
-
-    @app.command("plan")
-    def plan_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
-                 overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
-                 gpus: Optional[int] = typer.Option(None, "--gpus", help="plan for this many GPUs"),
-                 json_out: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-        """Validate the layout and estimate memory per GPU, before it costs a GPU-hour."""
-        recipe = load_recipe(name, overrides or [])
-        plan, _ = make_plan(recipe, gpus=gpus)
-        if json_out:
-            typer.echo(json.dumps({**plan.summary(), "filled": {p: f.model_dump(mode="json")
-                                                                for p, f in recipe.filled.items()}}, indent=2))
-        else:
-            print_plan(plan)
-            print_filled(recipe)
-        if plan.fits is False:
-            raise typer.Exit(1)
-
-    @app.command("tune")
-    def tune_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
-                 overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
-                 gpus: Optional[int] = typer.Option(None, "--gpus", help="tune for this many GPUs"),
-                 gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (H200, B200, GB200, H100)"),
-                 top: int = typer.Option(5, "--top", min=1, max=100, help="layouts to print"),
-                 out: Optional[Path] = typer.Option(None, "--out", help="write the best layout's overrides here, one a line"),
-                 force: bool = typer.Option(False, "--force", help="replace the --out file if it exists"),
-                 json_out: bool = typer.Option(False, "--json", help="print JSON"),
-                 no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar")) -> None:
-        """Search layouts that fit for the fastest predicted step; write the best as overrides."""
-        import shlex
-
-        from rich.progress import Progress
-
-        from muse_stack.errors import LayoutError
-        from muse_stack.hardware import GPUS
-        from muse_stack.plan.planner import make_plan as _plan
-        from muse_stack.plan.tune import bounds, search
-
-        extra = list(overrides or [])
-        if gpu is not None:
-            if gpu not in GPUS:
-                raise LayoutError("the GPU type is not in the hardware table", field="--gpu", value=gpu,
-                                  fix=f"give one of {', '.join(GPUS)}")
-            spec = GPUS[gpu]
-            # the recipe's instance, price and memory are of its own GPU: not carried over
-            extra += [f"hardware.gpu={gpu}", f"hardware.memory_gib={spec.memory_gib}",
-                      f"hardware.per_node={spec.per_node_default}", "hardware.instance=null",
-                      "hardware.price_per_gpu_hour=null", "hardware.nominal_memory_gb=null"]
-        if out is not None and out.exists() and out.is_dir():
-            raise InputError("--out names a directory", field="--out", value=str(out), fix="give a file path")
-        if out is not None and out.exists() and not force:
-            raise InputError("--out names a file that exists; tune never overwrites one unasked", field="--out",
-                             value=str(out), fix="pass --force to replace it, or give another path")
-        recipe = load_recipe(name, extra)
-        own = gpus is None and gpu is None
-        if own:
-            _plan(recipe)  # the recipe itself must pass the rules (errors name the field)
-        elif gpus is not None:
-            _plan(recipe, gpus=gpus, strict=False)  # checks the GPU count's range (a usage error names --gpus)
-        if no_progress or json_out:
-            best, planned = search(recipe, gpus, top=top)
-        else:
-            with Progress(transient=True, console=console) as bar:
-                task = bar.add_task("planning layouts", total=None)
-
-                def step(done: int, total: int) -> None:
-                    bar.update(task, completed=done, total=total)
-
-                best, planned = search(recipe, gpus, progress=step, top=top)
-        best = best[:top]
-        if json_out:
-            typer.echo(json.dumps({"planned": planned, "best": [c.model_dump() for c in best],
-                                   "not_searched": bounds(recipe)}, indent=2))
-        if not best:
-            if planned == 0:
-                console.print(f"[red]no layout to plan:[/] no TP x PP x CP of {gpus or recipe.hardware.count} GPUs leaves a "
-                              f"data-parallel size that batch.gbs = {recipe.batch.gbs} splits over")
-            else:
-                console.print(f"[red]no layout of the {planned:,} planned fits[/] (memory, or the rules)")
-            if not json_out:
-                console.print("not searched: " + "; ".join(bounds(recipe)), highlight=False)
-            raise typer.Exit(1)
-        if not json_out:
-            t = Table(title=f"tune: {recipe.name}, {planned:,} layouts planned, best {len(best)} that fit",
-                      title_justify="left", box=box.SIMPLE_HEAD)
-            for col in ("tokens/s/GPU", "step s", "used GiB", "dominant", "layout"):
-                t.add_column(col, justify="right" if col != "layout" else "left")
-            for c in best:
-                short = c.label
-                t.add_row(f"{c.tokens_per_s_per_gpu:,.1f}", f"{c.step_s:.2f}", f"{c.used_gib:.1f}",
-                          f"{c.dominant} {c.dominant_s:.2f} s", short)
-            console.print(t)
-            console.print("not searched: " + "; ".join(bounds(recipe)), highlight=False)
-            mine, _ = _plan(recipe, strict=False)
-            if own and mine.time is not None:
-                console.print(f"the recipe's own layout: {mine.time.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted; "
-                              f"best {best[0].tokens_per_s_per_gpu / mine.time.tokens_per_s_per_gpu - 1:+.1%}")
-        if out is not None:
-            atomic.write_text(out, "\n".join(best[0].overrides) + "\n")
-            if not json_out:
-                console.print(f"wrote {out}: muse-stack run {shlex.quote(name)} $(cat {shlex.quote(str(out))})")
 
     record = typer.Typer(help="OpenRecipes records: import a published record, export a run as one.",
                          no_args_is_help=True)

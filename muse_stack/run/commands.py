@@ -141,7 +141,7 @@ def register(app: typer.Typer) -> None:
         adapters_only: bool = typer.Option(False, "--adapters-only",
                                            help="adapter runs: the adapters in the Hugging Face peft layout"),
     ) -> None:
-        """Write the run's latest checkpoint as a Hugging Face checkpoint (safetensors shards + config.json)."""
+        """Write the run's latest checkpoint in transformers' muse_spark layout (MuseSparkForConditionalGeneration loads it)."""
         from muse_stack.errors import InputError, MuseStackError
         from muse_stack.run import checkpoints
         from muse_stack.run.export import export_run
