@@ -32,6 +32,8 @@ TRANSFORMERS_DEFAULT_ROPE_THETA = 10000.0
 VISION_BLOCK_NORM_EPS = 1e-5
 #: image channels the patch embedding reads (RGB)
 IMAGE_CHANNELS = 3
+#: merged tokens per image at most, transformers' image processor's default (MuseGlimmerImageProcessor)
+MAX_IMAGE_TOKENS = 4096
 
 
 def default_vision_layer_types(num_layers: int) -> list[VisionLayerType]:

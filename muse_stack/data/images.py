@@ -32,12 +32,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from muse_stack.errors import InputError
+from muse_stack.tower_config import MAX_IMAGE_TOKENS
 
 #: transformers' MuseGlimmerImageProcessor class defaults
 PATCH_SIZE = 14
 TEMPORAL_PATCH_SIZE = 2
 MERGE_SIZE = 2
-MAX_IMAGE_TOKENS = 4096
 IMAGE_MEAN = 0.5
 IMAGE_STD = 0.5
 RESCALE_FACTOR = 1 / 255

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from muse_stack.data.images import MAX_IMAGE_TOKENS
+from muse_stack.tower_config import MAX_IMAGE_TOKENS
 from muse_stack.flops import tower_flops_per_sequence
 from muse_stack.recipes.schema import Recipe
 from muse_stack.tower_config import TowersConfig
