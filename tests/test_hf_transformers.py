@@ -12,7 +12,6 @@ the largest logit, which the softcap bounds: n u / (1 - n u) x softcap with u = 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import re
@@ -32,7 +31,7 @@ from muse_stack.model_config import TEXT_FIELDS  # noqa: E402
 from muse_stack.model import MuseSparkForCausalLM, load_checkpoint  # noqa: E402
 from muse_stack.model_config import ModelConfig  # noqa: E402
 from muse_stack.run.pipeline import run  # noqa: E402
-from tiny_model import logits_rounding_chain  # noqa: E402
+from tiny_model import float64_throughout, logits_rounding_chain  # noqa: E402
 
 FP64_U = 2.0**-53
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,26 +42,6 @@ TINY = dict(vocab_size=97, hidden_size=32, num_attention_heads=4, num_key_value_
 
 def config(layers: int, **extra) -> ModelConfig:
     return ModelConfig().with_overrides(**{**TINY, "num_hidden_layers": layers, **extra})
-
-
-@contextlib.contextmanager
-def float64_throughout():
-    """transformers' float32 casts leave float64 tensors as they are (see the module doc)."""
-    as_float, as_type = torch.Tensor.float, torch.Tensor.type
-
-    def float_(self, *args, **kwargs):
-        return self if self.dtype == torch.float64 else as_float(self, *args, **kwargs)
-
-    def type_(self, dtype=None, *args, **kwargs):
-        if dtype is torch.float32 and self.dtype == torch.float64:
-            return self
-        return as_type(self, dtype, *args, **kwargs)
-
-    torch.Tensor.float, torch.Tensor.type = float_, type_
-    try:
-        yield
-    finally:
-        torch.Tensor.float, torch.Tensor.type = as_float, as_type
 
 
 def hf_model(cfg: ModelConfig, dtype=torch.float64) -> MuseSparkForConditionalGeneration:

@@ -47,7 +47,7 @@ from test_model_towers import (  # noqa: E402
     media_batch,
     vision_chain,
 )
-from tiny_model import logits_rounding_chain  # noqa: E402
+from tiny_model import float64_throughout, logits_rounding_chain  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -79,16 +79,6 @@ def towers_config(**media) -> TowersConfig:
 def float64_parity(*hf_models):
     """transformers' float32 casts keep float64 tensors as they are; ``torch.float`` is float64
     inside each model's vision tower (see the module doc)."""
-    as_float, as_type = torch.Tensor.float, torch.Tensor.type
-
-    def float_(self, *args, **kwargs):
-        return self if self.dtype == torch.float64 else as_float(self, *args, **kwargs)
-
-    def type_(self, dtype=None, *args, **kwargs):
-        if dtype is torch.float32 and self.dtype == torch.float64:
-            return self
-        return as_type(self, dtype, *args, **kwargs)
-
     towers = [hf.model.vision_tower for hf in hf_models]
     for tower in towers:
         original = tower.forward
@@ -98,11 +88,10 @@ def float64_parity(*hf_models):
                 return _original(*args, **kwargs)
 
         tower.forward = forward
-    torch.Tensor.float, torch.Tensor.type = float_, type_
     try:
-        yield
+        with float64_throughout():
+            yield
     finally:
-        torch.Tensor.float, torch.Tensor.type = as_float, as_type
         for tower in towers:
             del tower.forward
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
+
 from muse_stack.model_config import ModelConfig
 
 TINY = dict(vocab_size=97, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -57,3 +61,26 @@ def attention_output_bound(attn, config: ModelConfig, tokens: int, extra_roundin
     n = 2 * config.hidden_size + 2 * d + 2 * tokens + config.num_attention_heads * d + extra_roundings
     w_o = attn.o_proj.weight.detach().abs().sum(dim=1).max().item()
     return fp32_sum_bound(n, d**0.5 * w_o)
+
+
+@contextlib.contextmanager
+def float64_throughout():
+    """transformers' Muse Spark casts to float32 inside its norms (``hidden_states.float()``) and its
+    router (``.type(torch.float32)``); inside this context those casts leave float64 tensors as they
+    are, so transformers' model and ours run the same formulas in float64 and any difference
+    between them is rounding (or a formula error, which the negative controls show a bound catches)."""
+    as_float, as_type = torch.Tensor.float, torch.Tensor.type
+
+    def float_(self, *args, **kwargs):
+        return self if self.dtype == torch.float64 else as_float(self, *args, **kwargs)
+
+    def type_(self, dtype=None, *args, **kwargs):
+        if dtype is torch.float32 and self.dtype == torch.float64:
+            return self
+        return as_type(self, dtype, *args, **kwargs)
+
+    torch.Tensor.float, torch.Tensor.type = float_, type_
+    try:
+        yield
+    finally:
+        torch.Tensor.float, torch.Tensor.type = as_float, as_type
