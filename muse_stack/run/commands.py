@@ -144,7 +144,7 @@ def register(app: typer.Typer) -> None:
         """Write the run's latest checkpoint in transformers' muse_spark layout (MuseSparkForConditionalGeneration loads it)."""
         from muse_stack.errors import InputError, MuseStackError
         from muse_stack.run import checkpoints
-        from muse_stack.run.export import export_run
+        from muse_stack.export import export_run
 
         from muse_stack.errors import UsageError
         from muse_stack.safeio import refuse_secrets
