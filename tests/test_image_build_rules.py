@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 
+from image_helpers import dockerfile_runs
 from muse_stack.stack import pylock, selfcheck, wheelset
 from muse_stack.stack.lock import load
 from muse_stack.stack.preflight import builder_platforms, problems
@@ -22,21 +23,7 @@ LOCK_ENV = ROOT / "containers" / "lock-env.sh"
 GPU = ["gb200", "b200", "h200"]
 
 
-def _runs(text: str) -> list[str]:
-    """RUN instructions with continuations joined and comment lines dropped."""
-    out, cur = [], ""
-    for line in text.splitlines():
-        if line.lstrip().startswith("#"):
-            continue
-        cur += line[:-1] + " " if line.endswith("\\") else line
-        if not line.endswith("\\"):
-            if cur.strip().startswith("RUN"):
-                out.append(" ".join(cur.split()))
-            cur = ""
-    return out
-
-
-RUNS = _runs(DOCKERFILE)
+RUNS = dockerfile_runs(DOCKERFILE)
 
 
 def test_only_the_sets_sdists_are_compiled_and_deepep_comes_as_a_wheel():

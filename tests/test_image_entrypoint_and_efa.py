@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from image_helpers import dockerfile_runs
 from muse_stack.stack import build_args, load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,20 +25,7 @@ DOCKERFILE = (ROOT / "Dockerfile").read_text()
 FLAKE = (ROOT / "flake.nix").read_text()
 
 
-def _runs(text: str) -> list[str]:
-    out, cur = [], ""
-    for line in text.splitlines():
-        if line.lstrip().startswith("#"):
-            continue
-        cur += line[:-1] + " " if line.endswith("\\") else line
-        if not line.endswith("\\"):
-            if cur.strip().startswith("RUN"):
-                out.append(" ".join(cur.split()))
-            cur = ""
-    return out
-
-
-RUNS = _runs(DOCKERFILE)
+RUNS = dockerfile_runs(DOCKERFILE)
 
 
 def _fake_muse_stack(d: Path) -> None:
@@ -193,7 +181,7 @@ def test_the_dockerfile_refuses_a_base_not_pulled_by_the_locks_digest(target):
         assert r.returncode != 0 and says in (r.stdout + r.stderr), (env, r.stdout, r.stderr)
     # the guard is the first thing the GPU stage runs
     gpu_stage = DOCKERFILE[DOCKERFILE.index("FROM base AS stack-gpu"):]
-    assert _runs(gpu_stage)[0].removeprefix("RUN ").strip() == guard
+    assert dockerfile_runs(gpu_stage)[0].removeprefix("RUN ").strip() == guard
 
 
 def test_the_dockerfile_refuses_an_efa_installer_without_its_checksum(tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from image_helpers import nix_instantiate
 from muse_stack.stack import build_args, load
 from muse_stack.stack.buildargs import image_tag
 
@@ -24,9 +25,7 @@ STUB = ROOT / "tests" / "fixtures" / "nix" / "stub-nixpkgs"
 
 @pytest.fixture(scope="module")
 def nix() -> str:
-    exe = shutil.which("nix-instantiate")
-    if exe:
-        return exe
+    return nix_instantiate()
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         pytest.skip("nix-instantiate missing and nix-bin cannot be installed (needs root and apt-get)")
     r = subprocess.run(["apt-get", "install", "-y", "-qq", "nix-bin"], capture_output=True, text=True,

@@ -9,12 +9,12 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from image_helpers import nix_instantiate
 from muse_stack.stack import load, pylock, wheelset
 from muse_stack.stack.buildargs import summary
 
@@ -22,23 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ["gb200", "b200", "h200", "cpu"]
 
 
-def _nix_instantiate() -> str:
-    exe = shutil.which("nix-instantiate")
-    if exe:
-        return exe
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("nix-instantiate missing and nix-bin cannot be installed (needs root and apt-get)")
-    r = subprocess.run(["apt-get", "install", "-y", "-qq", "nix-bin"], capture_output=True, text=True,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-    exe = shutil.which("nix-instantiate")
-    if r.returncode != 0 or not exe:
-        pytest.skip(f"apt-get install nix-bin failed: {r.stderr.strip()[-300:]}")
-    return exe
-
-
 @pytest.fixture(scope="module")
 def nix() -> str:
-    return _nix_instantiate()
+    return nix_instantiate()
 
 
 def _eval(nix: str, expr: str):
