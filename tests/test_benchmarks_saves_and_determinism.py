@@ -10,8 +10,8 @@ import pytest
 
 from muse_stack.compare import compare_runs
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-README = (BENCH / "README.md").read_text()
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+README = (BENCH.parent / "README.md").read_text()
 
 
 #: what the committed pairs show, all after the engine seeds the CPU generator (the router

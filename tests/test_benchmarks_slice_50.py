@@ -9,8 +9,8 @@ from pathlib import Path
 
 from muse_stack.recipes.catalogue import load_recipe
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-README = (BENCH / "README.md").read_text()
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+README = (BENCH.parent / "README.md").read_text()
 SECTION = README[README.index("## slice-1gpu at 50%"):README.index("## slice-1gpu at MBS 4")]
 
 
@@ -55,7 +55,7 @@ def test_the_gains_are_the_ratios_of_the_rows():
         assert rows[rel][6] == _gain(rel, swiglu) + " vs SwiGLU"
     fp32 = "levers/lever3-precision-aware-fp32.json"
     assert rows[fp32][6] == _gain(fp32, swiglu) + " vs SwiGLU (across machines)"
-    shipped = "slice-1gpu-shipped/results.json"
+    shipped = "slice-1gpu-mbs4-precision-aware/results.json"
     assert rows[shipped][6] == _gain(shipped, base) + " (across machines)"
 
 
@@ -71,7 +71,7 @@ def test_what_each_row_ran():
         assert r["optimizer"] == [f"{fused} (holds the master weights: bf16 weight + int16 remainder)"]
     assert _json("levers/lever3-precision-aware-fp32.json")["optimizer"] == \
         [f"{fused} (holds the master weights: fp32)"]
-    info = _json("slice-1gpu-shipped/results.json")["engine_info"]
+    info = _json("slice-1gpu-mbs4-precision-aware/results.json")["engine_info"]
     assert info["optimizer"] == [f"{fused} (holds the master weights: fp32)"]
     assert info["experts_swiglu"] == "unweighted (megatron-core's fused SwiGLU)"
     # the SwiGLU is the same function: both rows start from the same step-1 loss (5 digits shown)
@@ -89,20 +89,20 @@ def test_the_remainders_save_memory_and_mbs8_needs_them():
 
 
 def test_the_shipped_recipe_is_the_one_that_ran_and_reaches_50_percent():
-    ran = load_recipe(str(BENCH / "slice-1gpu-shipped" / "recipe.yaml"))
+    ran = load_recipe(str(BENCH / "slice-1gpu-mbs4-precision-aware" / "recipe.yaml"))
     shipped = load_recipe("slice-1gpu")
     assert ran.model_config_resolved() == shipped.model_config_resolved()
     for part in ("layout", "batch", "recompute", "fusions", "optimizer", "numerics", "training", "data", "precision"):
         assert getattr(ran, part) == getattr(shipped, part), part
     assert (shipped.optimizer.precision_aware, shipped.optimizer.param_remainders) == (True, False)
     assert (shipped.batch.mbs, shipped.batch.gbs, shipped.batch.seq_length) == (4, 8, 4096)
-    results = _json("slice-1gpu-shipped/results.json")
+    results = _json("slice-1gpu-mbs4-precision-aware/results.json")
     assert results["status"] == "completed" and results["mfu"] >= 0.50 and results["window"] == [11, 30]
     again = _json("det/slice-1gpu-default-a/results.json")
     assert again["mfu"] >= 0.50 and f"{100 * again['mfu']:.2f}%" in SECTION
-    first = _json("slice-1gpu-shipped/run1/results.json")
+    first = _json("slice-1gpu-mbs4-precision-aware/run1/results.json")
     assert first["mfu"] < 0.50 and f"{100 * first['mfu']:.2f}%" in SECTION
-    steps = [json.loads(line) for line in (BENCH / "slice-1gpu-shipped" / "run1" / "metrics.jsonl").read_text()
+    steps = [json.loads(line) for line in (BENCH / "slice-1gpu-mbs4-precision-aware" / "run1" / "metrics.jsonl").read_text()
              .splitlines() if line.strip() and "step_time_s" in json.loads(line)]
     slow = max(steps[1:], key=lambda r: r["step_time_s"])
     assert slow["step"] == 29 and f"{slow['step_time_s']:.3f} s" in SECTION
@@ -111,7 +111,7 @@ def test_the_shipped_recipe_is_the_one_that_ran_and_reaches_50_percent():
 
 
 def test_parity_determinism_and_the_round_trip():
-    compare = _json("slice-1gpu-shipped/compare-vs-slice-1gpu-mbs4.json")
+    compare = _json("slice-1gpu-mbs4-precision-aware/compare-vs-slice-1gpu-mbs4.json")
     assert compare["passed"] is True
     r = next(c["value"] for c in compare["convergence"]["checks"] if c["name"] == "correlation")
     assert f"r = {r:.10f}" in SECTION
@@ -121,19 +121,19 @@ def test_parity_determinism_and_the_round_trip():
     assert f"loss {_sci(strict['rel_diff_vs_fp32'])} from float32" in SECTION
     det = _json("det/slice-1gpu-det-compare.json")
     assert det["bitwise"]["identical"] is True and det["bitwise"]["steps"] == 20
-    resume = _json("resume1/resume1-compare.json")
+    resume = _json("resume-1gpu-precision-aware/resume1-compare.json")
     assert resume["passed"] is True
-    size = int((BENCH / "resume1" / "resume1-sizes.txt").read_text().split()[0])
+    size = int((BENCH / "resume-1gpu-precision-aware" / "resume1-sizes.txt").read_text().split()[0])
     assert f"the {size / 1e9:.2f} GB\n    checkpoint holds the remainders" in SECTION
-    assert load_recipe(str(BENCH / "resume1" / "resume1-part" / "recipe.yaml")).optimizer.param_remainders is True
+    assert load_recipe(str(BENCH / "resume-1gpu-precision-aware" / "resume1-part" / "recipe.yaml")).optimizer.param_remainders is True
     # the shipped setting: FusedAdam's fp32 master, 2 bytes per parameter more in the checkpoint
-    fp32 = _json("resume1/fp32-master-compare.json")
+    fp32 = _json("resume-1gpu-precision-aware/fp32-master-compare.json")
     assert fp32["passed"] is True
-    size32 = int((BENCH / "resume1" / "fp32-master-sizes.txt").read_text().split()[0])
+    size32 = int((BENCH / "resume-1gpu-precision-aware" / "fp32-master-sizes.txt").read_text().split()[0])
     assert f"the checkpoint is\n    {size32 / 1e9:.2f} GB" in SECTION and size32 > size
-    part = load_recipe(str(BENCH / "resume1" / "fp32-master-part" / "recipe.yaml")).optimizer
+    part = load_recipe(str(BENCH / "resume-1gpu-precision-aware" / "fp32-master-part" / "recipe.yaml")).optimizer
     assert (part.precision_aware, part.param_remainders) == (True, False)
-    assert _json("resume1/fp32-master-part/results.json")["engine_info"]["optimizer"] == \
+    assert _json("resume-1gpu-precision-aware/fp32-master-part/results.json")["engine_info"]["optimizer"] == \
         ["transformer_engine.pytorch.optimizers.fused_adam.FusedAdam (holds the master weights: fp32)"]
 
 
@@ -148,9 +148,9 @@ def test_remeasured_regressions_are_stated():
 
 
 def test_the_profile_is_stated():
-    prof = _json("slice-1gpu/profile-shipped.json")
+    prof = _json("slice-1gpu-mbs1-compiled/profile-shipped.json")
     secs = {c["class"]: c["seconds_per_step"] for c in prof["classes"]}
-    text = (BENCH / "slice-1gpu" / "profile.md").read_text()
+    text = (BENCH / "slice-1gpu-mbs1-compiled" / "profile.md").read_text()
     for cls, s in secs.items():
         assert f"| {cls} | {s:.3f} |" in text, cls
     assert f"{prof['wall_seconds_per_step_profiled']:.3f} s per profiled step" in SECTION
@@ -164,8 +164,8 @@ def test_the_profile_is_stated():
 
 
 def test_readme_states_the_shipped_figure():
-    results = _json("slice-1gpu-shipped/results.json")
-    readme = (BENCH.parent / "README.md").read_text()
+    results = _json("slice-1gpu-mbs4-precision-aware/results.json")
+    readme = (BENCH.parents[1] / "README.md").read_text()
     # the README's figure: the median of the three runs of the recipe as shipped in gc-steady/, and FP8's
     runs = sorted(_json(f"gc-steady/manual{i}/results.json")["mfu"] for i in (1, 2, 3))
     worst = max(_json(f"gc-steady/manual{i}/results.json")["step_time_worst_ratio"] for i in (1, 2, 3))

@@ -10,8 +10,8 @@ import pytest
 
 from muse_stack.recipes.catalogue import load_recipe
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-README = (BENCH / "README.md").read_text()
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+README = (BENCH.parent / "README.md").read_text()
 SECTION = README[README.index("## slice-1gpu at MBS 4"):README.index("## Engine overhead")]
 
 
@@ -50,13 +50,13 @@ def test_the_gains_are_the_ratios_of_the_rows():
     for name in ("mbs4-cutlass", "mbs4-connections8", "mbs4-allgather"):
         assert gains[f"levers/lever-{name}.json"] == _gain(f"levers/lever-{name}.json", "levers/lever-mbs4.json") + \
             " vs MBS 4"
-    assert gains["slice-1gpu-mbs4/results.json"] == _gain("slice-1gpu-mbs4/results.json",
+    assert gains["slice-1gpu-mbs4-allgather/results.json"] == _gain("slice-1gpu-mbs4-allgather/results.json",
                                                           "levers/lever-mbs4-allgather.json")
-    ours, peer = _json("slice-1gpu-mbs4/results.json"), _json("bridge/bridge-slice.json")
+    ours, peer = _json("slice-1gpu-mbs4-allgather/results.json"), _json("bridge/bridge-slice.json")
     ratio = ours["tokens_per_s_per_gpu"] / peer["tokens_per_s_per_gpu"]
     assert gains["bridge/bridge-slice.json"] == f"ours {ratio:.3f}x" and ratio >= 1.0
     assert f"**muse-stack is {ratio:.3f}x Bridge.**" in SECTION
-    readme = (BENCH.parent / "README.md").read_text()
+    readme = (BENCH.parents[1] / "README.md").read_text()
     assert f"{ratio:.3f}x Megatron-Bridge's own loop on the same shapes, side by side" in readme
 
 
@@ -71,11 +71,11 @@ def test_rejected_levers_were_slower_and_mbs8_leaves_no_headroom():
 
 
 def test_the_shipped_recipe_is_the_one_that_ran():
-    """benchmarks/slice-1gpu-mbs4 ran `muse-stack run slice-1gpu` with nothing overridden: its kept
+    """benchmarks/results/slice-1gpu-mbs4-allgather ran `muse-stack run slice-1gpu` with nothing overridden: its kept
     recipe trains what the catalogue's does (model, layout, batch, fusions, data). Since then the
     final checkpoint, which is not training, has been switched off, and the optimizer has become
     the precision-aware one (the section on 50% in benchmarks/README.md)."""
-    ran = load_recipe(str(BENCH / "slice-1gpu-mbs4" / "recipe.yaml"))
+    ran = load_recipe(str(BENCH / "slice-1gpu-mbs4-allgather" / "recipe.yaml"))
     shipped = load_recipe("slice-1gpu")
     assert ran.model_config_resolved() == shipped.model_config_resolved()
     for part in ("layout", "batch", "recompute", "fusions", "optimizer", "numerics", "training", "data"):
@@ -87,7 +87,7 @@ def test_the_shipped_recipe_is_the_one_that_ran():
             assert (b.pop("precision_aware"), b.pop("param_remainders")) == (True, False)
         assert a == b, part
     assert (shipped.batch.mbs, shipped.batch.gbs, shipped.layout.dispatcher) == (4, 8, "allgather")
-    results = _json("slice-1gpu-mbs4/results.json")
+    results = _json("slice-1gpu-mbs4-allgather/results.json")
     assert f"{100 * results['mfu']:.2f}%" == "49.44%" and "**49.44% is 1.1% short of the 50% goal.**" in SECTION
 
 
@@ -104,12 +104,12 @@ def test_bridge_ran_the_same_shapes_and_settings():
     # our formula counts the same FLOPs for both models; Bridge's own formula is within 0.1%
     assert peer["flops_difference_per_token"] == 0.0
     assert peer["bridge_own_flops_per_token"] == pytest.approx(peer["flops_per_token"], rel=1e-3)
-    assert peer["steps"] and len(peer["steps"]) == 30 == _json("slice-1gpu-mbs4/results.json")["steps_completed"]
+    assert peer["steps"] and len(peer["steps"]) == 30 == _json("slice-1gpu-mbs4-allgather/results.json")["steps_completed"]
     assert f"{peer['tokens_per_s_per_gpu']:,.0f} tokens/s and {100 * peer['mfu']:.2f}% MFU" in SECTION
 
 
 def test_loss_curves_pass_and_remeasured_regressions_are_stated():
-    assert _json("slice-1gpu-mbs4/compare-vs-slice-1gpu.json")["passed"] is True
+    assert _json("slice-1gpu-mbs4-allgather/compare-vs-slice-1gpu.json")["passed"] is True
     for name in ("proxy-1gpu", "packed-1gpu"):
         assert _json(f"remeasure/{name}-compare.json")["passed"] is True
         now, before = _json(f"remeasure/{name}/results.json"), _json(f"{name}/results.json")
@@ -123,8 +123,8 @@ def test_planning_doc_states_the_plan_against_the_shipped_run():
     from muse_stack.plan.planner import make_plan
 
     plan, _ = make_plan(load_recipe("slice-1gpu"))
-    ran = _json("slice-1gpu-shipped/results.json")
-    text = (BENCH.parent / "docs" / "planning.md").read_text()
+    ran = _json("slice-1gpu-mbs4-precision-aware/results.json")
+    text = (BENCH.parents[1] / "docs" / "planning.md").read_text()
     table = text[text.index("**Out of sample: `slice-1gpu` as it ships now**"):text.index("**Out of sample against")]
     step_err = 100 * (plan.time.step_s / ran["step_time_mean_s"] - 1)
     assert f"| step time | {plan.time.step_s:.3f} s | {ran['step_time_mean_s']:.3f} s | {step_err:+.0f}% |" in table

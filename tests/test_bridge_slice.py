@@ -1,4 +1,4 @@
-"""benchmarks/bridge_slice.py on a machine without Megatron-Bridge: a clear refusal, and the FLOPs
+"""benchmarks/scripts/bridge_slice.py on a machine without Megatron-Bridge: a clear refusal, and the FLOPs
 of the model Bridge runs (CPU)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("bridge_slice", ROOT / "benchmarks" / "bridge_slice.py")
+spec = importlib.util.spec_from_file_location("bridge_slice", ROOT / "benchmarks" / "scripts" / "bridge_slice.py")
 bridge_slice = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bridge_slice)
 
@@ -19,10 +19,10 @@ def test_without_bridge_the_script_says_how_to_install_it():
         import pytest
 
         pytest.skip("Megatron-Bridge is installed here")
-    done = subprocess.run([sys.executable, "benchmarks/bridge_slice.py", "slice-1gpu", "--dry-run"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "benchmarks/scripts/bridge_slice.py", "slice-1gpu", "--dry-run"], cwd=ROOT,
                           capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.returncode != 0
-    assert "Megatron-Bridge is not importable" in done.stderr and "benchmarks/bridge/stage.sh install" in done.stderr
+    assert "Megatron-Bridge is not importable" in done.stderr and "benchmarks/scripts/bridge/stage.sh install" in done.stderr
 
 
 def test_the_bridge_model_flops_differ_only_by_what_it_leaves_out():

@@ -11,7 +11,7 @@ machine, against the lock's own torch, with nvcc from the registry.
 Everything comes from the b200 wheel set or from tests/fixtures/build/cuda-nvcc.txt, hash-checked
 (tests/buildcheck.py); the first run downloads about 2.4 GB, later runs reuse the cache. The
 compiles take minutes and up to about 3 GB of memory on one core each; the tests carry the `build`
-marker, run in `make test`, and alone with `make build-check` (measured: benchmarks/build-check/).
+marker, run in `make test`, and alone with `make build-check` (measured: benchmarks/results/build-check/).
 """
 
 from __future__ import annotations

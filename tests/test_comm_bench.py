@@ -1,4 +1,4 @@
-"""benchmarks/comm.py, the collective measurement at a recipe's message sizes, on gloo (CPU), so a
+"""benchmarks/scripts/comm.py, the collective measurement at a recipe's message sizes, on gloo (CPU), so a
 GPU call only runs it: every row's result is checked, and the message list is the planner's."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from muse_stack.plan.messages import BF16, FP32, bus_gbps, step_messages
 from muse_stack.recipes.catalogue import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "scripts"))
 import comm  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def test_bus_bandwidth_follows_nccl_tests():
 def test_two_gloo_ranks_measure_every_message(tmp_path):
     out = tmp_path / "comm.json"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(ROOT / "benchmarks" / "comm.py"), "sft-192", "--backend", "gloo", "--max-bytes",
+                           str(ROOT / "benchmarks" / "scripts" / "comm.py"), "sft-192", "--backend", "gloo", "--max-bytes",
                            "4096", "--iters", "2", "--warmup", "1", "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-spec = importlib.util.spec_from_file_location("det_probe", Path(__file__).parents[1] / "benchmarks/det_probe.py")
+spec = importlib.util.spec_from_file_location("det_probe", Path(__file__).parents[1] / "benchmarks/scripts/det_probe.py")
 det_probe = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(det_probe)
 

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("import_slices", ROOT / "benchmarks" / "import_slices.py")
+    spec = importlib.util.spec_from_file_location("import_slices", ROOT / "benchmarks" / "scripts" / "import_slices.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -11,9 +11,9 @@ import torch
 
 from muse_stack.engines.megatron_available import missing
 from muse_stack.model_config import ModelConfig
-from muse_stack.run.results import summarise
+from muse_stack.results.summary import summarise
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 #: bf16 tolerance on the mean loss: matmuls in bf16 (fp32 accumulation), norms, residual
 #: stream and softcap in fp32. Measured on the tiny model: 3.1e-4 at TP 1 (the reference's own
 #: bf16 autocast run: 1.1e-4), and 1.3e-3 at most over three optimizer steps.
@@ -63,24 +63,24 @@ def test_committed_parity_results_within_tolerance():
             assert doc["max_step_loss_rel_diff"] < LOSS_REL_TOL, name
 
 
-@pytest.mark.parametrize("name", ["proxy-1gpu", "proxy-2gpu", "proxy-2gpu-compiled", "slice-1gpu", "slice-1gpu-mbs2",
-                                  "slice-1gpu-eager", "slice-1gpu-mbs2-eager", "pp2", "cp2", "etp2", "tp2-recompute",
+@pytest.mark.parametrize("name", ["proxy-1gpu", "proxy-2gpu", "proxy-2gpu-compiled", "slice-1gpu-mbs1-compiled",
+                                  "slice-1gpu-mbs2-compiled", "slice-1gpu-mbs1-eager", "slice-1gpu-mbs2-eager", "pp2", "cp2", "etp2", "tp2-recompute",
                                   "recompute/none", "recompute/full", "recompute/core-attn",
                                   "recompute/moe-act", "recompute/moe", *(f"resume/{t}-{k}" for t in ("ep2", "pp2")
                                                                          for k in ("full", "part", "again")),
                                   "det/proxy-1gpu-det-a", "det/proxy-1gpu-det-b", "det/proxy-1gpu-default-a",
                                   "det/slice-1gpu-det-a", "det/slice-1gpu-det-b", "export-roundtrip/run",
-                                  "slice-1gpu-mbs4", "remeasure/proxy-1gpu", "slice-1gpu-shipped",
-                                  "slice-1gpu-shipped/run1", "det/slice-1gpu-default-a",
+                                  "slice-1gpu-mbs4-allgather", "remeasure/proxy-1gpu", "slice-1gpu-mbs4-precision-aware",
+                                  "slice-1gpu-mbs4-precision-aware/run1", "det/slice-1gpu-default-a",
                                   "det/before-seed-fix/slice-1gpu-det-a", "remeasure/eager-restored/proxy-1gpu",
-                                  "resume1/resume1-full"])
+                                  "resume-1gpu-precision-aware/resume1-full"])
 def test_committed_results_follow_from_their_metrics(name):
     """results.json of each benchmark is what the run pipeline computes from its metrics.jsonl."""
     folder = BENCH / name
     results = json.loads((folder / "results.json").read_text())
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     fingerprint = json.loads((folder / "fingerprint.json").read_text())
-    if name == "slice-1gpu-mbs4":  # trained all 30 steps; its final 60.6 GB save then failed (benchmarks/README.md)
+    if name == "slice-1gpu-mbs4-allgather":  # trained all 30 steps; its final 60.6 GB save then failed (benchmarks/README.md)
         assert results["status"] == "failed" and results["steps_completed"] == 30
         assert results["error"].startswith("EOFError") and results["checkpoint"] is None
     else:
@@ -145,7 +145,7 @@ def _table_rows(text: str) -> list[list[str]]:
 
 def test_benchmarks_readme_table_is_what_the_results_say():
     """Every row of the benchmarks README's main table restates its folder's results.json."""
-    text = (BENCH / "README.md").read_text()
+    text = (BENCH.parent / "README.md").read_text()
     table = text[text.index("| benchmark | GPUs |"):text.index("\n\n", text.index("| benchmark | GPUs |"))]
     rows = _table_rows(table)
     assert len(rows) >= 13
@@ -166,8 +166,8 @@ def test_readme_gpu_table_restates_the_benchmarks_table():
         start = text.index(header)
         return {tuple(c.split()[0] for c in row[3:8]) for row in _table_rows(text[start:text.index("\n\n", start)])}
 
-    bench = figures((BENCH / "README.md").read_text(), "| benchmark | GPUs |")
-    readme = figures((BENCH.parent / "docs" / "gpu-engine.md").read_text(), "| benchmark | GPUs |")
+    bench = figures((BENCH.parent / "README.md").read_text(), "| benchmark | GPUs |")
+    readme = figures((BENCH.parents[1] / "docs" / "gpu-engine.md").read_text(), "| benchmark | GPUs |")
     assert len(readme) >= 12 and readme <= bench, readme - bench
 
 

@@ -13,7 +13,7 @@ from muse_stack.stack import load, wheelset
 ROOT = Path(__file__).resolve().parents[1]
 DOC = " ".join((ROOT / "docs" / "images.md").read_text().split())
 README = " ".join((ROOT / "README.md").read_text().split())
-REPLAY = ROOT / "benchmarks" / "replay-b200"
+REPLAY = ROOT / "benchmarks" / "results" / "replay-b200"
 
 
 def test_the_replay_is_described_as_it_ran():

@@ -12,7 +12,7 @@ from muse_stack.plan.memory import Calibration, layer_activation_bytes_per_token
 from muse_stack.plan.planner import make_plan
 from muse_stack.recipes.catalogue import load_recipe
 
-FIT = Path(__file__).resolve().parents[1] / "benchmarks" / "plan" / "fit.py"
+FIT = Path(__file__).resolve().parents[1] / "benchmarks" / "scripts" / "plan" / "fit.py"
 
 
 @pytest.fixture(scope="module")

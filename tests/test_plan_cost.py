@@ -17,7 +17,8 @@ from muse_stack.plan.used import UsedCalibration, nccl_groups, ring_communicator
 from muse_stack.recipes.catalogue import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
-PLAN = ROOT / "benchmarks" / "plan"
+PLAN = ROOT / "benchmarks" / "results" / "plan"
+FITS = ROOT / "benchmarks" / "scripts" / "plan"
 # Each figure below is a handful of float64 multiplications and divisions of the same inputs the
 # code uses, in a different order: relative rounding error <= ~10 x 2^-53 ~ 1e-15; 1e-12 leaves
 # margin for a longer chain (sums over layers and stages) and still fails on any wrong factor.
@@ -26,7 +27,7 @@ H200, B200 = GPUS["H200"], GPUS["B200"]
 
 
 def _module(name: str):
-    spec = importlib.util.spec_from_file_location(f"plan_{name}", PLAN / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"plan_{name}", FITS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

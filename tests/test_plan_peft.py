@@ -68,7 +68,7 @@ def test_adapter_flops_count_the_frozen_base_without_weight_gradients():
         assert got["training"] < full["training"]
 
 
-#: lora-64's peft block, as benchmarks/h200.sh passes it to slice-1gpu (LORA64 there), at the
+#: lora-64's peft block, as benchmarks/scripts/h200.sh passes it to slice-1gpu (LORA64 there), at the
 #: micro-batching the committed adapter runs used (lora-64's own MBS 1, the alltoall dispatcher)
 LORA64_ON_SLICE = ["batch.mbs=1", "layout.dispatcher=alltoall", "optimizer.precision_aware=null", "optimizer.param_remainders=null", "peft.scheme=lora", "peft.rank=32", "peft.alpha=32", "peft.dropout=0.0", "peft.per_expert=true",
                    "peft.targets=[self_attn.q_proj,self_attn.k_proj,self_attn.v_proj,self_attn.o_proj,"

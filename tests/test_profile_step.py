@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-spec = importlib.util.spec_from_file_location("profile_step", Path(__file__).parents[1] / "benchmarks/profile_step.py")
+spec = importlib.util.spec_from_file_location("profile_step", Path(__file__).parents[1] / "benchmarks/scripts/profile_step.py")
 profile_step = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(profile_step)
 

@@ -1,5 +1,5 @@
-"""The committed replay of the b200 and h200 wheel sets on an H200 (benchmarks/replay*/): what
-benchmarks/replay/README.md says of it is what the committed files say, recomputed here on a CPU."""
+"""The committed replay of the b200 and h200 wheel sets on an H200 (benchmarks/results/replay*/): what
+benchmarks/results/replay/README.md says of it is what the committed files say, recomputed here on a CPU."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from muse_stack.compare.audit import audit
 from muse_stack.recipes.catalogue import load_recipe
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 SOFTWARE = {"megatron-core", "transformer_engine", "pytorch", "pytorch CUDA build", "cuda", "nccl", "cudnn",
             "deepep", "python"}
 

@@ -2,7 +2,7 @@
 run (the checkpoint holds every rank's generators, CUDA and megatron-core's tensor-parallel
 tracker included, and the data position), on the megatron engine and on the reference engine.
 Skips without CUDA (and, for the megatron engine, Transformer Engine and megatron-core); on a lent
-H200 it runs as ``bash benchmarks/h200.sh resumedrop``."""
+H200 it runs as ``bash benchmarks/scripts/h200.sh resumedrop``."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Every term is a formula over the layout, the model's shapes and the GPU's datasheet figures
 (:mod:`muse_stack.hardware`); the only fitted constants are the kernel efficiencies of
-:class:`TimeCalibration`, fitted by ``benchmarks/plan/fit_time.py`` to this project's H200
+:class:`TimeCalibration`, fitted by ``benchmarks/scripts/plan/fit_time.py`` to this project's H200
 measurements in ``benchmarks/`` and to nothing else.
 
 One micro-batch on one pipeline stage costs, per decoder layer (forward; backward is twice the
@@ -64,7 +64,7 @@ BF16 = 2
 
 
 class TimeCalibration(BaseModel):
-    """Kernel efficiencies, fitted by benchmarks/plan/fit_time.py to the H200 step times of
+    """Kernel efficiencies, fitted by benchmarks/scripts/plan/fit_time.py to the H200 step times of
     benchmarks/ (least squares with non-negative inverse efficiencies; fit_time.json is its output)."""
 
     model_config = ConfigDict(frozen=True)
@@ -82,7 +82,7 @@ class TimeCalibration(BaseModel):
     # Not fitted (no measurement in benchmarks/ resolves it): collectives run at the datasheet
     # bandwidth of the link they cross.
     link_efficiency: float = 1.0
-    source: str = "H200 megatron-core step times, benchmarks/plan/fit_time.json"
+    source: str = "H200 megatron-core step times, benchmarks/results/plan/fit_time.json"
 
 
 class TermTimes(BaseModel):

@@ -34,7 +34,7 @@ class Calibration(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    # Fitted by benchmarks/plan/fit.py to the peak allocated memory (torch.cuda.max_memory_allocated)
+    # Fitted by benchmarks/scripts/plan/fit.py to the peak allocated memory (torch.cuda.max_memory_allocated)
     # of every eager megatron-core run in benchmarks/ (14 runs: TP, PP, CP, EP, ETP, packed rows,
     # full and selective recompute): peak = static + logits + activation_factor x activations +
     # runtime_overhead_gib, least squares. Static memory (bf16 weights, fp32 gradient buffers, Adam

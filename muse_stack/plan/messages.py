@@ -1,7 +1,7 @@
 """The collective messages one training step of a recipe sends, by kind, group size and bytes.
 
 The step-time model (:mod:`muse_stack.plan.cost`) prices these with a link bandwidth and an
-efficiency; ``benchmarks/comm.py`` measures the same collectives at the same sizes on a machine's
+efficiency; ``benchmarks/scripts/comm.py`` measures the same collectives at the same sizes on a machine's
 links, so the two meet on one list. Per micro-batch of ``t`` tokens on one CP rank:
 
 * ``tp_allgather`` / ``tp_reducescatter``: with sequence parallelism, the bf16 activations

@@ -4,7 +4,7 @@
 
 The allocator reserve and what a process holds outside the caching allocator (the CUDA
 context, loaded kernels, cuBLAS/cuDNN/TE workspaces) are measured on the H200 runs of
-benchmarks/ (``benchmarks/plan/fit_used.py``, output ``fit_used.json``).
+benchmarks/ (``benchmarks/scripts/plan/fit_used.py``, output ``fit_used.json``).
 
 NCCL buffers follow NCCL's defaults: every ring or tree collective communicator keeps, per
 channel, a receive buffer for each protocol (NCCL's defaults: Simple 4 MiB = NCCL_BUFFSIZE,
@@ -25,12 +25,12 @@ GIB = 2**30
 class UsedCalibration(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    # Measured (benchmarks/plan/fit_used.py): max_memory_reserved / max_memory_allocated - 1, the mean
+    # Measured (benchmarks/scripts/plan/fit_used.py): max_memory_reserved / max_memory_allocated - 1, the mean
     # over the default-numerics full-training runs on one H200 (1.6% and 2.7%; the deterministic
     # mode and adapter runs reach 6-8%)
     allocator_reserve_fraction: float = 0.0216
     allocator_reserve_source: str = ("measured: max reserved over max allocated, mean of 2 default-numerics H200 "
-                                     "training runs (benchmarks/plan/fit_used.json)")
+                                     "training runs (benchmarks/results/plan/fit_used.json)")
     # Measured the same way: NVML's used memory at the end of a run minus the allocator's peak
     # reservation, one process on the GPU (no NCCL peers): the CUDA context, the loaded kernels and
     # the library workspaces. Median of 5 runs, which span 9.44 to 9.61 GiB whatever the workload.

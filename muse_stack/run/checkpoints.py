@@ -55,7 +55,7 @@ _STAGING = re.compile(r"^\.(step-\d+(\.partial)?\.|latest\.)")
 
 
 #: free space asked beyond the engine's estimate: the dist-checkpoint's metadata and the
-#: trainer's files (recipe, metrics) add well under 2% on the runs in benchmarks/ckpt-save
+#: trainer's files (recipe, metrics) add well under 2% on the runs in benchmarks/results/ckpt-save
 SPACE_MARGIN = 1.02
 
 

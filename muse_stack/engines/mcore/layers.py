@@ -217,7 +217,7 @@ class MuseSparkExperts(TEGroupedMLP):
     #: the SwiGLU between the two grouped GEMMs carries no routing weight (the weight comes after
     #: the post-expert norm), so it runs megatron-core's unweighted fused SwiGLU. Its weighted one,
     #: given ones, also reduces a gradient for those ones that nothing reads. False: the weighted
-    #: one with ones (the engine before; ``benchmarks/engine_steps.py --weighted-swiglu``)
+    #: one with ones (the engine before; ``benchmarks/scripts/engine_steps.py --weighted-swiglu``)
     unweighted_swiglu: bool = True
 
     def __init__(self, num_local_experts: int, config, submodules, pg_collection=None, name=None) -> None:

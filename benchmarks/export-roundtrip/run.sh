@@ -1,4 +1,0 @@
-#!/usr/bin/env bash
-# On a lent 1 x H200 with TE 2.20.2 + megatron-core 0.19.2 staged in /tmp/site (shared/device/te-stage.sh), from the project root:
-# (the run folder is h200.sh keep()s export-src, here run/)
-OUT=/tmp/export bash benchmarks/h200.sh export

@@ -1,0 +1,80 @@
+"""Throughput of the megatron engine's training step, with or without adapters, in one process.
+
+This drives the engine's own ``train_step`` exactly as the runner does, with no checkpoints,
+logging or fingerprint around it, and times each step with a CUDA synchronisation: the same
+measurement for full training and for adapters on a frozen base.
+
+Model FLOPs per token: the runner's formula (:mod:`muse_stack.flops`), with the adapter form
+for a frozen base (forward and backward to inputs of the base, the adapters' full training).
+
+    PYTHONPATH=. python benchmarks/scripts/engine_steps.py slice-1gpu [overrides...] --steps 30 --warmup 10 --out x.json
+    (--weighted-swiglu: the experts' SwiGLU as the engine ran it before, for attribution)
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+from muse_stack.benchio import finish, megatron_engine, recipe_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = recipe_args(steps=30, warmup=10)
+    ap.add_argument("--weighted-swiglu", action="store_true",
+                    help="the experts' SwiGLU as the engine ran it before: megatron-core's weighted one, given ones")
+    args = ap.parse_args(argv)
+    if args.weighted_swiglu:
+        from muse_stack.engines.mcore.layers import MuseSparkExperts
+
+        MuseSparkExperts.unweighted_swiglu = False
+
+    from muse_stack.flops import FORMULA, PEFT_FORMULA, training_flops_per_token
+    from muse_stack.run.devmem import cuda_memory
+    from muse_stack.recipes.peft import resolve
+    from muse_stack.run.peak import peak_for
+
+    recipe, engine = megatron_engine(args.recipe, args.overrides, args.steps)
+    cfg = recipe.model_config_resolved()
+    rows = []
+    for step in range(1, args.steps + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        stats = engine.train_step(step)
+        torch.cuda.synchronize()
+        rows.append({"step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "tokens": stats.tokens,
+                     "step_time_s": time.perf_counter() - t0})
+    window = rows[args.warmup:]
+    tps = sum(r["tokens"] for r in window) / sum(r["step_time_s"] for r in window)
+    settings = resolve(recipe.peft, cfg) if recipe.peft is not None else None
+    flops = training_flops_per_token(cfg, engine.seq_lens(), peft=settings)
+    per_token = flops["training"]
+    adapter_active = flops.get("adapter_params_per_token", 0.0)
+    formula = PEFT_FORMULA if settings is not None else FORMULA
+    peak, source = peak_for(recipe.hardware.gpu)
+    describe = engine.describe()
+    result = {
+        "recipe": args.recipe, "overrides": args.overrides, "device": torch.cuda.get_device_name(),
+        "experts_swiglu": "weighted, given ones" if args.weighted_swiglu else "unweighted",
+        "optimizer": describe["optimizer"],
+        "method": f"{args.steps} steps, window steps {args.warmup + 1}-{args.steps}; each step bracketed by "
+                  "torch.cuda.synchronize()",
+        "tokens_per_s_per_gpu": tps, "step_time_mean_s": statistics.fmean(r["step_time_s"] for r in window),
+        "flops_per_token": per_token, "flops_formula": formula, "adapter_active_params_per_token": adapter_active,
+        "model_tflops_per_gpu": per_token * tps / 1e12, "peak_tflops": peak, "peak_source": source,
+        "mfu": per_token * tps / 1e12 / peak if peak else None,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "device_memory": cuda_memory(f"cuda:{torch.cuda.current_device()}"),
+        "local_parameters": describe["local_parameters"],
+        "local_trainable_parameters": describe["local_trainable_parameters"], "adapters": describe["adapters"],
+        "first_loss": rows[0]["loss"], "final_loss": rows[-1]["loss"], "steps": rows,
+    }
+    finish(result, args.out, omit=lambda k: k == "steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
