@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muse_stack.run.devmem import cuda_memory
+from muse_stack.machine.devmem import cuda_memory
 
 
 def test_a_cpu_run_has_no_device_memory_block():

@@ -10,7 +10,7 @@ import json
 import pytest
 
 import muse_stack.engines.megatron_available as megatron_available
-import muse_stack.run.availability as availability
+import muse_stack.machine.availability as availability
 from muse_stack.compare.classify import INFORMATIONAL, NUMERICS, classify
 from muse_stack.compare.diff import diff_documents
 from muse_stack.engines.spec import check_recipe

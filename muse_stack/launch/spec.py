@@ -243,16 +243,11 @@ def _check_start(recipe: Recipe, pretrained: str | None, target: Target, kuberne
     host = str(Path(pretrained).absolute())
     if target.container:
         check_mount_path(host, "--pretrained-checkpoint")
-    from muse_stack.run import availability
+    from muse_stack.run.inputs import check_inputs
 
-    check = getattr(availability, "check_inputs", None)
     start = recipe.model_copy(update={"model": recipe.model.model_copy(update={"pretrained_checkpoint": host}),
                                       "logging": recipe.logging.model_copy(update={"wandb": None})})
-    if check is not None:
-        check(start)  # a Hugging Face-style folder with a config and weights, as `run` checks it
-    elif not Path(host).is_dir():
-        raise InputError("the checkpoint to start from is not a directory", field="--pretrained-checkpoint",
-                         value=pretrained, fix="give a folder holding config.json and model*.safetensors")
+    check_inputs(start)  # a Hugging Face-style folder with a config and weights, as `run` checks it
     return host
 
 

@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
             # the layout that --gpus would lead to
             from muse_stack.engines.spec import check_recipe
             from muse_stack.recipes.catalogue import load_recipe
-            from muse_stack.run.availability import check_runnable_here
+            from muse_stack.machine.availability import check_runnable_here
 
             recipe = load_recipe(name, overrides or [])
             check_recipe(recipe, values=False)

@@ -19,7 +19,7 @@ from muse_stack.recipes.catalogue import load_recipe, parse_recipe
 from muse_stack.recipes.schema import REQUIRED_PATH, Recipe
 from muse_stack.engines import dist
 from muse_stack.run import rundir
-from muse_stack.run.availability import check_inputs
+from muse_stack.run.inputs import check_inputs
 from muse_stack.run.dirlock import RunLock
 from muse_stack.run.signals import StopFlag
 from muse_stack.run.trainer import RunOutcome, Trainer

@@ -77,7 +77,7 @@ class RunRecord:
         fp = self.fingerprint
         if not fp:
             return None
-        from muse_stack.run.stack_summary import summarise
+        from muse_stack.results.stack import summarise
 
         return summarise(fp)
 

@@ -141,7 +141,7 @@ class Trainer:
     # -- setup ----------------------------------------------------------------------------
     def setup(self) -> None:
         from muse_stack.data import build_for_recipe
-        from muse_stack.run.peak import peak_for
+        from muse_stack.machine.peak import peak_for
 
         faults.point("setup")
         self._check_stop()
@@ -415,9 +415,9 @@ class Trainer:
             self.loggers.close()
 
     def _finish(self) -> dict[str, Any]:
-        from muse_stack.run.peak import peak_for
-        from muse_stack.run.plots import loss_plot, throughput_plot
-        from muse_stack.run.results import summarise
+        from muse_stack.machine.peak import peak_for
+        from muse_stack.results.plots import loss_plot, throughput_plot
+        from muse_stack.results.summary import summarise
 
         if not self.rank0:
             return {}
@@ -447,7 +447,7 @@ class Trainer:
             results["peak_memory_gib_by_rank"] = self.rank_peaks
         if engine is not None:
             results["engine_info"] = engine.describe()
-            from muse_stack.run.devmem import cuda_memory
+            from muse_stack.machine.devmem import cuda_memory
 
             memory = cuda_memory(engine.device)
             if memory is not None:

@@ -37,31 +37,3 @@ def check_runnable_here(recipe: Recipe, name: str) -> None:
         raise EngineUnavailable(f"{needs}; this machine has no CUDA device", field="hardware.gpu", value=hw.gpu,
                                 fix=fix)
 
-
-def check_inputs(recipe: Recipe, *, start: bool = True) -> None:
-    """What the run reads or needs besides the machine, checked before anything is written (and by
-    ``launch`` before it writes a job): the loggers the recipe asks for can start, and the
-    checkpoint it starts from (``start``) is a Hugging Face-style directory with a config and weights."""
-    from muse_stack.errors import InputError
-    from muse_stack.recipes.schema import REQUIRED_PATH
-    from muse_stack.run.tensorboard import check_available
-
-    check_available(recipe)
-    if not start:  # a resumed run takes its weights from its own checkpoint
-        return
-    start = recipe.model.pretrained_checkpoint
-    if not start or start == REQUIRED_PATH:
-        return
-    from pathlib import Path
-
-    path = Path(start)
-    fix = "pass --pretrained-checkpoint DIR: a local directory holding config.json and model*.safetensors"
-    if not path.is_dir():
-        raise InputError("the checkpoint to start from is not a directory", field="--pretrained-checkpoint",
-                         value=start, fix=fix)
-    if not (path / "config.json").is_file():
-        raise InputError("the checkpoint to start from has no config.json", field="--pretrained-checkpoint",
-                         value=start, fix=fix)
-    if not ((path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()):
-        raise InputError("the checkpoint to start from has no weights (neither model.safetensors nor "
-                         "model.safetensors.index.json)", field="--pretrained-checkpoint", value=start, fix=fix)
