@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # From the project root on a 2 x H200 machine with TE 2.20.2 + megatron-core 0.19.2 staged in /tmp/site
 # (shared/device/te-stage.sh). The fingerprint.json beside this file is the stack that ran it.
+# h200.sh's `proxy1` step runs the command (its environment; it keeps the run's files in $OUT/proxy-1gpu/):
 set -euo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUDA_DEVICE_MAX_CONNECTIONS=1
-export PYTHONPATH=/tmp/site:.
-CUDA_VISIBLE_DEVICES=0 python3 -m muse_stack.cli run proxy-1gpu --out runs/proxy-1gpu --no-progress
+OUT=benchmarks/results bash benchmarks/scripts/h200.sh proxy1
