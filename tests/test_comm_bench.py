@@ -27,7 +27,8 @@ def test_messages_are_the_recipes_tensors():
     got = {m.kind: m for m in step_messages(recipe)}
     assert got["tp_allgather"].bytes == BF16 * t * model.hidden_size and got["tp_allgather"].group == 4
     assert got["ep_alltoall"].bytes == BF16 * model.num_experts_per_tok * (t // 4) * model.moe_hidden_size
-    assert got["pp_sendrecv"].bytes == FP32 * t * model.hidden_size
+    # megatron-core's pipeline tensor: the sequence split over TP 4 with sequence parallelism
+    assert got["pp_sendrecv"].bytes == FP32 * (t // 4) * model.hidden_size
     assert "edp_reducescatter" not in got  # 192 / (EP 32 x PP 6) = 1: the experts are not replicated
     assert step_messages(load_recipe("tiny-cpu")) == []  # one process sends nothing
 

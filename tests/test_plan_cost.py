@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from muse_stack.hardware import GPUS
-from muse_stack.plan.cost import BACKWARD, TimeCalibration, alltoall_time, gemm_time, ring_time
+from muse_stack.plan.cost import BACKWARD, TimeCalibration, gemm_time, ring_time
 from muse_stack.plan.planner import make_plan
 from muse_stack.plan.used import UsedCalibration, nccl_groups, ring_communicator_bytes, used_memory
 from muse_stack.recipes.catalogue import load_recipe
@@ -51,22 +51,7 @@ def test_ring_time():
     assert ring_time(1e9, 4, 450.0) == pytest.approx(0.75 * 1e9 / 450e9, rel=REL)
 
 
-def test_alltoall_inside_a_node_runs_on_nvlink_only():
-    # EP 8 on consecutive ranks of an 8-GPU node: 7 of 8 shares leave the GPU, all over NVLink
-    assert alltoall_time(8e9, 8, 8, 8, B200, 1.0) == pytest.approx(7e9 / 900e9, rel=REL)
-    assert alltoall_time(8e9, 1, 1, 8, B200, 1.0) == 0.0
-
-
-def test_alltoall_across_nodes_is_bound_by_the_scale_out_share():
-    # EP 16 over two nodes: 7 peers over NVLink, 8 over EFA at 50 GB/s; the slower sets the time
-    t = alltoall_time(16e9, 16, 16, 8, B200, 1.0)
-    assert t == pytest.approx(8e9 / 50e9, rel=REL)
-    # with ETP 2 the 8 EP peers span 16 ranks: 3 share the node, 4 do not
-    assert alltoall_time(8e9, 8, 16, 8, B200, 1.0) == pytest.approx(4e9 / 50e9, rel=REL)
-    # GB200 trays hold 4 GPUs but the NVL72 domain joins 72: all 15 peers of EP 16 are on NVLink
-    assert alltoall_time(16e9, 16, 16, 4, GPUS["GB200"], 1.0) == pytest.approx(15e9 / 900e9, rel=REL)
-    # an HGX node of 8 bounds NVLink even if a recipe states a larger node
-    assert alltoall_time(16e9, 16, 16, 16, B200, 1.0) == pytest.approx(8e9 / 50e9, rel=REL)
+# the all-to-all, ring and send/receive formulas and their fabrics: tests/test_plan_comm.py
 
 
 def _time(name: str, overrides: list[str] | None = None):

@@ -115,6 +115,8 @@ def print_time(plan: Plan) -> None:
         if v:
             m.add_row(key.replace("_", " "), f"{v:.3f}", f"{v / t.step_s:.0%}")
     console.print(m)
+    for c in t.communication:
+        console.print(f"communication: {c.term.replace('_', ' ')} {c.seconds:.3f} s: {c.describe()}", soft_wrap=True)
     for a in t.assumptions:
         console.print(f"[yellow]assumed:[/] {a}")
 

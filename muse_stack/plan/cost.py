@@ -1,7 +1,8 @@
 """Step time of a megatron-core training step, term by term, before a GPU-hour is spent.
 
-Every term is a formula over the layout, the model's shapes and the GPU's datasheet figures
-(:mod:`muse_stack.hardware`); the only fitted constants are the kernel efficiencies of
+Every term is a formula over the layout, the model's shapes, the GPU's datasheet figures
+(:mod:`muse_stack.hardware`) and the published bus bandwidths of the links the collectives cross
+(:mod:`muse_stack.plan.fabrics`, each figure cited); the only fitted constants are the kernel efficiencies of
 :class:`TimeCalibration`, fitted by ``benchmarks/scripts/plan/fit_time.py`` to this project's H200
 measurements in ``benchmarks/`` and to nothing else.
 
@@ -20,10 +21,17 @@ forward for GEMMs and elementwise work, 2.5 x for attention, which recomputes QK
 * recompute: one more forward of what is recomputed (all of it under full recompute; selective
   ``moe_act`` and ``moe`` rerun the share of the elementwise work their activations are);
 * TP collectives with sequence parallelism: all-gather and reduce-scatter of the hidden states
-  around the attention block and the latent projections, ring time ``(TP-1)/TP x bytes / link``;
+  around the attention block and the latent projections, ring time
+  ``fixed + (TP-1)/TP x bytes / bus bandwidth``;
 * the EP all-to-all: dispatch and combine of ``top-k x tokens x latent width`` bytes, the share
-  bound for GPUs of the same NVLink domain over NVLink, the rest over the scale-out network;
+  bound for GPUs of the same NVLink domain over NVLink, the rest over the GPU's one NIC, both at
+  once;
 * the CP exchange (A2A: q, k, v and the output; P2P: the K/V ring of full-attention layers).
+
+Which fabric a group crosses follows from megatron-core's rank order (TP innermost, PP
+outermost): a group inside one NVLink domain runs on NVLink, else on the scale-out NIC, at the
+bus bandwidth and fixed time per collective of :mod:`muse_stack.plan.fabrics`. No collective
+overlaps compute: the recipes configure no overlap (stated in every plan's assumptions).
 
 Adapters on a frozen base (a ``peft`` block): the base GEMMs' backward computes data gradients
 only (1 x the forward instead of 2 x: no weight gradients), and the adapters' own GEMMs (``x A^T``
@@ -38,12 +46,14 @@ and one more forward of the vision tower under full recompute. Their FLOPs join 
 (:func:`muse_stack.flops.tower_flops_per_sequence`).
 
 A 1F1B pipeline of ``m`` micro-batches over stages of per-micro-batch time ``t_s`` (including the
-point-to-point send of the boundary activations) takes ``(m - 1) x max t_s + sum t_s / VPP``: the
-slowest stage sets the steady state, the fill and drain pass every stage once (uneven first and
-last stages enter through ``t_s``). After it come the distributed optimizer's gradient
-reduce-scatter (fp32) and parameter all-gather (bf16) over the DP group, counted exposed (no
-overlap is configured by the recipes), and the optimizer step: 30 bytes of HBM traffic per
-sharded parameter (fp32 master, two moments read and written, gradient read, bf16 weight written).
+point-to-point send of the boundary activations, in the engine's fp32 pipeline dtype and
+megatron-core's pipeline shape, over EFA/InfiniBand once the world exceeds one NVLink domain)
+takes ``(m - 1) x max t_s + sum t_s / VPP``: the slowest stage sets the steady state, the fill
+and drain pass every stage once (uneven first and last stages enter through ``t_s``). After it
+come the distributed optimizer's gradient reduce-scatter (fp32) and parameter all-gather (bf16)
+over the DP group, one of each per DDP bucket, counted exposed (no overlap is configured by the
+recipes), and the optimizer step: 30 bytes of HBM traffic per sharded parameter (fp32 master,
+two moments read and written, gradient read, bf16 weight written).
 """
 
 from __future__ import annotations
@@ -55,12 +65,18 @@ from pydantic import BaseModel, ConfigDict
 from muse_stack.flops import mean_keys_causal, mean_keys_sliding, training_flops_per_token
 from muse_stack.hardware import GpuSpec
 from muse_stack.model_config import ModelConfig
+from muse_stack.plan.fabrics import Fabric, Figure, Links, machine_links
 from muse_stack.plan.memory import layer_activation_bytes_per_token
 from muse_stack.recipes.schema import Recipe
 
 #: bytes of HBM traffic per sharded parameter in one Adam step of the distributed optimizer
 ADAM_BYTES_PER_PARAM = 30
 BF16 = 2
+#: the pipeline dtype of the megatron engine (engines/mcore/config.py: the residual stream crosses
+#: stages in fp32)
+PIPELINE_DTYPE, PIPELINE_BYTES = "fp32", 4
+#: megatron-core's default DDP bucket (parameters)
+DDP_BUCKET_PARAMS = 40_000_000
 
 
 class TimeCalibration(BaseModel):
@@ -79,8 +95,8 @@ class TimeCalibration(BaseModel):
     layer_overhead_s: float = 0.006226  # per decoder layer and forward pass (backward counts 2)
     microbatch_overhead_s: float = 0  # per micro-batch and stage, forward and backward together
     expert_overhead_s: float = 7.833e-05  # per local expert, decoder layer and forward pass (grouped GEMM launches)
-    # Not fitted (no measurement in benchmarks/ resolves it): collectives run at the datasheet
-    # bandwidth of the link they cross.
+    # Not fitted (no measurement in benchmarks/ resolves it): collectives run at the published bus
+    # bandwidth of the fabric they cross (plan/fabrics.py), times this factor.
     link_efficiency: float = 1.0
     source: str = "H200 megatron-core step times, benchmarks/results/plan/fit_time.json"
 
@@ -105,6 +121,22 @@ class TermTimes(BaseModel):
         return sum(self.model_dump().values())
 
 
+class CommTerm(BaseModel):
+    """One communication term of a step: what it sends, over which fabric, at what bandwidth."""
+
+    term: str
+    seconds: float  #: per step, on the slowest stage's critical path (dp_comm: after the pipeline)
+    collective: str
+    group: int
+    fabrics: list[Fabric]
+    bytes_per_collective: float  #: per rank (0 where the term mixes sizes)
+    per_layer_forward_s: float = 0.0
+
+    def describe(self) -> str:
+        links = ", ".join(f.describe() for f in self.fabrics) or "none"
+        return f"{self.collective}, group {self.group}, over {links}"
+
+
 class StepTime(BaseModel):
     gpu: str
     step_s: float
@@ -119,6 +151,7 @@ class StepTime(BaseModel):
     microbatches: int
     assumptions: list[str]
     calibration: TimeCalibration
+    communication: list[CommTerm] = []  #: the communication terms of terms_s, each with its fabric
 
 
 def gemm_time(m: float, k: float, n: float, spec: GpuSpec, efficiency: float, count: float = 1.0) -> float:
@@ -130,11 +163,13 @@ def gemm_time(m: float, k: float, n: float, spec: GpuSpec, efficiency: float, co
     return count * max(flops / (spec.peak_bf16_tflops * 1e12), bytes_ / (spec.hbm_gbps * 1e9)) / efficiency
 
 
-def ring_time(bytes_: float, group: int, gbps: float) -> float:
-    """An all-gather or reduce-scatter of a ``bytes_`` tensor over ``group`` ranks on a ring."""
+def ring_time(bytes_: float, group: int, gbps: float, latency_s: float = 0.0) -> float:
+    """An all-gather or reduce-scatter of a ``bytes_`` tensor over ``group`` ranks on a ring at
+    bus bandwidth ``gbps``: each rank moves ``(group - 1) / group`` of the tensor, after the
+    collective's fixed ``latency_s``."""
     if group <= 1:
         return 0.0
-    return (group - 1) / group * bytes_ / (gbps * 1e9)
+    return latency_s + (group - 1) / group * bytes_ / (gbps * 1e9)
 
 
 def nvlink_reach(spec: GpuSpec, per_node: int) -> int:
@@ -144,32 +179,66 @@ def nvlink_reach(spec: GpuSpec, per_node: int) -> int:
     return domain if domain > spec.per_node_default else min(per_node, domain)
 
 
-def alltoall_time(bytes_out: float, group: int, span: int, per_node: int, spec: GpuSpec, eff: float) -> float:
+def spec_links(spec: GpuSpec, per_node: int, instance: str | None = None) -> Links:
+    """The fabrics of ``spec`` on ``instance`` (:mod:`muse_stack.plan.fabrics`); a GPU no
+    published figure covers gets its datasheet line rates (``muse_stack/hardware.py``)."""
+    domain = nvlink_reach(spec, per_node)
+    links = machine_links(spec.name, instance, domain)
+    if links is not None:
+        return links
+    intra = Figure(value=spec.nvlink_gbps or 0.0, unit="GB/s", basis="line rate", url="muse_stack/hardware.py",
+                   quote=spec.nvlink_source)
+    inter = Figure(value=spec.scaleout_gbps or 0.0, unit="GB/s", basis="line rate", url="muse_stack/hardware.py",
+                   quote=spec.scaleout_source)
+    return Links(intra=Fabric(name=f"NVLink ({spec.name} datasheet)", scope="intra-node", line_rate=intra, bus=intra),
+                 inter=Fabric(name=f"scale-out ({spec.name} datasheet)", scope="inter-node", line_rate=inter,
+                              bus=inter), domain=domain)
+
+
+def alltoall_split(group: int, span: int, domain: int) -> tuple[int, int]:
+    """(peers over NVLink, peers over the scale-out network) of one rank of an all-to-all over
+    ``group`` ranks ``span / group`` apart, in NVLink domains of ``domain`` consecutive ranks."""
+    if group <= 1:
+        return 0, 0
+    stride = max(span // group, 1)
+    local = max(1, min(group, domain // stride)) - 1
+    return local, group - 1 - local
+
+
+def alltoall_time(bytes_out: float, group: int, span: int, links: Links, eff: float = 1.0) -> float:
     """An all-to-all in which each GPU sends ``bytes_out`` spread evenly over ``group`` ranks
     (itself included). The group's ranks sit ``span / group`` apart; peers inside the GPU's
-    NVLink domain are reached over NVLink, the others over the scale-out network, in parallel."""
-    if group <= 1:
+    NVLink domain are reached over NVLink, the others over the GPU's one NIC (an all-to-all does
+    not aggregate NICs: fabrics.ALLTOALL_ONE_NIC), both at once; the collective's fixed time is
+    that of the slower fabric it crosses."""
+    local, remote = alltoall_split(group, span, links.domain)
+    if local + remote == 0:
         return 0.0
-    stride = span // group
-    domain = nvlink_reach(spec, per_node)
-    local_peers = max(1, min(group, domain // max(stride, 1))) - 1
-    remote_peers = group - 1 - local_peers
     per_peer = bytes_out / group
-    return max(local_peers * per_peer / (spec.nvlink_gbps * 1e9 * eff),
-               remote_peers * per_peer / (spec.scaleout_gbps * 1e9 * eff))
+    latency = links.inter.latency_s if remote else links.intra.latency_s
+    return latency + max(local * per_peer / (links.intra.gbps * 1e9 * eff),
+                         remote * per_peer / (links.inter.gbps * 1e9 * eff))
 
 
-def link_gbps(span: int, per_node: int, spec: GpuSpec, eff: float) -> float:
-    """Bandwidth of a group whose ranks cover ``span`` consecutive ranks: NVLink inside one
-    domain, else the scale-out network."""
-    domain = nvlink_reach(spec, per_node)
-    return (spec.nvlink_gbps if span <= domain else spec.scaleout_gbps) * eff
+def p2p_time(bytes_: float, fabric: Fabric, eff: float = 1.0) -> float:
+    """One send/receive of ``bytes_`` over ``fabric``."""
+    if bytes_ <= 0:
+        return 0.0
+    return fabric.latency_s + bytes_ / (fabric.gbps * 1e9 * eff)
+
+
+def group_links(span: int, links: Links) -> Fabric:
+    """The fabric of a ring over ranks that cover ``span`` consecutive ranks: NVLink inside one
+    domain, else the scale-out network (its slowest hop sets a ring's pace)."""
+    return links.crossing(span)
 
 
 def layer_terms(model: ModelConfig, spec: GpuSpec, cal: TimeCalibration, *, tokens: int, tp: int, cp: int, ep: int,
                 etp: int, sp: bool, compiled: bool, full_attention: bool, seq_lens: Sequence[int],
-                cp_comm_type: str | None, per_node: int) -> dict[str, float]:
+                cp_comm_type: str | None, per_node: int, links: Links | None = None) -> dict[str, float]:
     """Forward seconds of one decoder layer for one micro-batch of ``tokens`` tokens (per CP rank)."""
+    links = links or spec_links(spec, per_node)
+    eff = cal.link_efficiency
     h, hm, i = model.hidden_size, model.moe_hidden_size, model.moe_intermediate_size
     e, k = model.num_local_experts, model.num_experts_per_tok
     hq, hkv = model.num_attention_heads * model.head_dim, model.num_key_value_heads * model.head_dim
@@ -196,19 +265,20 @@ def layer_terms(model: ModelConfig, spec: GpuSpec, cal: TimeCalibration, *, toke
     # TP with SP: all-gather before and reduce-scatter after the attention block and the latent
     # projections; without SP the same volume as two all-reduces
     tp_bytes = BF16 * t * h
-    tp_comm = 4 * ring_time(tp_bytes, tp, link_gbps(tp, per_node, spec, cal.link_efficiency))
+    tp_fabric = group_links(tp, links)
+    tp_comm = 4 * ring_time(tp_bytes, tp, tp_fabric.gbps * eff, tp_fabric.latency_s)
     # EP: dispatch and combine, each GPU sends its routed slots at the latent width
     ep_bytes = BF16 * k * (t / tp) * hm
-    ep_comm = 2 * alltoall_time(ep_bytes, ep, ep * etp, per_node, spec, cal.link_efficiency)
+    ep_comm = 2 * alltoall_time(ep_bytes, ep, ep * etp, links, eff)
     cp_comm = 0.0
     if cp > 1:
         cp_span = tp * cp
         if cp_comm_type in ("a2a", "a2a+p2p") or not full_attention:
             a2a_bytes = BF16 * t * (2 * hq + 2 * hkv) / tp  # q, k, v in, the output back
-            cp_comm = alltoall_time(a2a_bytes, cp, cp_span, per_node, spec, cal.link_efficiency)
+            cp_comm = alltoall_time(a2a_bytes, cp, cp_span, links, eff)
         else:
             kv_bytes = BF16 * t * 2 * hkv / tp
-            cp_comm = (cp - 1) * kv_bytes / (link_gbps(cp_span, per_node, spec, cal.link_efficiency) * 1e9)
+            cp_comm = (cp - 1) * p2p_time(kv_bytes, group_links(cp_span, links), eff)
     return {"dense_gemm": dense, "expert_gemm": expert, "attention": attention, "elementwise": elementwise,
             "layer_overhead": cal.layer_overhead_s + cal.expert_overhead_s * local_experts, "tp_comm": tp_comm, "ep_alltoall": ep_comm, "cp_comm": cp_comm}
 
@@ -293,9 +363,11 @@ def recomputed_share(granularity: str, modules: list[str] | None, act: dict[str,
 
 def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int, stages: list[int], dp: int,
                   edp: int | None, microbatches: int, stage_params: list[tuple[int, int]],
-                  cal: TimeCalibration | None = None, seq_lens: Sequence[int] | None = None) -> StepTime:
+                  cal: TimeCalibration | None = None, seq_lens: Sequence[int] | None = None,
+                  links: Links | None = None) -> StepTime:
     """Step time of ``recipe`` on ``world`` GPUs of ``spec``. ``stage_params``: (dense, expert)
-    trainable parameters held by one GPU of each stage (the memory plan's figures)."""
+    trainable parameters held by one GPU of each stage (the memory plan's figures). ``links``:
+    the fabrics, by default those of the recipe's GPU and instance (:func:`spec_links`)."""
     cal = cal or TimeCalibration()
     lay, batch = recipe.layout, recipe.batch
     tp, pp, cp, ep, etp = lay.tp, lay.pp, lay.cp or 1, lay.ep or 1, lay.etp
@@ -304,6 +376,8 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     per_node = recipe.hardware.per_node
     compiled = bool(recipe.fusions.compile_elementwise)
     assumptions: list[str] = []
+    links = links or spec_links(spec, per_node, recipe.hardware.instance)
+    eff = cal.link_efficiency
     seq = batch.seq_length
     tokens = batch.mbs * seq // cp
     if seq_lens is None:
@@ -314,7 +388,7 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     types = model.resolved_layer_types
     full_share = sum(1 for x in types if x == "full_attention") / len(types)
     common = dict(tokens=tokens, tp=tp, cp=cp, ep=ep, etp=etp, sp=sp, compiled=compiled, seq_lens=seq_lens,
-                  cp_comm_type=lay.cp_comm_type, per_node=per_node)
+                  cp_comm_type=lay.cp_comm_type, per_node=per_node, links=links)
     full = layer_terms(model, spec, cal, full_attention=True, **common)
     slide = layer_terms(model, spec, cal, full_attention=False, **common)
     fwd = {key: full_share * full[key] + (1 - full_share) * slide[key] for key in full}
@@ -332,11 +406,13 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     # the adapters' backward computes both their weight and their input gradients: 2 x the forward
     per_layer = {key: fwd[key] * (1 + backward[key]) + 3 * adapters.get(key, 0.0) for key in fwd}
     per_layer["recompute"] = sum((fwd[key] + adapters.get(key, 0.0)) * share for key, share in rec.items())
-    # pipeline boundary: the SP-split hidden states forward, their gradient back
-    p2p_bytes = BF16 * (tokens / tp if sp else tokens) * model.hidden_size
-    stage_stride = world // pp
-    p2p = 0.0 if pp == 1 else 2 * vpp * p2p_bytes / (
-        link_gbps(stage_stride + 1, per_node, spec, cal.link_efficiency) * 1e9)
+    # pipeline boundary: the hidden states forward, their gradient back, in megatron-core's
+    # pipeline tensor shape (the sequence split over TP with SP) and the engine's pipeline dtype
+    p2p_bytes = PIPELINE_BYTES * (tokens / tp if sp else tokens) * model.hidden_size
+    # stage s holds ranks [s x world/pp, (s+1) x world/pp): beyond one NVLink domain some
+    # boundary leaves it, and that slowest boundary is priced for every stage
+    p2p_fabric = links.intra if (pp == 1 or world <= links.domain) else links.inter
+    p2p = 0.0 if pp == 1 else 2 * vpp * p2p_time(p2p_bytes, p2p_fabric, eff)
     out_gemm = gemm_time(tokens, model.hidden_size, model.vocab_size / tp, spec, cal.gemm_efficiency_dense) * (
         1 + backward["dense_gemm"])  # the output layer: frozen too under adapters
     from muse_stack.plan.towers import tower_plan
@@ -364,23 +440,60 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     expert_p = max(x for _, x in stage_params)
     dist_opt = lay.distributed_optimizer is not False
     dp_span = tp * cp * dp
-    dp_gbps = link_gbps(dp_span, per_node, spec, cal.link_efficiency)
+    dp_fabric = group_links(dp_span, links)
     edp_ = edp or 1
-    edp_gbps = link_gbps(world // pp, per_node, spec, cal.link_efficiency)
+    edp_fabric = group_links(world // pp, links)
     grad_b, param_b = 4, BF16
-    if dist_opt:
-        dp_comm = (ring_time(dense_p * (grad_b + param_b), dp * cp, dp_gbps)
-                   + ring_time(expert_p * (grad_b + param_b), edp_, edp_gbps))
-        opt_params = dense_p / (dp * cp) + expert_p / edp_
-    else:
-        dp_comm = 2 * ring_time(dense_p * grad_b, dp * cp, dp_gbps) + 2 * ring_time(expert_p * grad_b, edp_, edp_gbps)
-        opt_params = dense_p + expert_p
+
+    def dp_time(params: float, group: int, fabric: Fabric) -> float:
+        """Per DDP bucket: a reduce-scatter of the fp32 gradients and an all-gather of the bf16
+        parameters (distributed optimizer), or an all-reduce of the gradients (2 x the ring)."""
+        if group <= 1 or params <= 0:
+            return 0.0
+        buckets = -(-params // DDP_BUCKET_PARAMS)
+        if dist_opt:
+            return 2 * buckets * fabric.latency_s + ring_time(params * (grad_b + param_b), group, fabric.gbps * eff)
+        return buckets * fabric.latency_s + 2 * ring_time(params * grad_b, group, fabric.gbps * eff)
+
+    dense_dp = dp_time(dense_p, dp * cp, dp_fabric)
+    expert_dp = dp_time(expert_p, edp_, edp_fabric)
+    dp_comm = dense_dp + expert_dp
+    opt_params = dense_p / (dp * cp) + expert_p / edp_ if dist_opt else dense_p + expert_p
     optimizer = opt_params * ADAM_BYTES_PER_PARAM / (spec.hbm_gbps * 1e9) if not recipe.offload.optimizer else 0.0
     step = pipeline + dp_comm + optimizer
     terms_s = {key: microbatches * val for key, val in stage_terms[slow].model_dump().items()}
     terms_s["pp_bubble"] = bubble
     terms_s["dp_comm"] = dp_comm
     terms_s["optimizer"] = optimizer
+    per_layer_fwd = {key: fwd[key] for key in ("tp_comm", "ep_alltoall", "cp_comm")}
+    ep_local, ep_remote = alltoall_split(ep, ep * etp, links.domain)
+    ep_fabrics = [f for f, n in ((links.intra, ep_local), (links.inter, ep_remote)) if n]
+    comm = [
+        CommTerm(term="tp_comm", seconds=terms_s["tp_comm"], group=tp if tp > 1 else 1,
+                 collective="TP all-gather + reduce-scatter (SP)" if sp else "TP all-reduce",
+                 fabrics=[group_links(tp, links)] if tp > 1 else [],
+                 bytes_per_collective=BF16 * tokens * model.hidden_size,
+                 per_layer_forward_s=per_layer_fwd["tp_comm"]),
+        CommTerm(term="ep_alltoall", seconds=terms_s["ep_alltoall"], group=ep,
+                 collective=f"EP all-to-all, dispatch + combine ({ep_local} peers on NVLink, {ep_remote} off it)",
+                 fabrics=ep_fabrics, bytes_per_collective=BF16 * model.num_experts_per_tok * (tokens / tp)
+                 * model.moe_hidden_size, per_layer_forward_s=per_layer_fwd["ep_alltoall"]),
+        CommTerm(term="cp_comm", seconds=terms_s["cp_comm"], group=cp, collective="CP exchange",
+                 fabrics=[group_links(tp * cp, links)] if cp > 1 else [], bytes_per_collective=0.0,
+                 per_layer_forward_s=per_layer_fwd["cp_comm"]),
+        CommTerm(term="pp_p2p", seconds=terms_s["pp_p2p"], group=2 if pp > 1 else 1,
+                 collective=f"PP send/receive ({PIPELINE_DTYPE} activations forward, gradients back)",
+                 fabrics=[p2p_fabric] if pp > 1 else [], bytes_per_collective=p2p_bytes if pp > 1 else 0.0),
+        CommTerm(term="dp_comm", seconds=dp_comm, group=dp * cp,
+                 collective="DP reduce-scatter + all-gather (distributed optimizer)" if dist_opt
+                 else "DP all-reduce", fabrics=[f for f, g in ((dp_fabric, dp * cp), (edp_fabric, edp_)) if g > 1],
+                 bytes_per_collective=min(DDP_BUCKET_PARAMS, dense_p) * grad_b if dp * cp > 1 else 0.0),
+    ]
+    assumptions.append(
+        f"communication: {links.intra.describe()} inside {links.domain} GPUs, {links.inter.describe()} across "
+        "(muse_stack/plan/fabrics.py); no collective overlaps compute (the recipes set no overlap: megatron-core's "
+        "1F1B send/receive blocks, the all-to-all dispatcher runs in line, the DDP reduce runs after the last "
+        "micro-batch)")
     tokens_step = batch.gbs * seq
     tps = tokens_step / step / world
     flops = dict(training_flops_per_token(model, seq_lens, peft=settings))
@@ -395,4 +508,5 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
         mfu=flops["training"] * tps / peak, mfu_6n=flops["training_6n"] * tps / peak,
         usd_per_million_tokens=price / (tps * 3600) * 1e6 if price else None,
         terms_s=terms_s, dominant=max(terms_s, key=lambda key: terms_s[key]), stage_s=stage_s,
-        microbatches=microbatches, assumptions=assumptions, calibration=cal)
+        microbatches=microbatches, assumptions=assumptions, calibration=cal,
+        communication=[c for c in comm if c.seconds > 0])

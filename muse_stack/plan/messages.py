@@ -9,7 +9,8 @@ links, so the two meet on one list. Per micro-batch of ``t`` tokens on one CP ra
   (two of each per layer in the forward);
 * ``ep_alltoall``: dispatch and combine, each GPU sending its routed slots
   ``top-k x t / TP x Hm`` in bf16;
-* ``pp_sendrecv``: the fp32 residual stream ``t x H`` between two pipeline stages;
+* ``pp_sendrecv``: the fp32 residual stream ``t x H`` between two pipeline stages (``t / TP x H``
+  with sequence parallelism: megatron-core's pipeline tensor shape);
 * ``dp_reducescatter`` / ``dp_allgather`` (dense parameters, over DP) and ``edp_*`` (expert
   parameters, over the expert-data-parallel group): the distributed optimizer's gradient
   reduce-scatter (fp32 gradients) and parameter all-gather (bf16) of one bucket, megatron-core's
@@ -60,8 +61,9 @@ def step_messages(recipe) -> list[Message]:
             out.append(Message("tp_reducescatter", tp, BF16 * t * h, 4 * layers * micro))
     if ep > 1:  # dispatch and combine, forward and backward
         out.append(Message("ep_alltoall", ep, BF16 * k * (t // tp) * hm, 4 * layers * micro))
-    if pp > 1:  # activation forward, gradient backward
-        out.append(Message("pp_sendrecv", 2, FP32 * t * h, 2 * micro))
+    if pp > 1:  # activation forward, gradient backward; megatron-core's pipeline shape splits t over TP with SP
+        sp = tp > 1 and (lay.sequence_parallel if lay.sequence_parallel is not None else True)
+        out.append(Message("pp_sendrecv", 2, FP32 * (t // tp if sp else t) * h, 2 * micro))
     # the dense parameters shard over DP, the experts over the expert-data-parallel group
     edp = expert_data_parallel(recipe.hardware.count, lay) or 1
     for prefix, group, params in (

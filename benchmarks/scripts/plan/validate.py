@@ -19,6 +19,9 @@ import platform
 import time
 from pathlib import Path
 
+from muse_stack.hardware import gpu_spec
+from muse_stack.plan.cost import spec_links
+from muse_stack.plan.fabrics import Links
 from muse_stack.plan.planner import make_plan
 from muse_stack.plan.tune import search
 from muse_stack.recipes.catalogue import load_recipe
@@ -30,9 +33,9 @@ UNTUNED_MEASURED = 343.3
 USED_MEASURED_GIB = 157.8  # the record's notes: peaked at 157.8 GiB used per GPU of 178.35
 
 
-def predict(overrides: list[str]) -> dict:
+def predict(overrides: list[str], links: Links | None = None) -> dict:
     recipe = load_recipe("attune-b200", overrides)
-    plan, _ = make_plan(recipe, strict=False)
+    plan, _ = make_plan(recipe, strict=False, links=links)
     t = plan.time
     return {"overrides": overrides, "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu, "step_s": t.step_s,
             "mfu": t.mfu, "dominant": t.dominant, "terms_s": t.terms_s, "allocated_gib": plan.peak_memory_gib,
@@ -45,12 +48,34 @@ def predict(overrides: list[str]) -> dict:
             "communication_s": sum(c.seconds for c in t.communication)}
 
 
+def _scaled(links: Links, part: str, gbps: float) -> Links:
+    fabric = getattr(links, part)
+    bus = fabric.bus.model_copy(update={"value": gbps, "basis": "derived",
+                                        "note": "sensitivity: not a published figure"})
+    return links.model_copy(update={part: fabric.model_copy(update={"bus": bus})})
+
+
+def sensitivity(recipe, ratio_meas: float) -> list[dict]:
+    """The ratio's error with slower links than the cited ones (what-if, not a fit): each row
+    replaces one fabric's bus bandwidth in both layouts."""
+    base = spec_links(gpu_spec(recipe.hardware.gpu), recipe.hardware.per_node, recipe.hardware.instance)
+    rows = []
+    for part, gbps in (("inter", 25.0), ("inter", 10.0), ("intra", 370.0)):
+        links = _scaled(base, part, gbps)
+        a = predict([], links)["tokens_per_s_per_gpu"]
+        b = predict(UNTUNED, links)["tokens_per_s_per_gpu"]
+        rows.append({"fabric": getattr(base, part).name, "gbps": gbps, "tuned": a, "untuned": b,
+                     "ratio_error": a / b / ratio_meas - 1})
+    return rows
+
+
 def validate() -> dict:
     recipe = load_recipe("attune-b200")
     measured = recipe.result.tokens_per_s_per_gpu
     tuned, untuned, ep4 = predict([]), predict(UNTUNED), predict(["layout.ep=4"])
     ratio_pred = tuned["tokens_per_s_per_gpu"] / untuned["tokens_per_s_per_gpu"]
     ratio_meas = measured / UNTUNED_MEASURED
+    step_meas = recipe.batch.gbs * recipe.batch.seq_length / (measured * recipe.hardware.count)
     t0 = time.perf_counter()
     best, planned = search(recipe, top=5)
     elapsed = time.perf_counter() - t0
@@ -59,6 +84,10 @@ def validate() -> dict:
         "untuned": {**untuned, "measured": UNTUNED_MEASURED,
                     "error": untuned["tokens_per_s_per_gpu"] / UNTUNED_MEASURED - 1},
         "ratio": {"predicted": ratio_pred, "measured": ratio_meas, "error": ratio_pred / ratio_meas - 1},
+        # the tuned step's measured time (GBS x sequence / (tokens/s/GPU x GPUs)) and what the model lacks of it
+        "tuned_step": {"measured_s": step_meas, "predicted_s": tuned["step_s"],
+                       "missing_s": step_meas - tuned["step_s"], "communication_s": tuned["communication_s"]},
+        "link_sensitivity": sensitivity(recipe, ratio_meas),
         "used": {"predicted_gib": tuned["used_gib"], "measured_gib": USED_MEASURED_GIB,
                  "error": tuned["used_gib"] / USED_MEASURED_GIB - 1},
         "ep4": {"allocated_gib": ep4["allocated_gib"], "used_gib": ep4["used_gib"], "fits": ep4["fits"]},
@@ -83,6 +112,11 @@ def main() -> None:
             print(f"         communication: {c['term']} {c['seconds']:.3f} s: {c['what']}")
     r = out["ratio"]
     print(f"ratio    predicted {r['predicted']:.2f}, measured {r['measured']:.2f} ({r['error']:+.1%})")
+    st = out["tuned_step"]
+    print(f"tuned step measured {st['measured_s']:.2f} s, predicted {st['predicted_s']:.2f} s "
+          f"(communication {st['communication_s']:.2f} s); {st['missing_s']:.2f} s in no term")
+    for row in out["link_sensitivity"]:
+        print(f"if {row['fabric']} ran at {row['gbps']:g} GB/s: ratio error {row['ratio_error']:+.1%}")
     u = out["used"]
     print(f"used     predicted {u['predicted_gib']:.1f} GiB, measured {u['measured_gib']} GiB ({u['error']:+.1%})")
     print(f"EP 4     allocated {out['ep4']['allocated_gib']:.1f} GiB, used {out['ep4']['used_gib']:.1f} GiB, "
