@@ -16,6 +16,12 @@ content list: text parts as text, each image part as one ``<|patch|>`` (the proc
 token, which the data builder expands to ``<|image_start|>`` + ``<|patch|>`` x N + ``<|image_end|>``).
 
     .venv/bin/python data/make_tiny_receipts.py
+
+``--scale N`` draws the same receipts N times larger in each direction (each canvas pixel a
+block of N x N: nearest-neighbour, still multiples of 28) into ``runs/receipts-xN.jsonl`` and
+``runs/receipts-xN/`` (not shipped), the image-text rows of the GPU slice ``slice-1gpu-mm``:
+at N = 6 an image is 672-1008 pixels a side and 864-1080 merged tokens, the size class of a
+phone photo of a receipt after the image processor.
 """
 
 from __future__ import annotations
@@ -88,7 +94,7 @@ def draw(shop: str, parse: dict, size: tuple[int, int]):
     return image
 
 
-def write_receipts(jsonl: Path, folder: Path) -> list[dict]:
+def write_receipts(jsonl: Path, folder: Path, scale: int = 1) -> list[dict]:
     rng = random.Random(SEED)
     if folder.exists():
         shutil.rmtree(folder)
@@ -98,7 +104,13 @@ def write_receipts(jsonl: Path, folder: Path) -> list[dict]:
         shop = rng.choice(SHOPS)
         parse, size = receipt(rng, i)
         name = f"receipt-{i:04d}.png"
-        draw(shop, parse, size).save(folder / name, format="PNG", optimize=False)
+        image = draw(shop, parse, size)
+        if scale > 1:
+            from PIL import Image
+
+            size = (size[0] * scale, size[1] * scale)
+            image = image.resize(size, Image.Resampling.NEAREST)
+        image.save(folder / name, format="PNG", optimize=False)
         truth = {"gt_parse": parse, "meta": {"version": "tiny-receipts", "split": "train", "image_id": i,
                                              "image_size": {"width": size[0], "height": size[1]}},
                  "valid_line": []}
@@ -122,7 +134,19 @@ def write_tokenizer(source: Path, out_dir: Path) -> None:
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scale", type=int, default=1, help="draw each receipt N times larger (not shipped: runs/)")
+    args = ap.parse_args(argv)
+    if args.scale < 1:
+        ap.error(f"--scale must be 1 or more, got {args.scale}")
+    if args.scale > 1:
+        runs = HERE.parent / "runs"
+        runs.mkdir(exist_ok=True)
+        write_receipts(runs / f"receipts-x{args.scale}.jsonl", runs / f"receipts-x{args.scale}", scale=args.scale)
+        return
     write_receipts(HERE / "tiny-receipts.jsonl", HERE / "tiny-receipts")
     write_tokenizer(HERE / "tiny-tokenizer", HERE / "tiny-mm-tokenizer")
 

@@ -236,10 +236,11 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
         return out, current.step, count
     specs, get = engine.hf_tensors(current.path)
     own = None
-    if engine.trains_towers:  # a model with towers saved them in its step folder
-        from muse_stack.model.hf_export import towers_from_checkpoint
+    run_towers = recipe.towers_config_resolved()
+    if run_towers is not None:  # a model with towers (either engine) saved them with its step
+        from muse_stack.model.hf_export import towers_from_tensors
 
-        own = towers_from_checkpoint(current.path)
+        own = towers_from_tensors(specs, get, run_towers.to_hf(), source=str(current.path))
     if own is not None:
         own.source = f"this run's step {current.step} checkpoint (trained with the run)"
         names = set(own.names)

@@ -146,3 +146,35 @@ PEFT_FORMULA = ("model FLOPs/token with adapters on a frozen base = 2 x 2 x N_ac
                 "+ 3 x attention + 6 x N_adapter (adapter parameters a token passes through)")
 FORMULA = ("model FLOPs/token = 3 x (2 x N_active + sum over layers of 4 x heads x head_dim x mean keys per query); "
            "mean keys = (S+1)/2 for full attention, mean of min(p+1, W) for sliding layers")
+
+
+class TowerFlops:
+    """The perception towers' model FLOPs of the images one process trained on, per token of
+    the steps it ran (what the MFU adds for the towers). ``vision_trains`` / ``projector_trains``:
+    whether the vision tower and the projector receive gradients (3 x their forward) or are
+    frozen (1 x). Audio clips add nothing: no recipe feeds audio (the audio tower stays frozen
+    and unused on image-text data)."""
+
+    def __init__(self, towers: TowersConfig, text_hidden_size: int, *, vision_trains: bool,
+                 projector_trains: bool) -> None:
+        self.towers, self.hidden = towers, text_hidden_size
+        self.vision_trains, self.projector_trains = vision_trains, projector_trains
+        self.flops = {"training": 0.0, "training_6n": 0.0}
+        self.tokens = 0
+
+    def add(self, micro_batches) -> None:
+        """Count one step's micro-batches (dicts with ``input_ids`` and, with images, ``image_grid_thw``)."""
+        for mb in micro_batches:
+            self.tokens += mb["input_ids"].numel()
+            for key in ("image_grid_thw", "video_grid_thw"):
+                if mb.get(key) is not None:
+                    got = image_training_flops(self.towers, self.hidden, mb[key].tolist(),
+                                               vision_trains=self.vision_trains,
+                                               projector_trains=self.projector_trains)
+                    for name in self.flops:
+                        self.flops[name] += got[name]
+
+    def per_token(self) -> dict[str, float] | None:
+        if not self.tokens:
+            return None
+        return {key: value / self.tokens for key, value in self.flops.items()}

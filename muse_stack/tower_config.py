@@ -36,6 +36,10 @@ IMAGE_CHANNELS = 3
 MAX_IMAGE_TOKENS = 4096
 
 
+#: the perception modules under transformers' ``model.`` (the weightless norm holds no tensor)
+PERCEPTION_MODULES = ("vision_tower", "audio_tower", "vision_adapter", "vision_projection", "perception_emb_norm")
+
+
 def default_vision_layer_types(num_layers: int) -> list[VisionLayerType]:
     """transformers' pattern when ``layer_types`` is absent: full attention on every 4th layer
     ((i + 1) % 4 == 0) and on the last layer, window attention elsewhere."""

@@ -56,8 +56,7 @@ def test_each_unstated_training_value_is_refused_by_name(field, cli, tmp_path):
 
 @pytest.mark.parametrize("name, overrides, field", [
     ("lora-64", ["layout.etp=2"], "layout.etp"),  # expert adapters are whole on every ETP rank
-    ("lora-16-mm", ["layout.cp=1"], "engine"),  # the megatron engine does not place the towers yet
-    ("sft-192-mm", [], "engine"),
+    ("sft-192-mm", ["frozen=[audio_tower,model.language_model.norm]"], "frozen"),  # freezes towers only
     ("lora-64", ["peft.targets=[self_attn.q_proj,self_attn.qkv_proj]"], "peft.targets"),
     ("tiny-cpu", ["peft.scheme=lora"], "peft.targets"),
     ("tiny-cpu", ["frozen=[base]"], "frozen"),
@@ -92,20 +91,12 @@ def test_run_refuses_an_adapter_recipe_it_cannot_train_and_writes_nothing(tmp_pa
     assert "layout.etp" in err and "peft.targets" in err  # names the field and both fixes
 
 
-def test_multimodal_is_refused_on_the_megatron_engine_for_the_true_reason(cli, tmp_path):
-    """The towers' architecture is published (transformers' Muse Spark); what is missing is their
-    placement in the megatron engine. The reference engine trains them (tiny-cpu-mm)."""
+def test_the_multimodal_seeds_pass_the_megatron_engine_check_and_reach_the_machine_check(cli, tmp_path):
+    """The megatron engine places the towers on its first pipeline stage: both image-text seeds
+    pass the engine's check as written (lora-16-mm once its CP size is stated), and on this CPU
+    `run` stops at the machine, writing nothing."""
     for name, extra in (("lora-16-mm", ["layout.cp=1"]), ("sft-192-mm", [])):
-        with pytest.raises(RecipeError) as exc:
-            check_recipe(load_recipe(name, extra))
-        assert "megatron engine does not place the vision and audio towers" in exc.value.message
-        assert "not published" not in exc.value.render() and "tiny-cpu-mm" in exc.value.fix
-        check_recipe(load_recipe(name, [*extra, "engine=reference", "hardware.gpu=cpu", "layout.tp=1", "layout.ep=1",
-                                        "layout.cp=1", "layout.pp=1", "layout.pp_layers=null", "layout.dp=null",
-                                        "layout.sequence_parallel=false", "layout.distributed_optimizer=null",
-                                        "recompute.granularity=null", "hardware.count=1", "hardware.per_node=1"]),
-                     values=False)
-    # on this CPU, `run` says first that the machine cannot run the recipe
+        check_recipe(load_recipe(name, [*extra, *STATE_ALL]))
     out = tmp_path / "mm"
     rc, _, err = cli("run", "sft-192-mm", *STATE_ALL, "--out", out, "--no-progress")
     assert rc == 2 and "192 GB200 GPUs" in err and "towers" not in err and not out.exists()

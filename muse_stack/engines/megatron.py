@@ -90,7 +90,10 @@ class MegatronEngine:
         fuse.configure(bool(recipe.fusions.compile_elementwise))
         self.pg = ProcessGroupCollection.use_mpu_process_groups()
         self.seq_length = batch.seq_length
-        model = build_model(self.config, ctx.model, batch.seq_length, self.pg).cuda()
+        #: the perception towers of an image-text recipe (None: a text model)
+        self.towers = recipe.towers_config_resolved()
+        model = build_model(self.config, ctx.model, batch.seq_length, self.pg, towers=self.towers, seed=seed,
+                            recompute_towers=recipe.recompute_towers()).cuda()
 
         ep_rank, ep = ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()
         self.load_kwargs = dict(layer_offset=model.decoder.layer_offset,
@@ -129,6 +132,7 @@ class MegatronEngine:
             self.base = base_identity(pretrained_checkpoint=ctx.pretrained_checkpoint, revision=recipe.model.revision,
                                       hf_id=recipe.model.hf_id, hf_config=full_config(ctx.model), init_seed=seed,
                                       layout={"tp": lay.tp, "pp": lay.pp, "ep": lay.ep or 1, "etp": lay.etp})
+        self._freeze_towers(model)
         from muse_stack.engines.mcore.config import optimizer_config_kwargs
         from muse_stack.engines.support import require_stated
 
@@ -171,7 +175,45 @@ class MegatronEngine:
         #: the random state a resumed run continues with, set just before its first step
         self._pending_rng: dict[str, Any] | None = None
 
+    def _freeze_towers(self, model) -> None:
+        """The towers the recipe freezes (``frozen: [audio_tower]``) get no gradient and no
+        optimizer state; under PEFT the adapters alone train (the whole base, towers included,
+        is frozen already). Also the FLOPs counter of the towers' share of the MFU."""
+        self._tower_flops = None
+        if self.towers is None:
+            return
+        from muse_stack.engines.support import TOWERS
+        from muse_stack.flops import TowerFlops
+
+        host = getattr(model, "perception", None)
+        if host is not None:
+            for name in self.ctx.recipe.frozen:
+                if name in TOWERS:
+                    getattr(host, name).requires_grad_(False)
+        frozen = set(self.ctx.recipe.frozen)
+        base_frozen = self.peft is not None or "base" in frozen
+        self._tower_flops = TowerFlops(self.towers, self.ctx.model.hidden_size,
+                                       vision_trains=not base_frozen and "vision_tower" not in frozen,
+                                       projector_trains=not base_frozen)
+
+    def tower_flops_per_token(self) -> dict[str, float] | None:
+        """The perception towers' model FLOPs per token over the steps this process ran (its own
+        micro-batches' images; ``muse_stack.flops.TowerFlops``), or None without towers."""
+        return self._tower_flops.per_token() if self._tower_flops is not None else None
+
     # -- data -----------------------------------------------------------------------------
+    def _media(self, mb: dict[str, Any], input_ids: torch.Tensor) -> dict[str, Any]:
+        """An image-text micro-batch's media inputs on the device and the index placing their
+        feature rows (:func:`muse_stack.model.perception.media_index`), made from the whole
+        token rows before any split over CP ranks; {} for a text model."""
+        if self.towers is None:
+            return {}
+        from muse_stack.model.perception import MEDIA_INPUTS, feature_rows, media_index
+
+        media = {k: mb[k].to(self.device, non_blocking=True) for k in MEDIA_INPUTS if mb.get(k) is not None}
+        index = media_index(input_ids, self.towers, feature_rows(self.towers, **media))
+        return {"media": media, "media_index": index}
+
     def _prepare(self, mb: dict[str, Any]) -> dict[str, Any]:
         rows, width = mb["input_ids"].shape
         if self.thd:
@@ -181,10 +223,15 @@ class MegatronEngine:
                               field="batch.packed", value=self.ctx.recipe.batch.packed,
                               fix="set batch.packed: true so the engine attends within each sequence (THD)")
         out = {k: mb[k].to(self.device, non_blocking=True) for k in ("input_ids", "labels", "loss_mask")}
+        media = self._media(mb, out["input_ids"])
+        if media:
+            out["media_index"] = media["media_index"]
         if self.cp_size > 1:
             from megatron.core.utils import get_batch_on_this_cp_rank
 
             out = get_batch_on_this_cp_rank(out, is_hybrid_cp=False)
+        if media:
+            out["media"] = media["media"]
         return out
 
     def _prepare_packed(self, mb: dict[str, Any]) -> dict[str, Any]:
@@ -197,6 +244,9 @@ class MegatronEngine:
         stream = packed_stream(mb, self.cp_size, self.ctx.recipe.batch.pack_alignment)
         cu = stream["cu_seqlens"].to(self.device)
         out = {k: stream[k].to(self.device, non_blocking=True) for k in STREAM_KEYS}
+        media = self._media(mb, out["input_ids"])  # the stream keeps the rows' order: the same index
+        if media:
+            out["media_index"] = media["media_index"]
         if self.cp_size > 1:
             import transformer_engine_torch as tex
             from megatron.core import parallel_state as ps
@@ -205,6 +255,8 @@ class MegatronEngine:
                                                     ps.get_context_parallel_rank())
             out = {k: v.index_select(1, index) for k, v in out.items()}
         max_len = stream["max_seqlen"]
+        if media:
+            out["media"] = media["media"]
         out["packed_seq_params"] = PackedSeqParams(
             qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu,
             max_seqlen_q=max_len, max_seqlen_kv=max_len)
@@ -213,7 +265,8 @@ class MegatronEngine:
     def _forward_step(self, data_iterator, model):
         mb = next(data_iterator)
         output = model(mb["input_ids"], labels=mb["labels"], loss_mask=mb["loss_mask"],
-                       packed_seq_params=mb.get("packed_seq_params"))
+                       packed_seq_params=mb.get("packed_seq_params"), media=mb.get("media"),
+                       media_index=mb.get("media_index"))
         return output, partial(_per_token_loss, supervised_mask(mb), self._loss_scale)
 
     # -- one optimizer step ---------------------------------------------------------------
@@ -229,6 +282,8 @@ class MegatronEngine:
             group["lr"] = lr
         raw = [next(self._batches) for _ in range(self.micro_batches)]
         width = raw[0]["input_ids"].shape[1]
+        if self._tower_flops is not None:
+            self._tower_flops.add(raw)
         if self._seq_lens is None:  # the sequences' lengths, for the attention FLOPs (as the reference engine)
             cu = raw[0]["cu_seqlens"].tolist()
             self._seq_lens = [b - a for a, b in zip(cu, cu[1:])] or [width]
@@ -313,7 +368,8 @@ class MegatronEngine:
         try:
             batch = self._prepare(mb)
             out = self.model(batch["input_ids"], labels=batch["labels"], loss_mask=batch["loss_mask"],
-                             packed_seq_params=batch.get("packed_seq_params"))
+                             packed_seq_params=batch.get("packed_seq_params"), media=batch.get("media"),
+                             media_index=batch.get("media_index"))
             mask = supervised_mask(batch)
             return float(out.sum()) / max(int(mask.sum()), 1), int(mask.sum())
         finally:
@@ -325,7 +381,8 @@ class MegatronEngine:
         self.model.eval()
         try:
             batch = self._prepare(mb)
-            return self.model(batch["input_ids"], packed_seq_params=batch.get("packed_seq_params")).transpose(0, 1).float()
+            return self.model(batch["input_ids"], packed_seq_params=batch.get("packed_seq_params"),
+                              media=batch.get("media"), media_index=batch.get("media_index")).transpose(0, 1).float()
         finally:
             self.model.train()
 
@@ -345,12 +402,15 @@ class MegatronEngine:
 
         dense = ps.get_data_parallel_world_size(with_context_parallel=True)
         expert = ps.get_expert_data_parallel_world_size()
+        tp = ps.get_tensor_model_parallel_world_size()
         state = optimizer_state_bytes(self.ctx.recipe)
         local = 0.0
         for p in self.model.module.parameters():
             if self.peft is not None and not p.requires_grad:
                 continue
             copies = dense if getattr(p, "allreduce", True) else expert  # megatron-core marks experts allreduce=False
+            if getattr(p, "allreduce", True) and not getattr(p, "tensor_model_parallel", False):
+                copies *= tp  # whole on every TP rank (norms, gates, the towers): one copy per TP group
             local += p.numel() * (p.element_size() + (state if p.requires_grad else 0)) / copies
         total = torch.tensor([local], dtype=torch.float64, device=self.device)
         tdist.all_reduce(total)
@@ -380,12 +440,27 @@ class MegatronEngine:
                 "distributed_optimizer": self.opt_config.use_distributed_optimizer,
                 "optimizer": self._adam_loaded(),
                 "optimizer_positions_realigned": getattr(self, "reordered_optimizer_params", 0),
+                "perception": self._perception_info(),
                 "attention": "TEDotProductAttention" + (" (THD packed)" if self.thd else ""), "experts": "TEGroupedMLP (grouped GEMM)",
                 "experts_swiglu": self._swiglu_loaded(),
                 "torch_compile_elementwise": fuse.enabled(),
                 "fp32_gemms": "torch float32, TF32 off (" + ", ".join(self.fp32_gemms) + ")" if self.fp32_gemms
                 else "transformer engine",
                 "peak_memory_kind": "max allocated (CUDA)"}
+
+    def _perception_info(self) -> dict[str, Any] | None:
+        """The towers as this rank holds them (None: a text model, or not the first stage)."""
+        host = getattr(self.model.module, "perception", None)
+        if host is None:
+            return None
+        return {"modules": "transformers' vision tower, audio tower and projector (muse_stack.model.perception), "
+                           "whole on every TP rank of the first pipeline stage",
+                "parameters": sum(p.numel() for p in host.parameters()),
+                "trainable_parameters": sum(p.numel() for p in host.parameters() if p.requires_grad),
+                "frozen": sorted(n for n, m in host.named_children() if any(True for _ in m.parameters())
+                                 and not any(p.requires_grad for p in m.parameters())),
+                "vision_blocks_recomputed": bool(host.vision_tower.recompute),
+                "dtype": str(next(host.parameters()).dtype)}
 
     def _swiglu_loaded(self) -> str | None:
         """Which SwiGLU the expert layers run, asked of the modules themselves."""

@@ -21,13 +21,11 @@ import torch.distributed as dist
 from muse_stack import atomic
 from muse_stack.engines.base import StepStats, TrainContext
 from muse_stack.engines.support import TOWERS
+from muse_stack.model.perception import MEDIA_INPUTS
 from muse_stack.errors import RecipeError
 from muse_stack.engines.schedule import lr_at
 
 GIB = 2**30
-#: the batch keys the model takes as media (muse_stack.data.batches)
-MEDIA_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "input_values",
-                "input_values_mask")
 
 
 def cpu_threads(world_size: int) -> int:
@@ -127,8 +125,15 @@ class ReferenceEngine:
                                          world_size=ctx.world_size, epochs=None)
         self._seq_lens: list[int] | None = None
         #: the perception towers' model FLOPs of the images trained on, and the tokens of those steps
-        self._tower_flops = {"training": 0.0, "training_6n": 0.0}
-        self._tower_tokens = 0
+        self._tower_flops = None
+        if self.model.towers_config is not None:
+            from muse_stack.flops import TowerFlops
+
+            trains = {name: any(p.requires_grad for p in getattr(self.model.model, name).parameters())
+                      for name in ("vision_tower", "vision_adapter")}
+            self._tower_flops = TowerFlops(self.model.towers_config, ctx.model.hidden_size,
+                                           vision_trains=trains["vision_tower"],
+                                           projector_trains=trains["vision_adapter"])
         #: the random state a resumed run continues with, set just before its first step
         self._pending_rng: dict[str, Any] | None = None
 
@@ -148,7 +153,8 @@ class ReferenceEngine:
             first = micro[0]
             cu = first["cu_seqlens"].tolist()
             self._seq_lens = [b - a for a, b in zip(cu, cu[1:])] or [first["input_ids"].shape[1]]
-        self._count_tower_flops(micro)
+        if self._tower_flops is not None:
+            self._tower_flops.add(micro)
         counts = torch.tensor([float(sum(int(m["loss_mask"].sum()) for m in micro)),
                                float(sum(m["input_ids"].numel() for m in micro))], dtype=torch.float64)
         if ctx.world_size > 1:
@@ -215,29 +221,10 @@ class ReferenceEngine:
         loss_sum, supervised = sums.tolist()
         return loss_sum / max(supervised, 1.0), int(supervised)
 
-    def _count_tower_flops(self, micro: list[dict[str, Any]]) -> None:
-        towers = self.model.towers_config
-        if towers is None:
-            return
-        from muse_stack.flops import image_training_flops
-
-        trains = {name: any(p.requires_grad for p in getattr(self.model.model, name).parameters())
-                  for name in ("vision_tower", "vision_adapter")}
-        for mb in micro:
-            self._tower_tokens += mb["input_ids"].numel()
-            if "image_grid_thw" in mb:
-                got = image_training_flops(towers, self.ctx.model.hidden_size, mb["image_grid_thw"].tolist(),
-                                           vision_trains=trains["vision_tower"],
-                                           projector_trains=trains["vision_adapter"])
-                for key in self._tower_flops:
-                    self._tower_flops[key] += got[key]
-
     def tower_flops_per_token(self) -> dict[str, float] | None:
         """The perception towers' model FLOPs per token over the steps this process ran (its own
-        micro-batches' images; ``muse_stack.flops.image_training_flops``), or None without towers."""
-        if self.model.towers_config is None or not self._tower_tokens:
-            return None
-        return {key: value / self._tower_tokens for key, value in self._tower_flops.items()}
+        micro-batches' images; ``muse_stack.flops.TowerFlops``), or None without towers."""
+        return self._tower_flops.per_token() if self._tower_flops is not None else None
 
     def seq_lens(self) -> list[int]:
         return self._seq_lens or [self.ctx.recipe.batch.seq_length or 1]

@@ -25,7 +25,6 @@ class EngineSpec:
     load: Callable[[], type]  #: the engine class (imports the engine's stack)
     missing: Callable[[], str | None]  #: why this machine's software cannot run it (None: it can)
     check: Callable[[Any], None]  #: what it would not train as written, naming the field
-    trains_towers: bool  #: builds and trains the perception towers
     hf_tensors: Callable[[Path], tuple[list, Callable]]  #: a step folder's model tensors by HF name
     adapter_meta: Callable[[Path], dict | None]  #: adapter settings and base identity (None: full model)
     adapter_tensors: Callable[[Path], dict]  #: a step folder's adapter tensors by reference name
@@ -172,11 +171,11 @@ def _megatron_check_base(model, path: str | None, base_id: dict, folder: Path) -
 
 ENGINES: dict[str, EngineSpec] = {
     "reference": EngineSpec(traits("reference"), load=_load_reference, missing=lambda: None,
-                            check=_check_reference, trains_towers=True, hf_tensors=_reference_hf_tensors,
+                            check=_check_reference, hf_tensors=_reference_hf_tensors,
                             adapter_meta=_reference_adapter_meta, adapter_tensors=_reference_adapter_tensors,
                             check_base=_reference_check_base),
     "megatron": EngineSpec(traits("megatron"), load=_load_megatron, missing=_megatron_missing,
-                           check=_check_megatron, trains_towers=False, hf_tensors=_megatron_hf_tensors,
+                           check=_check_megatron, hf_tensors=_megatron_hf_tensors,
                            adapter_meta=_megatron_adapter_meta, adapter_tensors=_megatron_adapter_tensors,
                            check_base=_megatron_check_base),
 }
@@ -191,9 +190,8 @@ def engine_spec(name: str) -> EngineSpec:
 # ---- the whole check of a recipe against its engine ------------------------------------
 def check_recipe(recipe, *, values: bool = True) -> None:
     """Raise a RecipeError for anything the recipe's engine would not train as written
-    (``values=False``: all but the unstated optimizer values and the towers the megatron engine
-    does not place, which `run` checks after the machine, so a machine that cannot run the recipe
-    says so first)."""
+    (``values=False``: all but the unstated optimizer values, which `run` checks after the
+    machine, so a machine that cannot run the recipe says so first)."""
     from muse_stack.engines import numerics
 
     numerics.check(recipe)
@@ -212,18 +210,5 @@ def check_recipe(recipe, *, values: bool = True) -> None:
                               value=True, fix=f"set offload.{part}=false (`muse-stack plan` then counts it on the device)")
     engine_spec(recipe.engine).check(recipe)
     if values:
-        check_towers_placed(recipe)
         check_recipe_values(recipe)
 
-
-def check_towers_placed(recipe) -> None:
-    """The perception towers train on the reference engine only: the megatron engine builds the
-    text decoder and does not place the towers on its first pipeline stage yet."""
-    if not engine_spec(recipe.engine).trains_towers and \
-            (recipe.data.kind == "multimodal" or recipe.model.towers is not None):
-        raise RecipeError("the megatron engine does not place the vision and audio towers yet (it builds the text "
-                          "decoder only); the reference engine trains them with the decoder",
-                          field="engine", value="megatron",
-                          fix="`muse-stack plan` counts the towers for this recipe; to train them, use engine: "
-                              "reference (`muse-stack run tiny-cpu-mm` trains a toy model with both towers on this "
-                              "CPU); or train on text data (data.kind: sft)")

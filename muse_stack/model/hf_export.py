@@ -3,8 +3,8 @@
 transformers' ``MuseSparkForConditionalGeneration`` always builds both perception towers, so a
 checkpoint it loads with nothing missing carries them:
 
-* a run whose model has towers (its step folder holds tower tensors) exports those, with their
-  configs (:func:`towers_from_checkpoint` on the step folder);
+* a run whose model has towers (its step folder holds tower tensors, on either engine) exports
+  those, with the run's tower configs (:func:`towers_from_tensors`);
 * else a run from a checkpoint that has towers (the released model) exports those towers
   unchanged, with their configs (:func:`towers_from_checkpoint`);
 * a text-only run from a seed gets the smallest consistent towers
@@ -75,6 +75,21 @@ def placeholder_towers(model: ModelConfig, seed: int) -> Towers:
                   notes=["This run trained the text decoder only. transformers builds both perception towers from "
                          "any config, so this checkpoint carries the smallest consistent towers, initialised from "
                          f"seed {seed} and untrained: image, video and audio inputs give meaningless features."])
+
+
+def towers_from_tensors(specs: list, get: Callable[[str], torch.Tensor], perception: dict[str, Any], *,
+                        source: str) -> Towers | None:
+    """The towers among a step folder's tensors by HF name (``specs``: TensorSpec, ``get`` reads
+    one), with ``perception`` as their config keys (the run's towers: ``TowersConfig.to_hf()``);
+    None when none of the tensors is a tower's (a text run)."""
+    from muse_stack.model.checkpoint import is_text_tensor
+
+    names = [s.name for s in specs if not is_text_tensor(s.name)]
+    if not names:
+        return None
+    by_name = {s.name: s for s in specs}
+    return Towers(perception, names, {n: tuple(by_name[n].shape) for n in names},
+                  {n: by_name[n].dtype for n in names}, get, placeholder=False, source=source)
 
 
 def towers_from_checkpoint(directory: str | Path) -> Towers | None:

@@ -30,7 +30,7 @@ from torch import nn
 from muse_stack.errors import InputError
 from muse_stack.model.audio import MuseSparkAudioModel, rms
 from muse_stack.model.vision import MuseSparkVisionModel, dense
-from muse_stack.tower_config import TowersConfig
+from muse_stack.tower_config import PERCEPTION_MODULES, TowersConfig
 
 
 class MuseSparkVisionAdapter(nn.Module):
@@ -60,7 +60,6 @@ class PerceptionEmbNorm(nn.Module):
         return f"eps={self.eps}, no weight"
 
 
-PERCEPTION_MODULES = ("vision_tower", "audio_tower", "vision_adapter", "vision_projection", "perception_emb_norm")
 
 
 def add_perception_modules(host: nn.Module, config: TowersConfig, *, text_hidden_size: int,
@@ -209,6 +208,8 @@ class MuseSparkPerception(nn.Module):
 #: what each medium's placeholders need, by transformers' argument names
 MEDIA_ARGUMENTS = {"image": ("pixel_values", "image_grid_thw"), "video": ("pixel_values_videos", "video_grid_thw"),
                    "audio": ("input_values", "input_values_mask")}
+#: the batch keys the model takes as media (muse_stack.data.batches)
+MEDIA_INPUTS = tuple(name for names in MEDIA_ARGUMENTS.values() for name in names)
 
 
 def embed_media(host: nn.Module, config: TowersConfig, input_ids: torch.Tensor, text_embeds: torch.Tensor, *,
@@ -237,3 +238,85 @@ def embed_media(host: nn.Module, config: TowersConfig, input_ids: torch.Tensor, 
     video = image_features(host, pixel_values_videos, video_grid_thw) if pixel_values_videos is not None else None
     audio = audio_features(host, input_values, input_values_mask) if input_values is not None else None
     return scatter_media(input_ids, text_embeds, config, image=image, video=video, audio=audio)
+
+
+#: the order of the media in one concatenated feature table (:func:`media_index`, :func:`place_media`)
+MEDIA_ORDER = ("image", "video", "audio")
+
+
+def feature_rows(config: TowersConfig, *, image_grid_thw: torch.Tensor | None = None,
+                 video_grid_thw: torch.Tensor | None = None, input_values: torch.Tensor | None = None,
+                 input_values_mask: torch.Tensor | None = None, **_: torch.Tensor | None) -> dict[str, int]:
+    """How many feature rows each medium's inputs give, read off the inputs alone (before any
+    tower runs): ``t*h*w / merge_size^2`` per image or video, ``ceil(real samples /
+    samples_per_token)`` per audio clip (every frame the tower makes without a mask)."""
+    merge = config.vision_config.merge_size ** 2
+    rows = {"image": 0, "video": 0, "audio": 0}
+    for kind, grid in (("image", image_grid_thw), ("video", video_grid_thw)):
+        if grid is not None:
+            rows[kind] = int(grid.to(torch.int64).prod(dim=1).sum()) // merge
+    if input_values is not None:
+        step = config.audio_config.samples_per_token
+        if input_values_mask is not None:
+            rows["audio"] = int(((input_values_mask.sum(-1) + step - 1) // step).sum())
+        else:
+            rows["audio"] = input_values.shape[0] * -(-input_values.shape[-1] // step)
+    return rows
+
+
+def media_index(input_ids: torch.Tensor, config: TowersConfig, rows: dict[str, int]) -> torch.Tensor:
+    """[B, T] int64: for each media placeholder of ``input_ids`` its row in the media's feature
+    table (the image rows, then the video rows, then the audio rows: :data:`MEDIA_ORDER`), each
+    medium's placeholders numbered in row-major order over the batch as :func:`scatter_media`
+    places them; -1 at every text token. ``rows``: each medium's feature rows
+    (:func:`feature_rows`), which must equal its placeholders (the InputError names the medium).
+
+    The index travels with the tokens: split along the sequence (context or sequence
+    parallelism) or flattened (packed rows), each part still says which row goes where."""
+    index = torch.full(input_ids.shape, -1, dtype=torch.int64, device=input_ids.device)
+    offset = 0
+    for kind in MEDIA_ORDER:
+        token_id = media_token_ids(config)[kind]
+        mask = input_ids == token_id
+        count = int(mask.sum())
+        if count != rows.get(kind, 0):
+            raise InputError(f"{count} {kind} placeholder tokens (id {token_id}) but {rows.get(kind, 0)} {kind} "
+                             f"feature rows from the inputs", field="input_ids", value=count,
+                             fix=f"render each {kind} with as many placeholders as its features have rows "
+                                 f"({PER_ITEM[kind]})")
+        index[mask] = torch.arange(offset, offset + count, device=input_ids.device)
+        offset += count
+    return index
+
+
+def place_media(stream: torch.Tensor, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``stream`` [..., H] with each position whose ``index`` [...] is a row of ``features`` [n, H]
+    taking that row (:func:`media_index`); every other position unchanged. The same values as
+    :func:`scatter_media` for the whole batch, and for any part of it (a sequence chunk) with
+    the matching part of the index; gradients reach both the stream and the features."""
+    if index.shape != stream.shape[:-1]:
+        raise ValueError(f"media index {tuple(index.shape)} does not match the stream {tuple(stream.shape)}")
+    at = index >= 0
+    if features.shape[0] == 0:
+        return stream
+    rows = features.to(stream.dtype)[index.clamp(min=0)]
+    return torch.where(at[..., None], rows, stream)
+
+
+def media_features(host: nn.Module, config: TowersConfig, *, pixel_values: torch.Tensor | None = None,
+                   image_grid_thw: torch.Tensor | None = None, pixel_values_videos: torch.Tensor | None = None,
+                   video_grid_thw: torch.Tensor | None = None, input_values: torch.Tensor | None = None,
+                   input_values_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The feature table :func:`media_index` points into: the image, video and audio feature
+    rows of the given inputs (the modules on ``host``), concatenated in :data:`MEDIA_ORDER`;
+    None when no medium is given."""
+    parts = []
+    if pixel_values is not None:
+        parts.append(image_features(host, pixel_values, image_grid_thw))
+    if pixel_values_videos is not None:
+        parts.append(image_features(host, pixel_values_videos, video_grid_thw))
+    if input_values is not None:
+        parts.append(audio_features(host, input_values, input_values_mask))
+    if not parts:
+        return None
+    return torch.cat([p.to(parts[0].dtype) for p in parts])

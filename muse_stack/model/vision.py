@@ -49,6 +49,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from muse_stack.tower_config import VISION_BLOCK_NORM_EPS, VisionConfig
 
@@ -215,6 +216,8 @@ class MuseSparkVisionModel(nn.Module):
         #: side of a window in patches, and the RoPE base (plain attributes, read at every forward)
         self.window = config.window_patches
         self.rope_theta = config.rope_theta
+        #: recompute each block in the backward (keep only the blocks' inputs): an engine's setting
+        self.recompute = False
 
     def check_inputs(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> None:
         from muse_stack.errors import InputError
@@ -252,6 +255,9 @@ class MuseSparkVisionModel(nn.Module):
         window = (frame * rows_of_windows + row // self.window) * cols_of_windows + col // self.window
         x = layer_norm(self.ln_pre, x)
         for layer in self.layers:
-            x = layer(x, cos=cos, sin=sin, frame=frame, window=window)
+            if self.recompute and torch.is_grad_enabled():
+                x = checkpoint(layer, x, use_reentrant=False, cos=cos, sin=sin, frame=frame, window=window)
+            else:
+                x = layer(x, cos=cos, sin=sin, frame=frame, window=window)
         x = layer_norm(self.ln_post, x)
         return pixel_shuffle(x, grid_thw, cfg.merge_size)

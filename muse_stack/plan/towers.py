@@ -17,8 +17,9 @@ Stated choices (each reported in the plan's assumptions):
   (4096), an upper bound. Every CP rank runs the towers on the whole image (transformers defines
   no split of them).
 * **Activations** of a vision layer per patch: ``bytes x (7 D + 2 I)`` (the two norms' outputs, q,
-  k, v, the attention output and projection input, the MLP's two I-wide tensors); under full
-  recompute only each layer's input, ``bytes x D``; the projector ``bytes x (out + 2 P + H)`` per
+  k, v, the attention output and projection input, the MLP's two I-wide tensors); when the vision
+  blocks are recomputed (``recompute.towers``, on by default under full recompute) only each
+  layer's input, ``bytes x D``; the projector ``bytes x (out + 2 P + H)`` per
   merged token. A tower that does not train keeps none.
 """
 
@@ -62,7 +63,7 @@ class TowerPlan:
         return tower_flops_per_sequence(self.towers, self.text_hidden_size, self.image_tokens_per_sequence,
                                         vision_trains=self.vision_trains, projector_trains=self.projector_trains)
 
-    def activation_bytes_per_sequence(self, act_bytes: int, full_recompute: bool) -> float:
+    def activation_bytes_per_sequence(self, act_bytes: int, recomputed: bool) -> float:
         """Bytes the towers keep for the backward pass per sequence (see the module docstring)."""
         if not self.image_tokens_per_sequence:
             return 0.0
@@ -71,7 +72,7 @@ class TowerPlan:
         patches = tokens * v.merge_size**2
         out = 0.0
         if self.vision_trains:
-            per_layer = v.hidden_size if full_recompute else 7 * v.hidden_size + 2 * v.intermediate_size
+            per_layer = v.hidden_size if recomputed else 7 * v.hidden_size + 2 * v.intermediate_size
             out += act_bytes * per_layer * v.num_hidden_layers * patches
         if self.projector_trains:
             p = self.towers.projector_hidden_size

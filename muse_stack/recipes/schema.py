@@ -175,6 +175,9 @@ class Recompute(_Strict):
     method: Literal["uniform", "block"] | None = None
     num_layers: int | None = Field(None, ge=1)
     modules: list[str] | None = None
+    towers: bool | None = Field(
+        None, description="recompute each vision tower block in the backward, keeping only the blocks' inputs "
+                          "(memory, not numerics: the recomputed forward is the same); unset: with granularity full")
 
 
 class Fusions(_Strict):
@@ -562,6 +565,13 @@ class Recipe(_Strict):
 
     def model_config_resolved(self) -> ModelConfig:
         return self.model.resolve()
+
+    def recompute_towers(self) -> bool:
+        """Whether the vision tower's blocks are recomputed in the backward: ``recompute.towers``,
+        else on exactly when the decoder recomputes whole layers (``granularity: full``)."""
+        if self.recompute.towers is not None:
+            return self.recompute.towers
+        return self.recompute.granularity == "full"
 
     def towers_config_resolved(self):
         """The perception towers the recipe's model carries (a TowersConfig): ``model.towers``, else the

@@ -1,6 +1,6 @@
 """Same weights, same tokens: the megatron-core engine against the reference model.
 
-``python -m muse_stack.verify.parity [--tp N --ep N --etp N --pp N --cp N] [--packed]
+``python -m muse_stack.verify.parity [--tp N --ep N --etp N --pp N --cp N] [--packed] [--towers]
 [--train-steps K] [--out FILE]`` (under torchrun for more than one GPU). The reference model is
 initialised on the CPU from the seed (as the reference engine does), its HF-named state dict
 is loaded into the megatron-core model through the weight mapping, and both compute the mean
@@ -12,6 +12,12 @@ K optimizer steps on the same batch with the recipe's AdamW, LR schedule and cli
 reference on each rank's GPU alone, over the same global batch), and the per-step losses are
 compared. With PP or CP > 1 the loss of the first training step is the forward comparison
 (the stages' forward only runs inside the pipeline schedule; CP ranks hold parts of the row).
+
+``--towers`` gives both models transformers' perception towers at toy size (``TINY_TOWERS``:
+tiny-cpu-mm's vision tower, an audio tower projecting to the decoder's width) and puts an
+image and an audio clip in the row (``MEDIA``): the engine's first stage runs the towers and
+places their feature rows by ``media_index``, the reference scatters them as transformers does;
+the media placeholders carry no loss. The vision tower's features are compared on their own too.
 """
 
 from __future__ import annotations
@@ -34,6 +40,17 @@ TINY = dict(vocab_size=4096, first_padding_token_id=None, hidden_size=512, num_h
             num_local_experts=16, num_experts_per_tok=4, moe_intermediate_size=256, sliding_window=128,
             bos_token_id=1, eos_token_id=[2], pad_token_id=0)
 SEQ = 512
+#: toy towers whose outputs fit TINY's width: tiny-cpu-mm's vision tower and projector, its audio
+#: tower projecting to 512
+TINY_TOWERS = dict(
+    vision_config=dict(patch_size=14, pos_emb_height=8, pos_emb_width=8, num_attention_heads=2, num_hidden_layers=2,
+                       hidden_size=32, intermediate_size=64, patch_temporal=2, merge_size=2, rope_theta=10000.0),
+    audio_config=dict(patch_sizes=[4, 4], hidden_sizes=[16, 32], depths=[1, 1], num_hidden_layers=2,
+                      out_hidden_size=512),
+    out_hidden_size=128, projector_hidden_size=64, image_token_id=4093, video_token_id=4094, audio_token_id=4095)
+#: where the media sit in the row: an image of 8 x 12 patches (24 merged tokens) from token 16 and
+#: an audio clip of 3 tokens from token 300
+MEDIA = dict(image_grid=(1, 8, 12), image_at=16, audio_tokens=3, audio_at=300)
 #: the packed row: three sequences, each a multiple of 2 x CP for CP <= 2 (THD zigzag chunks)
 PACKED_LENGTHS = (200, 180, 132)
 
@@ -48,9 +65,10 @@ class _OneBatch:
 
 
 def tiny_recipe(tp: int = 1, ep: int = 1, world: int = 1, *, etp: int = 1, pp: int = 1, cp: int = 1,
-                packed: bool = False):
+                packed: bool = False, towers: bool = False):
     doc = load_recipe("proxy-1gpu").model_dump(mode="json")
     doc["model"]["overrides"] = dict(TINY)
+    doc["model"]["towers"] = dict(TINY_TOWERS) if towers else None
     doc["hardware"]["count"] = world
     doc["layout"].update(tp=tp, ep=ep, etp=etp, pp=pp, cp=cp, pp_layers=[1, 3] if pp == 2 else None)
     doc["batch"].update(mbs=1, gbs=world // (tp * pp * cp), seq_length=SEQ, packed=packed or None,
@@ -76,8 +94,32 @@ def make_batch(vocab: int, seq: int, seed: int = 7, packed: bool = False) -> dic
             "cu_seqlens": cu, "cu_seqlens_padded": cu.clone(), "max_seqlen": max(lengths)}
 
 
+def add_media(batch: dict[str, Any], towers, seed: int = 11) -> dict[str, Any]:
+    """``batch`` with an image and an audio clip (``MEDIA``): their placeholders written into the
+    row, random pixels and samples, and no loss on any placeholder or on the token before one."""
+    gen = torch.Generator().manual_seed(seed)
+    t, h, w = MEDIA["image_grid"]
+    image_tokens = t * h * w // towers.vision_config.merge_size ** 2
+    step = towers.audio_config.samples_per_token
+    out = dict(batch)
+    ids = batch["input_ids"].clone()
+    ids[0, MEDIA["image_at"]:MEDIA["image_at"] + image_tokens] = towers.image_token_id
+    ids[0, MEDIA["audio_at"]:MEDIA["audio_at"] + MEDIA["audio_tokens"]] = towers.audio_token_id
+    labels = torch.full_like(ids, -100)
+    labels[:, :-1] = ids[:, 1:]
+    labels[batch["labels"] == -100] = -100
+    media_ids = torch.tensor([towers.image_token_id, towers.audio_token_id])
+    labels[torch.isin(labels, media_ids)] = -100  # a placeholder is never a target
+    labels[torch.isin(ids, media_ids)] = -100
+    out.update(input_ids=ids, labels=labels, loss_mask=(labels != -100).to(torch.float32),
+               pixel_values=torch.randn(t * h * w, towers.vision_config.patch_dim, generator=gen),
+               image_grid_thw=torch.tensor([[t, h, w]]),
+               input_values=torch.randn(1, MEDIA["audio_tokens"] * step, generator=gen))
+    return out
+
+
 def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp: int = 1, pp: int = 1, cp: int = 1,
-        packed: bool = False) -> dict[str, Any]:
+        packed: bool = False, towers: bool = False) -> dict[str, Any]:
     from muse_stack.engines.megatron_available import require_megatron
 
     require_megatron()  # Transformer Engine loads its cuDNN before torch touches any
@@ -87,12 +129,15 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    recipe = tiny_recipe(tp, ep, world, etp=etp, pp=pp, cp=cp, packed=packed)
+    recipe = tiny_recipe(tp, ep, world, etp=etp, pp=pp, cp=cp, packed=packed, towers=towers)
     cfg = recipe.model_config_resolved()
-    batch = make_batch(cfg.vocab_size, SEQ, packed=packed)
+    tower_cfg = recipe.towers_config_resolved()
+    batch = make_batch(cfg.vocab_size - 8, SEQ, packed=packed)  # ids below the media placeholders
+    if towers:
+        batch = add_media(batch, tower_cfg)
     if (pp > 1 or cp > 1) and train_steps < 1:
         raise SystemExit("with PP or CP > 1 the comparison is the first training step: pass --train-steps K >= 1")
-    reference = MuseSparkForCausalLM(cfg, seed=seed)
+    reference = MuseSparkForCausalLM(cfg, seed=seed, towers=tower_cfg)
     state = {k: v.clone() for k, v in reference.state_dict().items()}
     device = torch.device("cuda", local)
     torch.cuda.set_device(device)
@@ -100,10 +145,14 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
     on = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}
     args = dict(position_ids=on["position_ids"], segment_ids=on["segment_ids"], labels=on["labels"],
                 loss_mask=on["loss_mask"])
+    from muse_stack.model.perception import MEDIA_INPUTS, image_features
+
+    args.update({k: on[k] for k in MEDIA_INPUTS if k in on})
     with torch.no_grad():
         ref32 = reference(on["input_ids"], **args)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             ref16 = reference(on["input_ids"], **args)
+        ref_image = image_features(reference.model, on["pixel_values"], on["image_grid_thw"]) if towers else None
     del reference
     ctx = TrainContext(recipe=recipe, model=cfg, data=_OneBatch(batch), total_steps=max(1, train_steps), rank=rank, world_size=world,
                        local_rank=local)
@@ -120,7 +169,16 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
 
         logits = {"logits_rel_rms_megatron_vs_fp32": rel(mine, ref32.logits),
                   "logits_rel_rms_reference_bf16_vs_fp32": rel(ref16.logits, ref32.logits)}
-    out = {"tp": tp, "ep": ep, "etp": etp, "pp": pp, "cp": cp, "packed": packed,
+    if towers and forward_only:  # the engine's own towers (bf16 weights) on the same pixels
+        host = engine.model.module.perception
+        with torch.no_grad():
+            mine_image = image_features(host, on["pixel_values"], on["image_grid_thw"])
+        rel_image = float((mine_image.float() - ref_image.float()).pow(2).mean().sqrt()
+                          / ref_image.float().pow(2).mean().sqrt())
+        logits["image_features_rel_rms_megatron_vs_fp32"] = rel_image
+        logits["tower_parameters"] = sum(p.numel() for p in host.parameters())
+    out = {"tp": tp, "ep": ep, "etp": etp, "pp": pp, "cp": cp, "packed": packed, "towers": TINY_TOWERS if towers else None,
+           "media": MEDIA if towers else None,
            "packed_lengths": list(PACKED_LENGTHS) if packed else None, "world_size": world, "rank": rank,
            "tokens": n, "model": TINY, "seq_length": SEQ, "reference_fp32_loss": ref_fp32,
            "reference_bf16_loss": ref_bf16, "rel_diff_reference_bf16_vs_fp32": abs(ref_bf16 - ref_fp32) / ref_fp32,
@@ -172,11 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--cp", type=int, default=1)
     ap.add_argument("--packed", action="store_true")
+    ap.add_argument("--towers", action="store_true", help="both models with toy perception towers; an image and "
+                                                           "an audio clip in the row")
     ap.add_argument("--train-steps", type=int, default=0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     result = run(args.tp, args.ep, train_steps=args.train_steps, etp=args.etp, pp=args.pp, cp=args.cp,
-                 packed=args.packed)
+                 packed=args.packed, towers=args.towers)
     print(json.dumps(result), flush=True)
     if args.out and result["rank"] == 0:
         with open(args.out, "w") as f:

@@ -3,7 +3,19 @@ layers of this pipeline stage, and on the last stage the final norm, the vocab-p
 output layer, ``logits x output_multiplier`` with the softcap, and the per-token loss: one
 compiled chain from the output matmul to the loss when the elementwise chains are compiled and
 the vocabulary is not split over TP; otherwise the softcap, then megatron-core's vocab-parallel
-cross-entropy (which, eager, launches fewer kernels than the chain would)."""
+cross-entropy (which, eager, launches fewer kernels than the chain would).
+
+With perception towers (image-text recipes) the first stage also holds transformers' vision
+tower, audio tower and projector under ``perception.`` (the reference modules of
+:mod:`muse_stack.model.perception`, in the recipe's parameter dtype), whole on every GPU of the
+stage: transformers states no tensor-parallel layout for them. The text embedding reads the
+placeholders as id 0; the media's feature rows then replace them by the micro-batch's
+``media_index`` (:func:`muse_stack.model.perception.media_index`, made before the sequence is
+split over CP ranks), each TP rank placing the rows of its own sequence chunk under sequence
+parallelism. Under sequence parallelism each rank's towers see the gradient of its chunk only,
+so their parameters are marked ``sequence_parallel`` and megatron-core's
+``finalize_model_grads`` sums their gradients over the TP group, as it does for the norms.
+Without it every TP rank gets the whole (identical) gradient."""
 
 from __future__ import annotations
 
@@ -19,6 +31,7 @@ from muse_stack.engines.mcore.chains import hold_padding_row, softcap_cross_entr
 from muse_stack.engines.mcore.layers import MuseSparkBlock
 from muse_stack.engines.mcore.spec import muse_spark_layer_spec
 from muse_stack.model.loss import IGNORE_INDEX
+from muse_stack.model.perception import media_features, place_media, text_input_ids
 from muse_stack.model_config import ModelConfig
 
 
@@ -26,7 +39,8 @@ class MuseSparkMCore(MegatronModule):
     """One pipeline stage (all of the model when PP = 1). Parameter names: see .weights."""
 
     def __init__(self, config, muse: ModelConfig, *, seq_length: int, pre_process: bool = True,
-                 post_process: bool = True, pg_collection=None, pp_rank: int = 0) -> None:
+                 post_process: bool = True, pg_collection=None, pp_rank: int = 0, towers=None,
+                 seed: int = 0, recompute_towers: bool = False) -> None:
         super().__init__(config=config)
         from megatron.core.enums import ModelType
 
@@ -41,12 +55,19 @@ class MuseSparkMCore(MegatronModule):
                                                     tp_group=pg_collection.tp if pg_collection else None)
             words = self.embedding.word_embeddings  # the pad row learns nothing, as transformers' padding_idx
             hold_padding_row(words.weight, muse.pad_token_id, words.vocab_start_index, words.vocab_end_index)
+        #: the towers' config (None: a text model); the modules sit on the first stage only
+        self.towers = towers
+        self.perception = None
+        if pre_process and towers is not None:
+            self.perception = build_perception(config, muse, towers, seed=seed, recompute=recompute_towers)
+        self.tp_group = pg_collection.tp if pg_collection is not None else None
         theta = muse.rope_theta
         self.rotary_pos_emb = RotaryEmbedding(muse.head_dim, rotary_percent=1.0,
                                               rotary_base=int(theta) if float(theta).is_integer() else theta,
                                               cp_group=pg_collection.cp if pg_collection else None)
         self.decoder = MuseSparkBlock(config, muse_spark_layer_spec(), muse, pre_process, post_process,
-                                      pg_collection=pg_collection, pp_rank=pp_rank)
+                                      pg_collection=pg_collection, pp_rank=pp_rank, towers=towers, seed=seed,
+                          recompute_towers=recompute_towers)
         #: the vocabulary is split over TP: the loss then needs megatron-core's vocab-parallel form
         if pg_collection is not None:
             self.vocab_split = pg_collection.tp.size()
@@ -73,10 +94,17 @@ class MuseSparkMCore(MegatronModule):
 
         Packed rows (THD): ``input_ids`` is [1, tokens] and ``packed_seq_params`` carries the
         cumulative sequence lengths; positions restart at 0 in each sequence (RoPE) and no
-        attention crosses a boundary, as in the reference model."""
+        attention crosses a boundary, as in the reference model.
+
+        ``media`` (transformers' argument names: ``pixel_values``, ``image_grid_thw``, ...) and
+        ``media_index`` [b, s] (aligned with ``input_ids``) place the towers' features on the
+        first stage; other stages ignore them."""
         stream = None
         if self.pre_process:
-            stream = weightless_norm(self.embedding(input_ids, position_ids=None), self.muse.rms_norm_eps)
+            ids = input_ids if self.towers is None else text_input_ids(input_ids, self.towers)
+            stream = weightless_norm(self.embedding(ids, position_ids=None), self.muse.rms_norm_eps)
+            if self.perception is not None and media:
+                stream = self._place_media(stream, media, media_index)
         if packed_seq_params is not None:  # a table long enough for the longest sequence
             rotary = self.rotary_pos_emb(int(packed_seq_params.max_seqlen_q), packed_seq=True)
         else:
@@ -99,8 +127,36 @@ class MuseSparkMCore(MegatronModule):
             per_token = tensor_parallel.vocab_parallel_cross_entropy(softcap_logits(raw, multiplier, cap), target)
         return (per_token * mask).transpose(0, 1).contiguous()
 
+    def _place_media(self, stream: torch.Tensor, media: dict, media_index: torch.Tensor) -> torch.Tensor:
+        """The stream [s, b, H] (this rank's part under sequence parallelism) with the media's
+        feature rows in their placeholders."""
+        features = media_features(self.perception, self.towers, **media)
+        if features is None:
+            return stream
+        index = media_index.transpose(0, 1)  # [s, b], as the stream
+        if index.shape[0] != stream.shape[0]:  # sequence parallel: this TP rank's chunk of the sequence
+            rank = self.tp_group.rank() if self.tp_group is not None else 0
+            chunk = stream.shape[0]
+            index = index[rank * chunk:(rank + 1) * chunk]
+        return place_media(stream, features, index)
 
-def build_model(config, muse: ModelConfig, seq_length: int, pg_collection=None) -> MuseSparkMCore:
+
+def build_perception(config, muse: ModelConfig, towers, *, seed: int, recompute: bool) -> torch.nn.Module:
+    """transformers' perception modules, initialised as the reference model initialises them
+    (the same seed gives the same tensors), in the recipe's parameter dtype."""
+    from muse_stack.model.perception import MuseSparkPerception, init_perception_weights
+
+    host = MuseSparkPerception(towers, text_hidden_size=muse.hidden_size, text_rms_norm_eps=muse.rms_norm_eps)
+    init_perception_weights(host, seed, std=muse.initializer_range, prefix="model.")
+    host.vision_tower.recompute = recompute
+    host.to(dtype=config.params_dtype)
+    for param in host.parameters():  # replicated over TP; summed over it when each rank sees its chunk only
+        param.sequence_parallel = bool(config.sequence_parallel)
+    return host
+
+
+def build_model(config, muse: ModelConfig, seq_length: int, pg_collection=None, *, towers=None, seed: int = 0,
+                recompute_towers: bool = False) -> MuseSparkMCore:
     from megatron.core import parallel_state as ps
 
     from muse_stack.engines.mcore.layers import set_matmul_dtype
@@ -110,4 +166,5 @@ def build_model(config, muse: ModelConfig, seq_length: int, pg_collection=None) 
     return MuseSparkMCore(config, muse, seq_length=seq_length,
                           pre_process=ps.is_pipeline_first_stage(ignore_virtual=True),
                           post_process=ps.is_pipeline_last_stage(ignore_virtual=True),
-                          pg_collection=pg_collection, pp_rank=pp_rank)
+                          pg_collection=pg_collection, pp_rank=pp_rank, towers=towers, seed=seed,
+                          recompute_towers=recompute_towers)

@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from dataclasses import dataclass
 
+from muse_stack.tower_config import PERCEPTION_MODULES
+
 LM = "model.language_model."
 
 #: megatron-core suffix inside ``decoder.layers.{l}.`` -> HF suffix inside ``layers.{l}.``
@@ -61,6 +63,18 @@ TP_AXIS: dict[str, int] = {
 #: expert-tensor-parallel split axis of the expert weights (fc1 splits gate and up halves alike)
 ETP_AXIS: dict[str, int] = {"mlp.experts.linear_fc1.weight": 0, "mlp.experts.linear_fc2.weight": 1}
 
+#: the perception towers and projector: transformers' module tree under ``model.`` is kept whole
+#: under ``perception.`` on the first pipeline stage (replicated over TP)
+TOWER_PREFIX, HF_TOWER_PREFIX = "perception.", "model."
+
+
+def _tower_rest(name: str, prefix: str) -> str | None:
+    """The name below the towers' prefix when ``name`` is a tower tensor, else None."""
+    if name.startswith(prefix) and name[len(prefix):].split(".", 1)[0] in PERCEPTION_MODULES:
+        return name[len(prefix):]
+    return None
+
+
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^(mlp\.experts\.linear_fc[12]\.weight)(\d+)$")
 
@@ -80,6 +94,9 @@ def mcore_to_hf(name: str) -> Target:
     """The checkpoint tensor of a *global* megatron-core name (see module doc)."""
     if name in TOP_NAMES:
         return Target(TOP_NAMES[name], tp_axis=TP_AXIS.get(name))
+    tower = _tower_rest(name, TOWER_PREFIX)
+    if tower is not None:
+        return Target(HF_TOWER_PREFIX + tower)
     match = _LAYER.match(name)
     if match is None:
         raise KeyError(f"not a Muse Spark megatron-core tensor: {name}")
@@ -104,6 +121,9 @@ def dist_key_to_hf(key: str) -> str | None:
     whatever ETP split them)."""
     if key in TOP_NAMES:
         return TOP_NAMES[key]
+    tower = _tower_rest(key, TOWER_PREFIX)
+    if tower is not None:
+        return HF_TOWER_PREFIX + tower
     match = _LAYER.match(key)
     if match is None:
         return None
@@ -120,6 +140,9 @@ def hf_to_mcore(hf_name: str, num_experts: int) -> list[str]:
     for mc, hf in TOP_NAMES.items():
         if hf == hf_name:
             return [mc]
+    tower = _tower_rest(hf_name, HF_TOWER_PREFIX)
+    if tower is not None:
+        return [TOWER_PREFIX + tower]
     match = re.match(rf"^{re.escape(LM)}layers\.(\d+)\.(.+)$", hf_name)
     if match is None:
         raise KeyError(f"not a Muse Spark text-decoder tensor: {hf_name}")
