@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from muse_stack.engines.megatron_available import missing
 from muse_stack.model_config import ModelConfig
@@ -80,7 +81,7 @@ def test_committed_results_follow_from_their_metrics(name):
     results = json.loads((folder / "results.json").read_text())
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     fingerprint = json.loads((folder / "fingerprint.json").read_text())
-    if name == "slice-1gpu-mbs4-allgather":  # trained all 30 steps; its final 60.6 GB save then failed (benchmarks/README.md)
+    if name == "slice-1gpu-mbs4-allgather":  # trained all 30 steps; its final 60.6 GB save then failed (its README.md)
         assert results["status"] == "failed" and results["steps_completed"] == 30
         assert results["error"].startswith("EOFError") and results["checkpoint"] is None
     else:
@@ -143,31 +144,29 @@ def _table_rows(text: str) -> list[list[str]]:
     return rows
 
 
-def test_benchmarks_readme_table_is_what_the_results_say():
-    """Every row of the benchmarks README's main table restates its folder's results.json."""
-    text = (BENCH.parent / "README.md").read_text()
-    table = text[text.index("| benchmark | GPUs |"):text.index("\n\n", text.index("| benchmark | GPUs |"))]
-    rows = _table_rows(table)
-    assert len(rows) >= 13
-    for cells in rows:
-        folder = cells[0].split("`")[1]
-        r = json.loads((BENCH / folder / "results.json").read_text())
-        tok, mfu, mfu6, peak, cv, step = cells[3:9]
-        assert tok == f"{r['tokens_per_s_per_gpu']:,.0f}", folder
-        assert mfu == f"{100 * r['mfu']:.2f}%" and mfu6 == f"{100 * r['mfu_6n']:.2f}%", folder
-        assert peak.split()[0] == f"{r['peak_memory_gib']:.2f}", folder
-        assert cv == "-" or cv == f"{r['step_time_cv_percent']:.1f}%", folder
-        assert step == f"{r['step_time_mean_s']:.3f}", folder
+#: the main table's figures as the benchmarks README prints them: run folder -> tokens/s per GPU, MFU,
+#: MFU 6N, peak GiB, step-time CV, mean step s
+SUMMARY = yaml.safe_load((BENCH.parent / "index.yaml").read_text())["figures"]["summary"]
 
 
-def test_readme_gpu_table_restates_the_benchmarks_table():
-    """docs/gpu-engine.md's GPU table shows rows of benchmarks/README.md's table, figure for figure."""
-    def figures(text: str, header: str) -> set[tuple[str, ...]]:
-        start = text.index(header)
-        return {tuple(c.split()[0] for c in row[3:8]) for row in _table_rows(text[start:text.index("\n\n", start)])}
+def test_benchmarks_summary_is_what_the_results_say():
+    """Every run of the benchmarks' main table (index.yaml's figures.summary) restates its folder's results.json."""
+    assert len(SUMMARY) >= 13
+    for run, (tok, mfu, mfu6, peak, cv, step) in SUMMARY.items():
+        r = json.loads((BENCH.parent / run / "results.json").read_text())
+        assert tok == f"{r['tokens_per_s_per_gpu']:,.0f}", run
+        assert mfu == f"{100 * r['mfu']:.2f}%" and mfu6 == f"{100 * r['mfu_6n']:.2f}%", run
+        assert peak == f"{r['peak_memory_gib']:.2f}", run
+        assert cv == "-" or cv == f"{r['step_time_cv_percent']:.1f}%", run
+        assert step == f"{r['step_time_mean_s']:.3f}", run
 
-    bench = figures((BENCH.parent / "README.md").read_text(), "| benchmark | GPUs |")
-    readme = figures((BENCH.parents[1] / "docs" / "gpu-engine.md").read_text(), "| benchmark | GPUs |")
+
+def test_readme_gpu_table_restates_the_benchmarks_summary():
+    """docs/gpu-engine.md's GPU table shows runs of the benchmarks' summary, figure for figure."""
+    text = (BENCH.parents[1] / "docs" / "gpu-engine.md").read_text()
+    start = text.index("| benchmark | GPUs |")
+    readme = {tuple(c.split()[0] for c in row[3:8]) for row in _table_rows(text[start:text.index("\n\n", start)])}
+    bench = {tuple(figures[:5]) for figures in SUMMARY.values()}
     assert len(readme) >= 12 and readme <= bench, readme - bench
 
 

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from muse_stack.hardware import GPUS
 from muse_stack.plan.cost import BACKWARD, TimeCalibration, gemm_time, ring_time
@@ -230,11 +231,14 @@ def test_tune_refuses_an_unknown_gpu(cli, tmp_path):
     assert rc == 2 and "--gpu" in err and not out.exists()
 
 
-def test_benchmarks_readme_prints_every_h200_point():
+def test_every_h200_point_is_a_committed_run():
+    """Each point of the step-time fit is a result folder of benchmarks/index.yaml: its measured step
+    and GPU count are that run's results.json, and its error is the prediction's."""
     fit = json.loads((PLAN / "fit_time.json").read_text())
-    text = (ROOT / "benchmarks" / "README.md").read_text()
+    folders = {entry["path"] for entry in yaml.safe_load((ROOT / "benchmarks" / "index.yaml").read_text())["results"]}
     for p in fit["points"]:
-        row = (f"| {p['benchmark']} | {p['set']} | {p['gpus']} | {p['measured_s']:.3f} | {p['predicted_s']:.3f} | "
-               f"{p['error']:+.1%} |")
-        assert row in text, p["benchmark"]
+        assert "results/" + p["benchmark"].split("/")[0] in folders, p["benchmark"]
+        ran = json.loads((PLAN.parent / p["benchmark"] / "results.json").read_text())
+        assert (p["measured_s"], p["gpus"]) == (ran["step_time_mean_s"], ran["world_size"]), p["benchmark"]
+        assert p["error"] == pytest.approx(p["predicted_s"] / p["measured_s"] - 1, rel=REL), p["benchmark"]
     assert {p["set"] for p in fit["points"]} == {"fitted", "checked"}
