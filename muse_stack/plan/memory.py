@@ -50,7 +50,7 @@ class Calibration(BaseModel):
     # fitted to); a plan fits only if this share of the GPU stays free for what that leaves out:
     # the CUDA context, NCCL's communicator buffers and the caching allocator's fragmentation.
     headroom_fraction: float = 0.10
-    source: str = "H200 megatron-core measurements, benchmarks/README.md 'Planner calibration'"
+    source: str = "H200 megatron-core measurements, benchmarks/results/plan/README.md"
 
     def activation_factor_for(self, compiled: bool) -> float:
         return self.compiled_activation_factor if compiled else self.activation_factor
