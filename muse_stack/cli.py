@@ -32,6 +32,7 @@ _AREAS: list[str] = [
     "muse_stack.recipes.commands",
     "muse_stack.plan.commands",
     "muse_stack.run.commands",
+    "muse_stack.publish.commands",
     "muse_stack.stack.commands",
     "muse_stack.data.commands",
     "muse_stack.fingerprint.commands",

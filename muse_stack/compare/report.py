@@ -1,4 +1,4 @@
-"""Rich rendering of fingerprints, diffs, audits and run comparisons."""
+"""Rich rendering of fingerprint diffs, audits and run comparisons."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from muse_stack.compare.audit import MATCH, MISMATCH, AuditReport
 from muse_stack.compare.diff import DiffReport
 from muse_stack.compare.runcompare import PERF_FIELDS, CompareReport
 from muse_stack.fingerprint.absent import is_absent
-from muse_stack.fingerprint.tree import leaves, summarize
+from muse_stack.fingerprint.tree import summarize
 
 CLASS_STYLE = {"numerics": "bold red", "performance": "yellow", "informational": "dim"}
 STATUS_STYLE = {MATCH: "green", MISMATCH: "bold red", "not verifiable": "yellow"}
@@ -26,24 +26,6 @@ def _fmt(value: Any, digits: int = 4) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k}={_fmt(v)}" for k, v in value.items())
     return str(value)
-
-
-def render_fingerprint_summary(doc: dict[str, Any], console: Console, written: str | None = None) -> None:
-    table = Table(title="stack fingerprint" + (f" → {written}" if written else ""), show_lines=False)
-    table.add_column("section")
-    table.add_column("fields read", justify="right")
-    table.add_column("absent", justify="right")
-    table.add_column("first absent reason")
-    for section, value in doc.items():
-        if section in ("schema_version", "kind", "capture"):
-            continue
-        items = list(leaves(value, (section,)))
-        gone = [(p, v) for p, v in items if is_absent(v)]
-        reason = f"{'.'.join(gone[0][0][1:]) or section}: {gone[0][1]['absent']}" if gone else ""
-        table.add_row(section, str(len(items) - len(gone)), str(len(gone)), Text(reason, style="yellow"))
-    console.print(table)
-    cap = doc.get("capture", {})
-    console.print(f"schema_version {doc.get('schema_version')}, captured {cap.get('captured_at')} in {cap.get('seconds')} s")
 
 
 def render_diff(report: DiffReport, console: Console) -> None:

@@ -121,104 +121,107 @@ def print_time(plan: Plan) -> None:
         console.print(f"[yellow]assumed:[/] {a}")
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("plan")
-    def plan_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
-                 overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
-                 gpus: Optional[int] = typer.Option(None, "--gpus", help="plan for this many GPUs"),
-                 json_out: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-        """Validate the layout and estimate memory per GPU, before it costs a GPU-hour."""
-        recipe = load_recipe(name, overrides or [])
-        plan, _ = make_plan(recipe, gpus=gpus)
-        if json_out:
-            typer.echo(json.dumps({**plan.summary(), "filled": {p: f.model_dump(mode="json")
-                                                                for p, f in recipe.filled.items()}}, indent=2))
+def plan_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
+             overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
+             gpus: Optional[int] = typer.Option(None, "--gpus", help="plan for this many GPUs"),
+             json_out: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """Validate the layout and estimate memory per GPU, before it costs a GPU-hour."""
+    recipe = load_recipe(name, overrides or [])
+    plan, _ = make_plan(recipe, gpus=gpus)
+    if json_out:
+        typer.echo(json.dumps({**plan.summary(), "filled": {p: f.model_dump(mode="json")
+                                                            for p, f in recipe.filled.items()}}, indent=2))
+    else:
+        print_plan(plan)
+        print_filled(recipe)
+    if plan.fits is False:
+        raise typer.Exit(1)
+
+
+def tune_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
+             overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
+             gpus: Optional[int] = typer.Option(None, "--gpus", help="tune for this many GPUs"),
+             gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (H200, B200, GB200, H100)"),
+             top: int = typer.Option(5, "--top", min=1, max=100, help="layouts to print"),
+             out: Optional[Path] = typer.Option(None, "--out", help="write the best layout's overrides here, one a line"),
+             force: bool = typer.Option(False, "--force", help="replace the --out file if it exists"),
+             json_out: bool = typer.Option(False, "--json", help="print JSON"),
+             no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar")) -> None:
+    """Search layouts that fit for the fastest predicted step; write the best as overrides."""
+    import shlex
+
+    from rich.progress import Progress
+
+    from muse_stack.errors import LayoutError
+    from muse_stack.hardware import GPUS
+    from muse_stack.plan.planner import make_plan as _plan
+    from muse_stack.plan.tune import bounds, search
+
+    extra = list(overrides or [])
+    if gpu is not None:
+        if gpu not in GPUS:
+            raise LayoutError("the GPU type is not in the hardware table", field="--gpu", value=gpu,
+                              fix=f"give one of {', '.join(GPUS)}")
+        spec = GPUS[gpu]
+        # the recipe's instance, price and memory are of its own GPU: not carried over
+        extra += [f"hardware.gpu={gpu}", f"hardware.memory_gib={spec.memory_gib}",
+                  f"hardware.per_node={spec.per_node_default}", "hardware.instance=null",
+                  "hardware.price_per_gpu_hour=null", "hardware.nominal_memory_gb=null"]
+    if out is not None and out.exists() and out.is_dir():
+        raise InputError("--out names a directory", field="--out", value=str(out), fix="give a file path")
+    if out is not None and out.exists() and not force:
+        raise InputError("--out names a file that exists; tune never overwrites one unasked", field="--out",
+                         value=str(out), fix="pass --force to replace it, or give another path")
+    recipe = load_recipe(name, extra)
+    own = gpus is None and gpu is None
+    if own:
+        _plan(recipe)  # the recipe itself must pass the rules (errors name the field)
+    elif gpus is not None:
+        _plan(recipe, gpus=gpus, strict=False)  # checks the GPU count's range (a usage error names --gpus)
+    if no_progress or json_out:
+        best, planned = search(recipe, gpus, top=top)
+    else:
+        with Progress(transient=True, console=console) as bar:
+            task = bar.add_task("planning layouts", total=None)
+
+            def step(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            best, planned = search(recipe, gpus, progress=step, top=top)
+    best = best[:top]
+    if json_out:
+        typer.echo(json.dumps({"planned": planned, "best": [c.model_dump() for c in best],
+                               "not_searched": bounds(recipe)}, indent=2))
+    if not best:
+        if planned == 0:
+            console.print(f"[red]no layout to plan:[/] no TP x PP x CP of {gpus or recipe.hardware.count} GPUs leaves a "
+                          f"data-parallel size that batch.gbs = {recipe.batch.gbs} splits over")
         else:
-            print_plan(plan)
-            print_filled(recipe)
-        if plan.fits is False:
-            raise typer.Exit(1)
-
-    @app.command("tune")
-    def tune_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
-                 overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
-                 gpus: Optional[int] = typer.Option(None, "--gpus", help="tune for this many GPUs"),
-                 gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (H200, B200, GB200, H100)"),
-                 top: int = typer.Option(5, "--top", min=1, max=100, help="layouts to print"),
-                 out: Optional[Path] = typer.Option(None, "--out", help="write the best layout's overrides here, one a line"),
-                 force: bool = typer.Option(False, "--force", help="replace the --out file if it exists"),
-                 json_out: bool = typer.Option(False, "--json", help="print JSON"),
-                 no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar")) -> None:
-        """Search layouts that fit for the fastest predicted step; write the best as overrides."""
-        import shlex
-
-        from rich.progress import Progress
-
-        from muse_stack.errors import LayoutError
-        from muse_stack.hardware import GPUS
-        from muse_stack.plan.planner import make_plan as _plan
-        from muse_stack.plan.tune import bounds, search
-
-        extra = list(overrides or [])
-        if gpu is not None:
-            if gpu not in GPUS:
-                raise LayoutError("the GPU type is not in the hardware table", field="--gpu", value=gpu,
-                                  fix=f"give one of {', '.join(GPUS)}")
-            spec = GPUS[gpu]
-            # the recipe's instance, price and memory are of its own GPU: not carried over
-            extra += [f"hardware.gpu={gpu}", f"hardware.memory_gib={spec.memory_gib}",
-                      f"hardware.per_node={spec.per_node_default}", "hardware.instance=null",
-                      "hardware.price_per_gpu_hour=null", "hardware.nominal_memory_gb=null"]
-        if out is not None and out.exists() and out.is_dir():
-            raise InputError("--out names a directory", field="--out", value=str(out), fix="give a file path")
-        if out is not None and out.exists() and not force:
-            raise InputError("--out names a file that exists; tune never overwrites one unasked", field="--out",
-                             value=str(out), fix="pass --force to replace it, or give another path")
-        recipe = load_recipe(name, extra)
-        own = gpus is None and gpu is None
-        if own:
-            _plan(recipe)  # the recipe itself must pass the rules (errors name the field)
-        elif gpus is not None:
-            _plan(recipe, gpus=gpus, strict=False)  # checks the GPU count's range (a usage error names --gpus)
-        if no_progress or json_out:
-            best, planned = search(recipe, gpus, top=top)
-        else:
-            with Progress(transient=True, console=console) as bar:
-                task = bar.add_task("planning layouts", total=None)
-
-                def step(done: int, total: int) -> None:
-                    bar.update(task, completed=done, total=total)
-
-                best, planned = search(recipe, gpus, progress=step, top=top)
-        best = best[:top]
-        if json_out:
-            typer.echo(json.dumps({"planned": planned, "best": [c.model_dump() for c in best],
-                                   "not_searched": bounds(recipe)}, indent=2))
-        if not best:
-            if planned == 0:
-                console.print(f"[red]no layout to plan:[/] no TP x PP x CP of {gpus or recipe.hardware.count} GPUs leaves a "
-                              f"data-parallel size that batch.gbs = {recipe.batch.gbs} splits over")
-            else:
-                console.print(f"[red]no layout of the {planned:,} planned fits[/] (memory, or the rules)")
-            if not json_out:
-                console.print("not searched: " + "; ".join(bounds(recipe)), highlight=False)
-            raise typer.Exit(1)
+            console.print(f"[red]no layout of the {planned:,} planned fits[/] (memory, or the rules)")
         if not json_out:
-            t = Table(title=f"tune: {recipe.name}, {planned:,} layouts planned, best {len(best)} that fit",
-                      title_justify="left", box=box.SIMPLE_HEAD)
-            for col in ("tokens/s/GPU", "step s", "used GiB", "dominant", "layout"):
-                t.add_column(col, justify="right" if col != "layout" else "left")
-            for c in best:
-                short = c.label
-                t.add_row(f"{c.tokens_per_s_per_gpu:,.1f}", f"{c.step_s:.2f}", f"{c.used_gib:.1f}",
-                          f"{c.dominant} {c.dominant_s:.2f} s", short)
-            console.print(t)
             console.print("not searched: " + "; ".join(bounds(recipe)), highlight=False)
-            mine, _ = _plan(recipe, strict=False)
-            if own and mine.time is not None:
-                console.print(f"the recipe's own layout: {mine.time.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted; "
-                              f"best {best[0].tokens_per_s_per_gpu / mine.time.tokens_per_s_per_gpu - 1:+.1%}")
-        if out is not None:
-            atomic.write_text(out, "\n".join(best[0].overrides) + "\n")
-            if not json_out:
-                console.print(f"wrote {out}: muse-stack run {shlex.quote(name)} $(cat {shlex.quote(str(out))})")
+        raise typer.Exit(1)
+    if not json_out:
+        t = Table(title=f"tune: {recipe.name}, {planned:,} layouts planned, best {len(best)} that fit",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+        for col in ("tokens/s/GPU", "step s", "used GiB", "dominant", "layout"):
+            t.add_column(col, justify="right" if col != "layout" else "left")
+        for c in best:
+            short = c.label
+            t.add_row(f"{c.tokens_per_s_per_gpu:,.1f}", f"{c.step_s:.2f}", f"{c.used_gib:.1f}",
+                      f"{c.dominant} {c.dominant_s:.2f} s", short)
+        console.print(t)
+        console.print("not searched: " + "; ".join(bounds(recipe)), highlight=False)
+        mine, _ = _plan(recipe, strict=False)
+        if own and mine.time is not None:
+            console.print(f"the recipe's own layout: {mine.time.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted; "
+                          f"best {best[0].tokens_per_s_per_gpu / mine.time.tokens_per_s_per_gpu - 1:+.1%}")
+    if out is not None:
+        atomic.write_text(out, "\n".join(best[0].overrides) + "\n")
+        if not json_out:
+            console.print(f"wrote {out}: muse-stack run {shlex.quote(name)} $(cat {shlex.quote(str(out))})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan_cmd)
+    app.command("tune")(tune_cmd)

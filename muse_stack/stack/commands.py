@@ -16,6 +16,7 @@ from muse_stack.stack import record
 from muse_stack.stack.lock import LoadedLock, LockError, Null, load, pin_fix, unresolved
 
 console = Console()
+stack_app = typer.Typer(help="Stack locks: show, derive image build arguments, check.", no_args_is_help=True)
 
 _TARGET = typer.Argument(..., help="A target (gb200, b200, h200, cpu) or the path of a lock file.")
 
@@ -124,202 +125,207 @@ def _against_record(loaded: LoadedLock) -> list[str]:
     return record.problems(checks)
 
 
-def register(app: typer.Typer) -> None:
-    stack = typer.Typer(help="Stack locks: show, derive image build arguments, check.", no_args_is_help=True)
+@stack_app.command("show")
+def show_cmd(
+    target: str = _TARGET,
+    as_json: bool = typer.Option(False, "--json", help="Print the parsed lock as JSON."),
+) -> None:
+    """Show a lock: base, CUDA, Python, component pins, deviations, unresolved pins."""
+    loaded = load(target)
+    if as_json:
+        out = {"path": str(loaded.path), "sha256": loaded.sha256, "lock": loaded.lock.model_dump(by_alias=True)}
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        _show(loaded)
 
-    @stack.command("show")
-    def show(
-        target: str = _TARGET,
-        as_json: bool = typer.Option(False, "--json", help="Print the parsed lock as JSON."),
-    ) -> None:
-        """Show a lock: base, CUDA, Python, component pins, deviations, unresolved pins."""
-        loaded = load(target)
-        if as_json:
-            out = {"path": str(loaded.path), "sha256": loaded.sha256, "lock": loaded.lock.model_dump(by_alias=True)}
-            typer.echo(json.dumps(out, indent=2))
-        else:
-            _show(loaded)
 
-    @stack.command("build-args")
-    def build_args(
-        target: str = _TARGET,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON with the args, tag, Nix system, capabilities."),
-    ) -> None:
-        """Print the image build arguments the lock yields, one KEY=VALUE a line."""
-        loaded = load(target)
-        if as_json:
-            typer.echo(json.dumps(ba.summary(loaded), indent=2))
-        else:
-            for k, v in ba.build_args(loaded).items():
-                typer.echo(f"{k}={v}")
+@stack_app.command("build-args")
+def build_args_cmd(
+    target: str = _TARGET,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON with the args, tag, Nix system, capabilities."),
+) -> None:
+    """Print the image build arguments the lock yields, one KEY=VALUE a line."""
+    loaded = load(target)
+    if as_json:
+        typer.echo(json.dumps(ba.summary(loaded), indent=2))
+    else:
+        for k, v in ba.build_args(loaded).items():
+            typer.echo(f"{k}={v}")
 
-    @stack.command("check")
-    def check(
-        target: str = _TARGET,
-        strict: bool = typer.Option(False, "--strict", help="Fail on unresolved pins (null digests, hashes, commits)."),
-        image_info: Path = typer.Option(None, "--image-info", help="An image's /etc/muse-stack/image.json to check."),
-        inspect: Path = typer.Option(None, "--inspect", help="`docker|podman image inspect` output to check."),
-    ) -> None:
-        """Validate a lock; optionally check an image's identity (image.json, labels) against it."""
-        loaded = load(target)
-        lock = loaded.lock
-        problems: list[str] = []
-        if lock.components.muse_stack.version != __version__:
-            problems.append(
-                f"components.muse_stack.version = {lock.components.muse_stack.version!r} but this "
-                f"muse-stack is {__version__!r}"
-            )
-        if image_info is not None:
-            try:
-                info = json.loads(Path(image_info).read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise LockError(
-                    f"cannot read {image_info}: {exc}", field="--image-info", value=str(image_info), exit_code=3
-                ) from None
-            problems += _compare(loaded, info, "image.json", {"name": "lock_name", "sha256": "lock_sha256"})
-        if inspect is not None:
-            labels = _labels_from_inspect(Path(inspect))
-            problems += _compare(
-                loaded, labels, "label", {"name": "dev.muse-stack.lock.name", "sha256": "dev.muse-stack.lock.sha256"}
-            )
-        problems += _against_record(loaded)
-        from muse_stack.stack import wheelset
 
-        ws = wheelset.check(loaded)
-        if ws.ok:
-            console.print(
-                f"wheel set {wheelset.set_path(loaded).name}: {len(ws.packages)} packages, every component at the "
-                f"lock's version, {len(lock.overrides)} declared override(s)",
-                highlight=False,
-            )
-        problems += [f"wheel set: {p}" for p in ws.problems]
-        pending = unresolved(lock)
-        for field, reason in pending:
-            console.print(f"[yellow]unresolved[/] {field}: {reason}", highlight=False)
-        if problems:
+@stack_app.command("check")
+def check_cmd(
+    target: str = _TARGET,
+    strict: bool = typer.Option(False, "--strict", help="Fail on unresolved pins (null digests, hashes, commits)."),
+    image_info: Path = typer.Option(None, "--image-info", help="An image's /etc/muse-stack/image.json to check."),
+    inspect: Path = typer.Option(None, "--inspect", help="`docker|podman image inspect` output to check."),
+) -> None:
+    """Validate a lock; optionally check an image's identity (image.json, labels) against it."""
+    loaded = load(target)
+    lock = loaded.lock
+    problems: list[str] = []
+    if lock.components.muse_stack.version != __version__:
+        problems.append(
+            f"components.muse_stack.version = {lock.components.muse_stack.version!r} but this "
+            f"muse-stack is {__version__!r}"
+        )
+    if image_info is not None:
+        try:
+            info = json.loads(Path(image_info).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
             raise LockError(
-                f"{loaded.path} does not match: " + "; ".join(problems),
-                field="lock",
-                value=loaded.name,
-                rule="an image and the muse-stack it carries are built from exactly this lock",
-                fix="rebuild the image from this lock (make image gpu=<target>) or check the lock it was built from",
-                exit_code=1,
-            )
-        if strict and pending:
-            raise LockError(
-                f"{len(pending)} unresolved pin(s) in {loaded.path}: " + ", ".join(f for f, _ in pending),
-                field=pending[0][0],
-                value=None,
-                rule="--strict: a release lock pins every digest, checksum and source commit",
-                fix=pin_fix(loaded.name, [f for f, _ in pending]),
-                exit_code=1,
-            )
+                f"cannot read {image_info}: {exc}", field="--image-info", value=str(image_info), exit_code=3
+            ) from None
+        problems += _compare(loaded, info, "image.json", {"name": "lock_name", "sha256": "lock_sha256"})
+    if inspect is not None:
+        labels = _labels_from_inspect(Path(inspect))
+        problems += _compare(
+            loaded, labels, "label", {"name": "dev.muse-stack.lock.name", "sha256": "dev.muse-stack.lock.sha256"}
+        )
+    problems += _against_record(loaded)
+    from muse_stack.stack import wheelset
+
+    ws = wheelset.check(loaded)
+    if ws.ok:
         console.print(
-            f"[green]ok[/] {loaded.name}: {loaded.path} sha256 {loaded.sha256}"
-            + (f" ({len(pending)} unresolved)" if pending else ""),
+            f"wheel set {wheelset.set_path(loaded).name}: {len(ws.packages)} packages, every component at the "
+            f"lock's version, {len(lock.overrides)} declared override(s)",
             highlight=False,
         )
+    problems += [f"wheel set: {p}" for p in ws.problems]
+    pending = unresolved(lock)
+    for field, reason in pending:
+        console.print(f"[yellow]unresolved[/] {field}: {reason}", highlight=False)
+    if problems:
+        raise LockError(
+            f"{loaded.path} does not match: " + "; ".join(problems),
+            field="lock",
+            value=loaded.name,
+            rule="an image and the muse-stack it carries are built from exactly this lock",
+            fix="rebuild the image from this lock (make image gpu=<target>) or check the lock it was built from",
+            exit_code=1,
+        )
+    if strict and pending:
+        raise LockError(
+            f"{len(pending)} unresolved pin(s) in {loaded.path}: " + ", ".join(f for f, _ in pending),
+            field=pending[0][0],
+            value=None,
+            rule="--strict: a release lock pins every digest, checksum and source commit",
+            fix=pin_fix(loaded.name, [f for f, _ in pending]),
+            exit_code=1,
+        )
+    console.print(
+        f"[green]ok[/] {loaded.name}: {loaded.path} sha256 {loaded.sha256}"
+        + (f" ({len(pending)} unresolved)" if pending else ""),
+        highlight=False,
+    )
 
-    @stack.command("pins")
-    def pins(
-        target: str = _TARGET,
-        write: bool = typer.Option(False, "--write", help="Write the pins the lock leaves null (with their source)."),
-    ) -> None:
-        """On a networked builder: read the base image's index digest and the EFA installer's sha256
-        from the registry and the download, compare them with the lock, and (--write) pin the null ones."""
-        from muse_stack.stack import pins as pn
 
-        for p in pn.run(target, write=write):
-            state = "ok" if p.ok else ("written" if write and p.locked is None else "unpinned")
-            console.print(f"{state:9} {p.field} = {p.found}  ({p.how})", highlight=False, markup=False)
+@stack_app.command("pins")
+def pins_cmd(
+    target: str = _TARGET,
+    write: bool = typer.Option(False, "--write", help="Write the pins the lock leaves null (with their source)."),
+) -> None:
+    """On a networked builder: read the base image's index digest and the EFA installer's sha256
+    from the registry and the download, compare them with the lock, and (--write) pin the null ones."""
+    from muse_stack.stack import pins as pn
 
-    @stack.command("preflight")
-    def preflight(
-        target: str = _TARGET,
-        engine: str = typer.Option("docker", "--engine", envvar="ENGINE", help="docker (buildx) or podman."),
-    ) -> None:
-        """Refuse an image build, before any download, when a pin is unresolved, the wheel set is stale,
-        the build tool is missing or the builder cannot produce the lock's platform."""
-        from muse_stack.stack import preflight as pf
+    for p in pn.run(target, write=write):
+        state = "ok" if p.ok else ("written" if write and p.locked is None else "unpinned")
+        console.print(f"{state:9} {p.field} = {p.found}  ({p.how})", highlight=False, markup=False)
 
-        loaded = load(target)
-        pf.check(loaded, engine)
-        console.print(f"[green]ok[/] {loaded.name}: {engine} can build {loaded.lock.platform} from this lock", highlight=False)
 
-    @stack.command("selfcheck")
-    def selfcheck(
-        target: str = _TARGET,
-        image: bool = typer.Option(
-            False, "--image", help="Inside an image: also fail on any package installed outside the wheel set."
-        ),
-        json_out: Path = typer.Option(None, "--json", help="Write the full report as JSON here."),
-    ) -> None:
-        """Check this Python environment against a lock and its wheel set: every package at the set's
-        version, and every component importing at the locked version (cuDNN and NCCL as loaded)."""
-        from muse_stack.stack import selfcheck as sc
+@stack_app.command("preflight")
+def preflight_cmd(
+    target: str = _TARGET,
+    engine: str = typer.Option("docker", "--engine", envvar="ENGINE", help="docker (buildx) or podman."),
+) -> None:
+    """Refuse an image build, before any download, when a pin is unresolved, the wheel set is stale,
+    the build tool is missing or the builder cannot produce the lock's platform."""
+    from muse_stack.stack import preflight as pf
 
-        loaded = load(target)
-        report = sc.run(loaded, image=image)
-        t = Table("component", "locked", "found", "", title=f"{loaded.name}: components as imported and loaded")
-        for i in report["components"]:
-            t.add_row(i["what"], i["want"], i["got"], "[green]ok[/]" if i["ok"] else "[red]differs[/]")
-        console.print(t)
-        rows = report["wheel_set"]
-        same = sum(r["ok"] for r in rows[1:])
-        console.print(f"wheel set: {same} of {len(rows) - 1} packages installed at the set's version", highlight=False)
-        if report["outside_set"]:
-            console.print(f"outside the set: {len(report['outside_set'])} distribution(s)", highlight=False)
-        if json_out is not None:
-            json_out.write_text(json.dumps(report, indent=2) + "\n")
-        if not report["ok"]:
-            raise LockError(
-                f"this environment is not what {loaded.path.name} and its wheel set say: " + "; ".join(report["problems"]),
-                field="environment",
-                value=loaded.name,
-                rule="an image holds exactly its lock's wheel set and components",
-                fix="rebuild the image from the lock (make image gpu=TARGET); in a checkout, install the wheel set",
-                exit_code=1,
-            )
-        console.print(f"[green]ok[/] {loaded.name}: environment matches the lock and its wheel set", highlight=False)
+    loaded = load(target)
+    pf.check(loaded, engine)
+    console.print(f"[green]ok[/] {loaded.name}: {engine} can build {loaded.lock.platform} from this lock", highlight=False)
 
-    @stack.command("resolve")
-    def resolve(
-        targets: list[str] = typer.Argument(None, help="Targets or lock paths (default: every lock)."),
-        check_only: bool = typer.Option(
-            False, "--check", help="Resolve again and compare with the committed set; write nothing."
-        ),
-    ) -> None:
-        """Resolve each lock into its hash-pinned wheel set (pylock.<target>.toml) with uv."""
-        from muse_stack.stack import wheelset
-        from muse_stack.stack.lock import locks_dir
 
-        names = targets or sorted(p.stem for p in locks_dir().glob("*.toml") if not p.stem.startswith("pylock."))
-        failed = []
-        for name in names:
-            loaded = load(name)
-            with console.status(f"resolving {loaded.name} with uv ..."):
-                if check_only:
-                    diffs = wheelset.resolve_and_compare(loaded)
-                else:
-                    path = wheelset.write(loaded)
+@stack_app.command("selfcheck")
+def selfcheck_cmd(
+    target: str = _TARGET,
+    image: bool = typer.Option(
+        False, "--image", help="Inside an image: also fail on any package installed outside the wheel set."
+    ),
+    json_out: Path = typer.Option(None, "--json", help="Write the full report as JSON here."),
+) -> None:
+    """Check this Python environment against a lock and its wheel set: every package at the set's
+    version, and every component importing at the locked version (cuDNN and NCCL as loaded)."""
+    from muse_stack.stack import selfcheck as sc
+
+    loaded = load(target)
+    report = sc.run(loaded, image=image)
+    t = Table("component", "locked", "found", "", title=f"{loaded.name}: components as imported and loaded")
+    for i in report["components"]:
+        t.add_row(i["what"], i["want"], i["got"], "[green]ok[/]" if i["ok"] else "[red]differs[/]")
+    console.print(t)
+    rows = report["wheel_set"]
+    same = sum(r["ok"] for r in rows[1:])
+    console.print(f"wheel set: {same} of {len(rows) - 1} packages installed at the set's version", highlight=False)
+    if report["outside_set"]:
+        console.print(f"outside the set: {len(report['outside_set'])} distribution(s)", highlight=False)
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+    if not report["ok"]:
+        raise LockError(
+            f"this environment is not what {loaded.path.name} and its wheel set say: " + "; ".join(report["problems"]),
+            field="environment",
+            value=loaded.name,
+            rule="an image holds exactly its lock's wheel set and components",
+            fix="rebuild the image from the lock (make image gpu=TARGET); in a checkout, install the wheel set",
+            exit_code=1,
+        )
+    console.print(f"[green]ok[/] {loaded.name}: environment matches the lock and its wheel set", highlight=False)
+
+
+@stack_app.command("resolve")
+def resolve_cmd(
+    targets: list[str] = typer.Argument(None, help="Targets or lock paths (default: every lock)."),
+    check_only: bool = typer.Option(
+        False, "--check", help="Resolve again and compare with the committed set; write nothing."
+    ),
+) -> None:
+    """Resolve each lock into its hash-pinned wheel set (pylock.<target>.toml) with uv."""
+    from muse_stack.stack import wheelset
+    from muse_stack.stack.lock import locks_dir
+
+    names = targets or sorted(p.stem for p in locks_dir().glob("*.toml") if not p.stem.startswith("pylock."))
+    failed = []
+    for name in names:
+        loaded = load(name)
+        with console.status(f"resolving {loaded.name} with uv ..."):
             if check_only:
-                if diffs:
-                    failed.append(loaded.name)
-                    for d in diffs:
-                        console.print(f"[red]{loaded.name}[/] {d}", highlight=False, markup=False)
-                else:
-                    console.print(f"[green]ok[/] {loaded.name}: resolves to the committed set", highlight=False)
+                diffs = wheelset.resolve_and_compare(loaded)
             else:
-                n = len(wheelset.check(loaded).packages)
-                console.print(f"wrote {path} ({n} packages)", highlight=False)
-        if failed:
-            raise LockError(
-                f"the committed wheel set differs from a fresh resolution for: {', '.join(failed)}",
-                field="wheel set",
-                value=", ".join(failed),
-                rule="a wheel set is what the resolver makes of its lock",
-                fix="review the differences above, then `muse-stack stack resolve TARGET` and commit the set",
-                exit_code=1,
-            )
+                path = wheelset.write(loaded)
+        if check_only:
+            if diffs:
+                failed.append(loaded.name)
+                for d in diffs:
+                    console.print(f"[red]{loaded.name}[/] {d}", highlight=False, markup=False)
+            else:
+                console.print(f"[green]ok[/] {loaded.name}: resolves to the committed set", highlight=False)
+        else:
+            n = len(wheelset.check(loaded).packages)
+            console.print(f"wrote {path} ({n} packages)", highlight=False)
+    if failed:
+        raise LockError(
+            f"the committed wheel set differs from a fresh resolution for: {', '.join(failed)}",
+            field="wheel set",
+            value=", ".join(failed),
+            rule="a wheel set is what the resolver makes of its lock",
+            fix="review the differences above, then `muse-stack stack resolve TARGET` and commit the set",
+            exit_code=1,
+        )
 
-    app.add_typer(stack, name="stack")
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(stack_app, name="stack")
