@@ -232,7 +232,7 @@ def test_export_adapters_only_from_a_megatron_adapter_checkpoint(tmp_path):
     from safetensors.torch import load_file
 
     from muse_stack.model.peft import adapter_state_dict
-    from muse_stack.export import export_run
+    from muse_stack.publish.hf import export_run
 
     model, settings, raw = _trained_adapters()
     run_dir = _megatron_adapter_run(tmp_path, model, settings, raw, _ident())
@@ -250,7 +250,7 @@ def test_export_adapters_only_from_a_megatron_adapter_checkpoint(tmp_path):
 
 
 def test_export_merge_of_a_seeded_megatron_base_is_refused_naming_the_fix(tmp_path):
-    from muse_stack.export import export_run
+    from muse_stack.publish.hf import export_run
 
     model, settings, raw = _trained_adapters()
     run_dir = _megatron_adapter_run(tmp_path, model, settings, raw, _ident())
@@ -266,7 +266,7 @@ def test_export_merge_of_a_megatron_run_on_a_pretrained_base(tmp_path):
     weight W + s B A is rounded once to float32, so logits of O(1) differ by a few float32 ulps of
     the sums, ~1e-5 here at hidden size 64 and 2 layers; measured 1e-6; bound 1e-4)."""
     from muse_stack.model import load_checkpoint, save_checkpoint
-    from muse_stack.export import export_run
+    from muse_stack.publish.hf import export_run
 
     model, settings, raw = _trained_adapters()
     base_dir = tmp_path / "base"
@@ -287,7 +287,7 @@ def test_export_merge_of_a_megatron_run_on_a_pretrained_base(tmp_path):
 
 
 def test_export_flags_are_checked(tmp_path, cli):
-    from muse_stack.export import export_run
+    from muse_stack.publish.hf import export_run
 
     model, settings, raw = _trained_adapters()
     run_dir = _megatron_adapter_run(tmp_path, model, settings, raw, _ident())

@@ -325,7 +325,7 @@ def test_loading_other_towers_into_a_model_is_refused(tmp_path):
 def test_export_of_a_reference_run_carries_its_own_towers(tmp_path):
     from muse_stack.recipes.catalogue import load_recipe, recipe_yaml
     from muse_stack.run import checkpoints
-    from muse_stack.export import export_run
+    from muse_stack.publish.hf import export_run
 
     recipe = load_recipe("tiny-cpu")
     cfg = recipe.model_config_resolved()

@@ -15,7 +15,7 @@ from muse_stack.model import MuseSparkForCausalLM, load_checkpoint, save_checkpo
 from muse_stack.recipes.catalogue import load_recipe, recipe_yaml
 from muse_stack.run import checkpoints
 from muse_stack.engines.mcore.weights import dist_key_to_hf
-from muse_stack.export import export_run
+from muse_stack.publish.hf import export_run
 from muse_stack.run.pipeline import run
 from muse_stack.hf_config import full_config
 

@@ -30,7 +30,7 @@ def modes(root: Path) -> dict[str, int]:
 
 
 def test_runs_checkpoints_and_exports_follow_the_umask(tmp_path, umask, monkeypatch, one_thread):
-    from muse_stack.export import export_run
+    from muse_stack.publish.hf import export_run
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     umask(0o027)  # a team's shared storage: the group reads, others nothing

@@ -29,7 +29,7 @@ def export_cmd(
 ) -> None:
     """Write the run's latest checkpoint in transformers' muse_spark layout (MuseSparkForConditionalGeneration loads it)."""
     from muse_stack.errors import MuseStackError, UsageError
-    from muse_stack.export import export_run
+    from muse_stack.publish.hf import export_run
     from muse_stack.run import checkpoints
     from muse_stack.safeio import refuse_secrets
 
