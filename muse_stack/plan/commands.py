@@ -121,6 +121,42 @@ def print_time(plan: Plan) -> None:
         console.print(f"[yellow]assumed:[/] {a}")
 
 
+def print_tune(recipe, best: list, planned: int, *, own: bool) -> None:
+    """The best layouts that fit, what the search left out, and (``own``: tuning the recipe's own GPUs)
+    the best against the recipe's own layout."""
+    from muse_stack.plan.tune import bounds
+
+    t = Table(title=f"tune: {recipe.name}, {planned:,} layouts planned, best {len(best)} that fit",
+              title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("tokens/s/GPU", "step s", "used GiB", "dominant", "layout"):
+        t.add_column(col, justify="right" if col != "layout" else "left")
+    for c in best:
+        short = c.label
+        t.add_row(f"{c.tokens_per_s_per_gpu:,.1f}", f"{c.step_s:.2f}", f"{c.used_gib:.1f}",
+                  f"{c.dominant} {c.dominant_s:.2f} s", short)
+    console.print(t)
+    console.print("not searched: " + "; ".join(bounds(recipe)), highlight=False)
+    mine, _ = make_plan(recipe, strict=False)
+    if own and mine.time is not None:
+        console.print(f"the recipe's own layout: {mine.time.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted; "
+                      f"best {best[0].tokens_per_s_per_gpu / mine.time.tokens_per_s_per_gpu - 1:+.1%}")
+
+
+def _gpu_overrides(gpu: str) -> list[str]:
+    """The overrides that put a recipe on the GPU type ``gpu`` (--gpu of tune)."""
+    from muse_stack.errors import LayoutError
+    from muse_stack.hardware import GPUS
+
+    if gpu not in GPUS:
+        raise LayoutError("the GPU type is not in the hardware table", field="--gpu", value=gpu,
+                          fix=f"give one of {', '.join(GPUS)}")
+    spec = GPUS[gpu]
+    # the recipe's instance, price and memory are of its own GPU: not carried over
+    return [f"hardware.gpu={gpu}", f"hardware.memory_gib={spec.memory_gib}",
+            f"hardware.per_node={spec.per_node_default}", "hardware.instance=null",
+            "hardware.price_per_gpu_hour=null", "hardware.nominal_memory_gb=null"]
+
+
 def plan_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
              overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
              gpus: Optional[int] = typer.Option(None, "--gpus", help="plan for this many GPUs"),
@@ -152,21 +188,9 @@ def tune_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML fi
 
     from rich.progress import Progress
 
-    from muse_stack.errors import LayoutError
-    from muse_stack.hardware import GPUS
-    from muse_stack.plan.planner import make_plan as _plan
     from muse_stack.plan.tune import bounds, search
 
-    extra = list(overrides or [])
-    if gpu is not None:
-        if gpu not in GPUS:
-            raise LayoutError("the GPU type is not in the hardware table", field="--gpu", value=gpu,
-                              fix=f"give one of {', '.join(GPUS)}")
-        spec = GPUS[gpu]
-        # the recipe's instance, price and memory are of its own GPU: not carried over
-        extra += [f"hardware.gpu={gpu}", f"hardware.memory_gib={spec.memory_gib}",
-                  f"hardware.per_node={spec.per_node_default}", "hardware.instance=null",
-                  "hardware.price_per_gpu_hour=null", "hardware.nominal_memory_gb=null"]
+    extra = list(overrides or []) + (_gpu_overrides(gpu) if gpu is not None else [])
     if out is not None and out.exists() and out.is_dir():
         raise InputError("--out names a directory", field="--out", value=str(out), fix="give a file path")
     if out is not None and out.exists() and not force:
@@ -175,9 +199,9 @@ def tune_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML fi
     recipe = load_recipe(name, extra)
     own = gpus is None and gpu is None
     if own:
-        _plan(recipe)  # the recipe itself must pass the rules (errors name the field)
+        make_plan(recipe)  # the recipe itself must pass the rules (errors name the field)
     elif gpus is not None:
-        _plan(recipe, gpus=gpus, strict=False)  # checks the GPU count's range (a usage error names --gpus)
+        make_plan(recipe, gpus=gpus, strict=False)  # checks the GPU count's range (a usage error names --gpus)
     if no_progress or json_out:
         best, planned = search(recipe, gpus, top=top)
     else:
@@ -202,20 +226,7 @@ def tune_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML fi
             console.print("not searched: " + "; ".join(bounds(recipe)), highlight=False)
         raise typer.Exit(1)
     if not json_out:
-        t = Table(title=f"tune: {recipe.name}, {planned:,} layouts planned, best {len(best)} that fit",
-                  title_justify="left", box=box.SIMPLE_HEAD)
-        for col in ("tokens/s/GPU", "step s", "used GiB", "dominant", "layout"):
-            t.add_column(col, justify="right" if col != "layout" else "left")
-        for c in best:
-            short = c.label
-            t.add_row(f"{c.tokens_per_s_per_gpu:,.1f}", f"{c.step_s:.2f}", f"{c.used_gib:.1f}",
-                      f"{c.dominant} {c.dominant_s:.2f} s", short)
-        console.print(t)
-        console.print("not searched: " + "; ".join(bounds(recipe)), highlight=False)
-        mine, _ = _plan(recipe, strict=False)
-        if own and mine.time is not None:
-            console.print(f"the recipe's own layout: {mine.time.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted; "
-                          f"best {best[0].tokens_per_s_per_gpu / mine.time.tokens_per_s_per_gpu - 1:+.1%}")
+        print_tune(recipe, best, planned, own=own)
     if out is not None:
         atomic.write_text(out, "\n".join(best[0].overrides) + "\n")
         if not json_out:
