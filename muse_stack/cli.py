@@ -29,6 +29,7 @@ app = typer.Typer(
 
 # module paths whose register(app) adds commands; one line per area
 _AREAS: list[str] = [
+    "muse_stack.engines.commands",
     "muse_stack.recipes.commands",
     "muse_stack.plan.commands",
     "muse_stack.run.commands",

@@ -175,6 +175,20 @@ def test_list_json(cli):
     assert rows["sft-192"]["layout"] == "TP4/PP6/EP32" and rows["sft-192"]["gpus"] == 192
 
 
+def test_list_marks_every_bridge_seed_runnable_and_names_what_is_refused(cli):
+    """All nine Megatron-Bridge GB200 seeds, the two image-text ones included, pass their engine's
+    check as written; a recipe that does not (miles-h200-64 offloads the optimizer) is marked and
+    its field named under the table."""
+    rc, out, _ = cli("list", "--json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    seeds = [r for r in rows.values() if r["source"].startswith("muse_spark_open_")]
+    assert len(seeds) == 9 and {"sft-192-mm", "lora-16-mm"} <= {r["name"] for r in seeds}
+    assert [r["name"] for r in seeds if r["runs"] != "yes"] == []
+    assert rows["miles-h200-64"]["runs"] == "no" and rows["miles-h200-64"]["refused"].startswith("offload.optimizer")
+    rc, text, _ = cli("list")
+    assert rc == 0 and "miles-h200-64 does not run as written: offload.optimizer" in " ".join(text.split())
+
+
 def test_record_import_cli_refuses_to_overwrite(cli, seeds, tmp_path):
     out = tmp_path / "a.yaml"
     rc, _, _ = cli("record", "import", seeds / "openrecipes-b200-attune-record.txt", "--name", "a", "-o", out)

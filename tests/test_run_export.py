@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from muse_stack.tower_config import TowersConfig
+
 from muse_stack.engines.mcore.weights import EXPERT_NAMES, LAYER_NAMES, LM, TOP_NAMES
 from muse_stack.errors import InputError
 from muse_stack.model import MuseSparkForCausalLM, load_checkpoint, save_checkpoint
@@ -66,6 +68,8 @@ def _dist_key(hf_name: str) -> str:
     for mc, hf in TOP_NAMES.items():
         if hf == hf_name:
             return mc
+    if not hf_name.startswith(LM):  # a tower: MegatronModule's default sharded state of a plain child module
+        return "perception." + hf_name[len("model."):]
     layer, rest = hf_name[len(f"{LM}layers."):].split(".", 1)
     for table in (LAYER_NAMES, EXPERT_NAMES):
         for mc, hf in table.items():
@@ -74,7 +78,7 @@ def _dist_key(hf_name: str) -> str:
     raise KeyError(hf_name)
 
 
-def _megatron_run(tmp_path: Path, model: MuseSparkForCausalLM, step: int) -> Path:
+def _megatron_run(tmp_path: Path, model: MuseSparkForCausalLM, step: int, recipe_name: str = "tiny-cpu") -> Path:
     """A run directory whose latest checkpoint is a torch_dist checkpoint of ``model``'s weights
     under megatron-core's global keys, next to the optimizer state and TE extra state it also holds."""
     import torch.distributed.checkpoint as dcp
@@ -88,7 +92,7 @@ def _megatron_run(tmp_path: Path, model: MuseSparkForCausalLM, step: int) -> Pat
         state[f"optimizer.state.exp_avg.{key}"] = torch.zeros_like(tensor)
     state["decoder.layers.0.self_attention.linear_q._extra_state"] = torch.zeros(4, dtype=torch.uint8)
     dcp.save(state, checkpoint_id=str(folder), no_dist=True)
-    recipe = load_recipe("tiny-cpu").model_dump(mode="json")
+    recipe = load_recipe(recipe_name).model_dump(mode="json")
     recipe["engine"] = "megatron"
     from muse_stack.recipes.catalogue import parse_recipe
 
@@ -123,6 +127,27 @@ def test_export_a_megatron_dist_checkpoint_round_trips_bitwise(tmp_path):
     own = load_checkpoint(tmp_path / "own")
     with torch.no_grad():
         assert torch.equal(exported(IDS).logits, own(IDS).logits)
+
+
+def test_a_megatron_run_with_towers_exports_its_own_towers_from_the_dist_checkpoint(tmp_path):
+    """The megatron engine keeps the towers under ``perception.`` in its dist-checkpoint and writes
+    no config.json beside them: the export takes the towers' tensors from the checkpoint and their
+    config from the run's recipe, and transformers loads it with nothing missing."""
+    from transformers import MuseSparkForConditionalGeneration
+
+    recipe = load_recipe("tiny-cpu-mm")
+    cfg, towers = recipe.model_config_resolved(), recipe.towers_config_resolved()
+    model = MuseSparkForCausalLM(cfg, seed=7, towers=towers)
+    run_dir = _megatron_run(tmp_path, model, step=3, recipe_name="tiny-cpu-mm")
+    out, step, _ = export_run(run_dir, tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert TowersConfig.from_hf(config) == towers  # the run's towers, not placeholders
+    exported = load_checkpoint(out, towers=True)
+    assert all(torch.equal(exported.state_dict()[k], v) for k, v in model.state_dict().items())
+    assert "this run's step 3 checkpoint" in (out / "README.md").read_text()
+    _, info = MuseSparkForConditionalGeneration.from_pretrained(out, output_loading_info=True,
+                                                                experts_implementation="eager")
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
 
 
 def test_a_dist_checkpoint_missing_a_tensor_is_refused(tmp_path):

@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from muse_stack.flops import FORMULA, training_flops_per_token
     from muse_stack.recipes.catalogue import load_recipe
-    from muse_stack.run.devmem import cuda_memory
-    from muse_stack.run.peak import peak_for
+    from muse_stack.machine.devmem import cuda_memory
+    from muse_stack.machine.peak import peak_for
 
     recipe = load_recipe(args.recipe, [*args.overrides, f"training.steps={args.steps}"])
     cfg = recipe.model_config_resolved()

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from muse_stack.engines.base import TrainContext
     from muse_stack.engines.megatron import MegatronEngine
     from muse_stack.recipes.catalogue import load_recipe
-    from muse_stack.run.devmem import cuda_memory
+    from muse_stack.machine.devmem import cuda_memory
     from muse_stack.run.checkpoints import CheckpointManager
 
     run_dir = Path(args.dir)

@@ -33,9 +33,9 @@ def main(argv: list[str] | None = None) -> int:
         MuseSparkExperts.unweighted_swiglu = False
 
     from muse_stack.flops import FORMULA, PEFT_FORMULA, training_flops_per_token
-    from muse_stack.run.devmem import cuda_memory
+    from muse_stack.machine.devmem import cuda_memory
     from muse_stack.recipes.peft import resolve
-    from muse_stack.run.peak import peak_for
+    from muse_stack.machine.peak import peak_for
 
     recipe, engine = megatron_engine(args.recipe, args.overrides, args.steps)
     cfg = recipe.model_config_resolved()

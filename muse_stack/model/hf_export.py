@@ -92,6 +92,25 @@ def towers_from_tensors(specs: list, get: Callable[[str], torch.Tensor], percept
                   {n: by_name[n].dtype for n in names}, get, placeholder=False, source=source)
 
 
+def towers_of_step(folder: Path, specs: list, get: Callable[[str], torch.Tensor], run_towers) -> Towers | None:
+    """The towers a run saved with one step (either engine), or None for a text run: the tower
+    tensors among ``specs``, configured by the step folder's ``config.json`` where it has one (the
+    reference engine writes it), else by the run's own towers (``run_towers``, a TowersConfig)."""
+    from muse_stack.errors import InputError
+    from muse_stack.model.checkpoint import CONFIG_NAME
+
+    config_file = Path(folder) / CONFIG_NAME
+    perception = perception_of(json.loads(config_file.read_text())) if config_file.is_file() else None
+    if perception is None and run_towers is not None:
+        perception = run_towers.to_hf()
+    found = towers_from_tensors(specs, get, perception or {}, source=str(folder))
+    if found is not None and perception is None:
+        raise InputError("the checkpoint holds tower tensors, but neither its config.json nor the run's recipe "
+                         "states the towers", field="checkpoint", value=str(folder),
+                         fix="export with the recipe the run trained with (its model.towers)")
+    return found
+
+
 def towers_from_checkpoint(directory: str | Path) -> Towers | None:
     """The towers of an HF checkpoint or of a reference-engine step folder (config keys and
     tensors), or None when it has none (no tower configs in config.json, or no tower tensors)."""

@@ -172,7 +172,7 @@ class MuseSparkVisionAttention(nn.Module):
         sizes = torch.unique_consecutive(group[order], return_counts=True)[1].tolist()
         for idx in torch.split(order, sizes):
             qg, kg, vg = (t[idx].transpose(0, 1) for t in (q, k, v))  # [heads, patches of the group, head_dim]
-            out[idx] = F.scaled_dot_product_attention(qg, kg, vg).transpose(0, 1)
+            out[idx] = F.scaled_dot_product_attention(qg, kg, vg).transpose(0, 1).to(out.dtype)  # bf16 under autocast
         return dense(self.proj, out.reshape(n, -1)).to(dtype)
 
 

@@ -116,7 +116,7 @@ def print_time(plan: Plan) -> None:
             m.add_row(key.replace("_", " "), f"{v:.3f}", f"{v / t.step_s:.0%}")
     console.print(m)
     for c in t.communication:
-        console.print(f"communication: {c.term.replace('_', ' ')} {c.seconds:.3f} s: {c.describe()}", soft_wrap=True)
+        console.print(f"communication: {c.term.replace('_', ' ')} {c.seconds:.3f} s: {c.describe()}", highlight=False)
     for a in t.assumptions:
         console.print(f"[yellow]assumed:[/] {a}")
 

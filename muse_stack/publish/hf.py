@@ -235,12 +235,9 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
         count = export_adapter_run(current.path, recipe.engine, config, meta, out, merge=merge)
         return out, current.step, count
     specs, get = engine.hf_tensors(current.path)
-    own = None
-    run_towers = recipe.towers_config_resolved()
-    if run_towers is not None:  # a model with towers (either engine) saved them with its step
-        from muse_stack.model.hf_export import towers_from_tensors
+    from muse_stack.model.hf_export import towers_of_step
 
-        own = towers_from_tensors(specs, get, run_towers.to_hf(), source=str(current.path))
+    own = towers_of_step(current.path, specs, get, recipe.towers_config_resolved())  # either engine's
     if own is not None:
         own.source = f"this run's step {current.step} checkpoint (trained with the run)"
         names = set(own.names)

@@ -324,7 +324,7 @@ def recipe_to_record(recipe: Recipe, results: dict[str, Any] | None = None,
             "sequence_parallel": lay.sequence_parallel,
             "layer_split": {"first": lay.first_stage_layers, "last": lay.last_stage_layers},
             "max_tokens_per_gpu": batch.max_tokens_per_gpu, "rows_per_microbatch": batch.mbs,
-            "recompute": recipe.recompute.model_dump(exclude={"modules"}),
+            "recompute": recipe.recompute.model_dump(exclude={"modules", "towers"}),
             "offload": None if not (recipe.offload.optimizer or recipe.offload.activations)
             else recipe.offload.model_dump(),
             "dispatcher": lay.dispatcher,

@@ -3,7 +3,7 @@
     python benchmarks/scripts/plan/fit_used.py [--json FILE]
 
 Every run of benchmarks/ whose results.json (or benchmark JSON) has a ``device_memory`` block
-(:mod:`muse_stack.run.devmem`: ``torch.cuda.max_memory_allocated``, ``max_memory_reserved`` and
+(:mod:`muse_stack.machine.devmem`: ``torch.cuda.max_memory_allocated``, ``max_memory_reserved`` and
 the device's used memory read through NVML at the end of the run, one process on the GPU) gives
 
 * the allocator's reserve over allocated, ``max_reserved / max_allocated - 1``;

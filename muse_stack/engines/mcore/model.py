@@ -66,8 +66,7 @@ class MuseSparkMCore(MegatronModule):
                                               rotary_base=int(theta) if float(theta).is_integer() else theta,
                                               cp_group=pg_collection.cp if pg_collection else None)
         self.decoder = MuseSparkBlock(config, muse_spark_layer_spec(), muse, pre_process, post_process,
-                                      pg_collection=pg_collection, pp_rank=pp_rank, towers=towers, seed=seed,
-                          recompute_towers=recompute_towers)
+                                      pg_collection=pg_collection, pp_rank=pp_rank)
         #: the vocabulary is split over TP: the loss then needs megatron-core's vocab-parallel form
         if pg_collection is not None:
             self.vocab_split = pg_collection.tp.size()
@@ -87,7 +86,8 @@ class MuseSparkMCore(MegatronModule):
         self.decoder.set_input_tensor(input_tensor)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                loss_mask: torch.Tensor | None = None, packed_seq_params=None) -> torch.Tensor:
+                loss_mask: torch.Tensor | None = None, packed_seq_params=None, media: dict | None = None,
+                media_index: torch.Tensor | None = None) -> torch.Tensor:
         """Input ids [b, s] (this CP rank's tokens). The last stage returns the per-token loss
         [b, s] (fp32, 0 where not supervised) when labels are given, else the soft-capped
         logits [s, b, V/TP]; other stages return the fp32 residual stream.
