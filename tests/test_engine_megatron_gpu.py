@@ -50,6 +50,52 @@ def test_same_weights_same_loss_packed_rows():
     assert out["max_step_loss_rel_diff"] < LOSS_REL_TOL
 
 
+#: the engine's towers hold bf16 weights (unit roundoff u = 2^-8 = 3.9e-3) against the reference's
+#: fp32: each matmul's rounded weights and inputs add about u / sqrt(3) relative RMS, and the image
+#: features pass about ten matmuls in sequence (patch embedding, 2 layers x (q, k, v, proj, fc1,
+#: fc2), the projector's three), so sqrt(10) x u / sqrt(3) x 2 (weights and inputs) = 1.4e-2; the
+#: bound is 5u = 2e-2 (measured: 5.8e-3)
+TOWER_FEATURES_REL_TOL = 5 * 2.0**-8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or missing() is not None,
+                    reason=f"needs CUDA, Transformer Engine and megatron-core ({missing()})")
+def test_same_weights_same_loss_with_towers():
+    """An image and an audio clip in the row: the engine's first stage runs the towers and places
+    their rows by the media index; the reference scatters them as transformers does."""
+    from muse_stack.verify.parity import run
+
+    out = run(train_steps=3, towers=True)
+    _check_towers_parity(out)
+
+
+def _check_towers_parity(out: dict) -> None:
+    assert out["towers"] is not None and out["tower_parameters"] > 0
+    assert out["rel_diff_vs_fp32"] < LOSS_REL_TOL
+    assert out["logits_rel_rms_megatron_vs_fp32"] < \
+        LOGITS_VS_REFERENCE_BF16 * out["logits_rel_rms_reference_bf16_vs_fp32"]
+    assert out["image_features_rel_rms_megatron_vs_fp32"] < TOWER_FEATURES_REL_TOL
+    assert out["max_step_loss_rel_diff"] < LOSS_REL_TOL
+
+
+def test_committed_towers_parity_and_multimodal_slice():
+    """The committed run of the towers' parity, and slice-1gpu-mm: it trained the vision tower with
+    the frozen audio tower, its MFU counts the towers' FLOPs, and its peak memory is the plan's
+    within the 10% headroom the plan keeps (measured: 2.8% above)."""
+    _check_towers_parity(json.loads((BENCH / "mm-slice" / "parity-towers.json").read_text()))
+    res = json.loads((BENCH / "mm-slice" / "results.json").read_text())
+    assert res["status"] == "completed" and res["recipe"] == "slice-1gpu-mm"
+    towers = res["engine_info"]["perception"]
+    assert towers["frozen"] == ["audio_tower"] and towers["vision_blocks_recomputed"]
+    assert towers["parameters"] - towers["trainable_parameters"] == 117_840_384  # the audio tower
+    flops = res["flops_per_token"]
+    assert flops["towers_training"] > 0 and flops["training"] > flops["towers_training"]
+    assert res["final_loss"] < res["first_loss"]
+    plan = (BENCH / "mm-slice" / "plan.txt").read_text()
+    planned = float(plan.split("peak ")[1].split(" GiB")[0])
+    assert abs(res["peak_memory_gib"] - planned) / planned < 0.10
+
+
 def test_committed_parity_results_within_tolerance():
     # the loss-level parity runs (parity-strict*.json: the strict check, tested with the determinism results)
     names = sorted(p.name for p in (BENCH / "parity").glob("parity-*.json") if not p.name.startswith("parity-strict"))

@@ -173,3 +173,22 @@ def test_the_towers_map_one_to_one_onto_transformers_names():
         assert dist_key_to_hf(name) == target.hf_name
     with pytest.raises(KeyError):  # a name under perception. that is no tower stays unknown
         mcore_to_hf("perception.unknown.weight")
+
+
+@settings(max_examples=50, deadline=None)
+@given(ids=st.lists(st.integers(0, 6), min_size=1, max_size=60))
+def test_attention_groups_cover_every_patch_once_bucketed_by_size(ids):
+    """Each row of a bucket is one group's patches in order; every patch is in exactly one row."""
+    from muse_stack.model.vision import attention_groups
+
+    group = torch.tensor(ids)
+    buckets = attention_groups(group)
+    seen = torch.cat([b.reshape(-1) for b in buckets])
+    assert sorted(seen.tolist()) == list(range(len(ids)))
+    assert len({b.shape[1] for b in buckets}) == len(buckets)  # one bucket per size
+    for bucket in buckets:
+        for row in bucket:
+            members = group[row]
+            assert bool((members == members[0]).all())  # one group per row
+            assert row.tolist() == sorted(row.tolist())  # in the patches' order
+            assert int((group == members[0]).sum()) == row.numel()  # the whole group

@@ -41,7 +41,12 @@ rotate by ``(col + 1) * f_j``, the next head_dim/4 by ``(row + 1) * f_j``, with
 the reference.
 
 Numerics: activations in fp32, or float64 when the weights are float64; matmuls in the weights'
-dtype.
+dtype, the attention's two (scores and weighted values) included: with bf16 weights q, k and v
+enter the attention in bf16 (a fused kernel), and its output returns to fp32.
+
+Attention groups (frames, windows) are found once per forward (:func:`attention_groups`) and
+grouped by size, so each layer runs one attention call per distinct group size (a few per image
+shape: whole windows, and the partial ones of the last row and column), not one per group.
 """
 
 from __future__ import annotations
@@ -95,6 +100,18 @@ def axial_rope_cos_sin(rows: torch.Tensor, cols: torch.Tensor, head_dim: int, th
     row_angles = (rows.to(torch.float64) + 1)[:, None] * inv_freq
     angles = torch.cat([col_angles, row_angles, col_angles, row_angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def attention_groups(group: torch.Tensor) -> list[torch.Tensor]:
+    """The patches of each attention group (``group`` [N]: each patch's frame or window id), as
+    [n, s] index tensors, one per distinct group size s, each row one group's patches in their
+    order. Every patch is in exactly one row."""
+    order = torch.argsort(group, stable=True)
+    sizes = torch.unique_consecutive(group[order], return_counts=True)[1].tolist()
+    by_size: dict[int, list[torch.Tensor]] = {}
+    for idx in torch.split(order, sizes):
+        by_size.setdefault(idx.numel(), []).append(idx)
+    return [torch.stack(rows) for rows in by_size.values()]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -158,21 +175,23 @@ class MuseSparkVisionAttention(nn.Module):
         self.v_proj = nn.Linear(d, d)
         self.proj = nn.Linear(d, d)
 
-    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
-        """``x`` [N, D] (normed); each patch attends to the patches of its own ``group`` [N] (its
-        frame, or its window within the frame)."""
+    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
+                groups: list[torch.Tensor]) -> torch.Tensor:
+        """``x`` [N, D] (normed); each patch attends to the patches of its own group (its frame, or
+        its window within the frame): ``groups`` as :func:`attention_groups` makes them."""
         n = x.shape[0]
         dtype = x.dtype
         q, k, v = (dense(p, x).to(dtype).view(n, self.num_heads, self.head_dim) for p in
                    (self.q_proj, self.k_proj, self.v_proj))
         q = q * cos[:, None] + rotate_half(q) * sin[:, None]
         k = k * cos[:, None] + rotate_half(k) * sin[:, None]
+        if not torch.is_autocast_enabled(x.device.type):  # the attention's matmuls in the weights' dtype
+            q, k, v = (t.to(self.q_proj.weight.dtype) for t in (q, k, v))
         out = torch.empty_like(q)
-        order = torch.argsort(group, stable=True)
-        sizes = torch.unique_consecutive(group[order], return_counts=True)[1].tolist()
-        for idx in torch.split(order, sizes):
-            qg, kg, vg = (t[idx].transpose(0, 1) for t in (q, k, v))  # [heads, patches of the group, head_dim]
-            out[idx] = F.scaled_dot_product_attention(qg, kg, vg).transpose(0, 1).to(out.dtype)  # bf16 under autocast
+        for idx in groups:  # [groups of this size, patches of each]
+            qg, kg, vg = (t[idx].transpose(1, 2) for t in (q, k, v))  # [groups, heads, patches, head_dim]
+            attended = F.scaled_dot_product_attention(qg, kg, vg).transpose(1, 2)
+            out[idx.reshape(-1)] = attended.reshape(-1, self.num_heads, self.head_dim).to(out.dtype)
         return dense(self.proj, out.reshape(n, -1)).to(dtype)
 
 
@@ -195,11 +214,12 @@ class MuseSparkVisionEncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(config.hidden_size, eps=VISION_BLOCK_NORM_EPS)
         self.mlp = MuseSparkVisionMLP(config)
 
-    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor, frame: torch.Tensor,
-                window: torch.Tensor) -> torch.Tensor:
-        """``frame`` and ``window`` [N]: each patch's frame and window ids (global)."""
-        group = window if self.layer_type == "window_attention" else frame
-        x = x + self.attn(layer_norm(self.norm1, x), cos=cos, sin=sin, group=group)
+    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor, frames: list[torch.Tensor],
+                windows: list[torch.Tensor]) -> torch.Tensor:
+        """``frames`` and ``windows``: the patches of each frame and of each window
+        (:func:`attention_groups`)."""
+        groups = windows if self.layer_type == "window_attention" else frames
+        x = x + self.attn(layer_norm(self.norm1, x), cos=cos, sin=sin, groups=groups)
         return x + self.mlp(layer_norm(self.norm2, x))
 
 
@@ -253,11 +273,12 @@ class MuseSparkVisionModel(nn.Module):
         rows_of_windows = -(-int(grid_thw[:, 1].max()) // self.window)
         cols_of_windows = -(-int(grid_thw[:, 2].max()) // self.window)
         window = (frame * rows_of_windows + row // self.window) * cols_of_windows + col // self.window
+        groups = {"frames": attention_groups(frame), "windows": attention_groups(window)}
         x = layer_norm(self.ln_pre, x)
         for layer in self.layers:
             if self.recompute and torch.is_grad_enabled():
-                x = checkpoint(layer, x, use_reentrant=False, cos=cos, sin=sin, frame=frame, window=window)
+                x = checkpoint(layer, x, use_reentrant=False, cos=cos, sin=sin, **groups)
             else:
-                x = layer(x, cos=cos, sin=sin, frame=frame, window=window)
+                x = layer(x, cos=cos, sin=sin, **groups)
         x = layer_norm(self.ln_post, x)
         return pixel_shuffle(x, grid_thw, cfg.merge_size)
