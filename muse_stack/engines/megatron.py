@@ -46,22 +46,33 @@ class MegatronEngine:
 
     def __init__(self, ctx: TrainContext, *, load_state: dict[str, torch.Tensor] | None = None,
                  load_adapter_state: dict[str, torch.Tensor] | None = None) -> None:
+        """Set up in the order megatron-core needs: the process groups and seeds, the model of
+        this rank (its weights, adapters and frozen towers), then DDP and the optimizer over what
+        trains, then this rank's share of the data."""
         from muse_stack.engines import numerics
 
         numerics.apply(ctx.recipe)  # deterministic mode: before any kernel runs (idempotent)
         require_megatron()
+        self.ctx = ctx
+        seed = ctx.recipe.training.seed if ctx.recipe.training.seed is not None else 0
+        self._init_parallel(seed)
+        model = self._build_model(seed, load_state)
+        self._attach_adapters(model, seed, load_adapter_state)
+        self._freeze_towers(model)
+        self._build_optimizer(model)
+        self._init_data()
+
+    def _init_parallel(self, seed: int) -> None:
+        """The device, the process group, megatron-core's parallel state for the recipe's layout,
+        the seeds, the transformer config and the process groups the model is built with."""
         from megatron.core import parallel_state as ps
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.process_groups_config import ProcessGroupCollection
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
         from muse_stack.engines.mcore import fuse
         from muse_stack.engines.mcore.config import transformer_config, virtual_stages
-        from muse_stack.engines.mcore.load import checkpoint_getter, load_hf_weights, state_dict_getter
-        from muse_stack.engines.mcore.model import build_model
 
-        self.ctx = ctx
+        ctx = self.ctx
         recipe, lay, batch = ctx.recipe, ctx.recipe.layout, ctx.recipe.batch
         torch.cuda.set_device(ctx.local_rank)
         self.device = f"cuda:{ctx.local_rank}"
@@ -74,7 +85,6 @@ class MegatronEngine:
                 tensor_model_parallel_size=lay.tp, pipeline_model_parallel_size=lay.pp,
                 virtual_pipeline_model_parallel_size=virtual_stages(recipe), context_parallel_size=lay.cp or 1,
                 expert_model_parallel_size=lay.ep or 1, expert_tensor_parallel_size=lay.etp)
-        seed = recipe.training.seed if recipe.training.seed is not None else 0
         model_parallel_cuda_manual_seed(seed)
         # the CPU generator too: megatron-core draws the router weights on the CPU, and whatever a
         # process did with that generator before (imports, data setup) must not move them. Offset
@@ -90,11 +100,21 @@ class MegatronEngine:
         fuse.configure(bool(recipe.fusions.compile_elementwise))
         self.pg = ProcessGroupCollection.use_mpu_process_groups()
         self.seq_length = batch.seq_length
+
+    def _build_model(self, seed: int, load_state: dict[str, torch.Tensor] | None):
+        """This rank's stage of the model on the device (with the perception towers on the first
+        stage of an image-text recipe), its weights from ``load_state`` or the pretrained
+        checkpoint, each rank reading only its part; else as initialised from the seed."""
+        from megatron.core import parallel_state as ps
+
+        from muse_stack.engines.mcore.load import checkpoint_getter, load_hf_weights, state_dict_getter
+        from muse_stack.engines.mcore.model import build_model
+
+        ctx, recipe = self.ctx, self.ctx.recipe
         #: the perception towers of an image-text recipe (None: a text model)
         self.towers = recipe.towers_config_resolved()
-        model = build_model(self.config, ctx.model, batch.seq_length, self.pg, towers=self.towers, seed=seed,
+        model = build_model(self.config, ctx.model, self.seq_length, self.pg, towers=self.towers, seed=seed,
                             recompute_towers=recipe.recompute_towers()).cuda()
-
         ep_rank, ep = ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()
         self.load_kwargs = dict(layer_offset=model.decoder.layer_offset,
                                 expert_offset=ep_rank * (ctx.model.num_local_experts // ep),
@@ -106,36 +126,52 @@ class MegatronEngine:
             load_hf_weights(model, state_dict_getter(load_state), **self.load_kwargs)
         elif ctx.pretrained_checkpoint:
             load_hf_weights(model, checkpoint_getter(ctx.pretrained_checkpoint), **self.load_kwargs)
+        return model
 
+    def _attach_adapters(self, model, seed: int, load_adapter_state: dict[str, torch.Tensor] | None) -> None:
+        """With ``recipe.peft``: the adapters on the frozen base, before DDP, so only they reach the
+        optimizer; their values are the reference model's initial ones (or ``load_adapter_state``),
+        and the base's identity is kept for the checkpoints. Without it: nothing."""
         self.peft = None
-        if recipe.peft is not None:  # adapters on the frozen base, before DDP: only they reach the optimizer
-            from muse_stack.engines.mcore import peft as mpeft
-            from muse_stack.recipes.peft import resolve
+        ctx, recipe = self.ctx, self.ctx.recipe
+        if recipe.peft is None:
+            return
+        from megatron.core import parallel_state as ps
 
-            self.peft = resolve(recipe.peft, ctx.model)
-            self.adapter_names = mpeft.attach_adapters(
-                model, self.peft, ctx.model, tp_size=ps.get_tensor_model_parallel_world_size(),
-                tp_group=ps.get_tensor_model_parallel_group(), sequence_parallel=self.config.sequence_parallel,
-                ep_size=ep, etp_size=ps.get_expert_tensor_parallel_world_size())
-            first = model.decoder.layer_offset
-            source = load_adapter_state if load_adapter_state is not None else mpeft.initial_adapters(
-                self.peft, ctx.model, seed, range(first, first + len(model.decoder.layers)))
-            mpeft.load_reference_adapters(model, source, layer_offset=first,
-                                          expert_offset=self.load_kwargs["expert_offset"],
-                                          tp_rank=self.load_kwargs["tp_rank"], tp_size=self.load_kwargs["tp_size"],
-                                          magnitudes_required=False)
-            if self.peft.scheme == "dora" and not any(k.endswith("lora_magnitude") for k in source):
-                mpeft.init_magnitudes(model)
-            from muse_stack.engines.mcore.peft_checkpoint import base_identity
-            from muse_stack.hf_config import full_config
+        from muse_stack.engines.mcore import peft as mpeft
+        from muse_stack.engines.mcore.peft_checkpoint import base_identity
+        from muse_stack.hf_config import full_config
+        from muse_stack.recipes.peft import resolve
 
-            self.base = base_identity(pretrained_checkpoint=ctx.pretrained_checkpoint, revision=recipe.model.revision,
-                                      hf_id=recipe.model.hf_id, hf_config=full_config(ctx.model), init_seed=seed,
-                                      layout={"tp": lay.tp, "pp": lay.pp, "ep": lay.ep or 1, "etp": lay.etp})
-        self._freeze_towers(model)
+        lay = recipe.layout
+        self.peft = resolve(recipe.peft, ctx.model)
+        self.adapter_names = mpeft.attach_adapters(
+            model, self.peft, ctx.model, tp_size=ps.get_tensor_model_parallel_world_size(),
+            tp_group=ps.get_tensor_model_parallel_group(), sequence_parallel=self.config.sequence_parallel,
+            ep_size=ps.get_expert_model_parallel_world_size(), etp_size=ps.get_expert_tensor_parallel_world_size())
+        first = model.decoder.layer_offset
+        source = load_adapter_state if load_adapter_state is not None else mpeft.initial_adapters(
+            self.peft, ctx.model, seed, range(first, first + len(model.decoder.layers)))
+        mpeft.load_reference_adapters(model, source, layer_offset=first,
+                                      expert_offset=self.load_kwargs["expert_offset"],
+                                      tp_rank=self.load_kwargs["tp_rank"], tp_size=self.load_kwargs["tp_size"],
+                                      magnitudes_required=False)
+        if self.peft.scheme == "dora" and not any(k.endswith("lora_magnitude") for k in source):
+            mpeft.init_magnitudes(model)
+        self.base = base_identity(pretrained_checkpoint=ctx.pretrained_checkpoint, revision=recipe.model.revision,
+                                  hf_id=recipe.model.hf_id, hf_config=full_config(ctx.model), init_seed=seed,
+                                  layout={"tp": lay.tp, "pp": lay.pp, "ep": lay.ep or 1, "etp": lay.etp})
+
+    def _build_optimizer(self, model) -> None:
+        """megatron-core's DDP around the stage and its optimizer over what trains, with the
+        recipe's settings (none filled in here), and the hooks of the pipeline schedule."""
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
         from muse_stack.engines.mcore.config import optimizer_config_kwargs
         from muse_stack.engines.support import require_stated
 
+        recipe = self.ctx.recipe
         require_stated(recipe)  # the values below are the recipe's; none is filled in here
         opt_kwargs = optimizer_config_kwargs(recipe)
         dist_opt = opt_kwargs["use_distributed_optimizer"]
@@ -158,6 +194,11 @@ class MegatronEngine:
         self._loss_scale = 1.0
         self.config.grad_scale_func = self.optimizer.scale_loss
 
+    def _init_data(self) -> None:
+        """This data-parallel rank's stream of micro-batches, and how many make one step."""
+        from megatron.core import parallel_state as ps
+
+        recipe, batch = self.ctx.recipe, self.ctx.recipe.batch
         self.dp_rank = ps.get_data_parallel_rank(with_context_parallel=False)
         self.dp_size = ps.get_data_parallel_world_size(with_context_parallel=False)
         per_step = batch.mbs * self.dp_size
@@ -166,8 +207,8 @@ class MegatronEngine:
                               value=batch.gbs, rule=f"GBS divisible by MBS x DP = {per_step}",
                               fix=f"use a multiple of {per_step}")
         self.micro_batches = batch.gbs // per_step
-        self._batches = ctx.data.batches(batch.mbs, seed=recipe.training.data_seed, rank=self.dp_rank,
-                                         world_size=self.dp_size, epochs=None)
+        self._batches = self.ctx.data.batches(batch.mbs, seed=recipe.training.data_seed, rank=self.dp_rank,
+                                              world_size=self.dp_size, epochs=None)
         self.cp_size = ps.get_context_parallel_world_size()
         #: packed rows run as THD (one token stream per micro-batch, per-sequence attention)
         self.thd = bool(batch.packed) or recipe.data.builder == "packed"
