@@ -7,6 +7,7 @@
 #                       parity2 tp2 parity3 pp2 cp2 etp2 packed packedcp recompute resume resumectl ckptsave
 #                       export peftparity peftslice strict det profile peftrun detprobe levers levers2 bridge
 #                       levers3 resume1 resumedrop slice8 levers4 profile2 (INTO=remeasure/eager-restored/ ... proxy1 packed)
+#                       plansweep (the planner's refit: the shipped slice and its neighbours, one machine, one call)
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/results/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
 set -uo pipefail
@@ -153,6 +154,24 @@ for what in "${@:-smoke}"; do
     one $ES $W --out "$OUT/lever3-swiglu.json"
     one $ES $PA $W --out "$OUT/lever3-precision-aware.json"
     one $ES $PA batch.mbs=8 $W --out "$OUT/lever3-mbs8.json" ;;
+  plansweep) # the planner's step-time refit (issue 34): slice-1gpu as shipped and each neighbour of its settings, on
+    # one machine in one call (~8 min): MBS 2 / 8 (8 with the int16 remainders, as lever3-mbs8 ran), sequence 2048 / 8192 (MBS 2 at 8192), full recompute, top-k 2 / 4,
+    # the alltoall dispatcher, the plain distributed optimizer and the int16 remainders; 16 steps, window 7-16.
+    # Outputs: $OUT/plan-sweep/NAME.json (engine_steps.py), then benchmarks/scripts/plan/fit_time.py --sweep.
+    ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 16 --warmup 6"; D="$OUT/plan-sweep"
+    mkdir -p "$D"
+    one $ES $W --out "$D/shipped.json"
+    one $ES batch.mbs=2 $W --out "$D/mbs2.json"
+    one $ES $PA batch.mbs=8 $W --out "$D/mbs8-remainders.json"  # the plain fp32 master does not fit at MBS 8
+    one $ES batch.seq_length=2048 $W --out "$D/seq2048.json"
+    one $ES batch.seq_length=8192 batch.mbs=2 $W --out "$D/seq8192-mbs2.json"
+    one $ES recompute.granularity=full $W --out "$D/recompute-full.json"
+    one $ES model.overrides.num_experts_per_tok=2 $W --out "$D/topk2.json"
+    one $ES model.overrides.num_experts_per_tok=4 $W --out "$D/topk4.json"
+    one $ES layout.dispatcher=alltoall $W --out "$D/alltoall.json"
+    one $ES optimizer.precision_aware=false optimizer.param_remainders=null $W --out "$D/plain-dist-opt.json"
+    one $ES $PA $W --out "$D/remainders.json"
+    tar czf "$OUT/plan-sweep.tgz" -C "$OUT" plan-sweep ;;
   resume1) # dist-checkpoint round trip on one GPU under the precision-aware optimizer (the checkpoint holds the
     # int16 remainders): interrupted at step 3 and resumed == uninterrupted (proxy-1gpu, 8 experts, 6 steps)
     round_trip resume1 one $MS -- proxy-1gpu $SMALL $PA ;;
