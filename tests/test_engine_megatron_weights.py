@@ -68,8 +68,10 @@ def test_local_names_of_a_pipeline_stage_and_expert_rank():
 def test_unknown_names_are_rejected():
     with pytest.raises(KeyError):
         mcore_to_hf("decoder.layers.0.self_attention.linear_qkv.weight")
-    with pytest.raises(KeyError):
-        hf_to_mcore("model.vision_tower.patch_embed.weight", 4)
+    with pytest.raises(KeyError):  # a fused name the decoder does not have
+        hf_to_mcore("model.language_model.layers.0.self_attn.qkv_proj.weight", 4)
+    with pytest.raises(KeyError):  # under model. but no perception module (the towers map: test_media_placement)
+        hf_to_mcore("model.multi_modal_projector.weight", 4)
 
 
 def test_tensor_parallel_shards():
