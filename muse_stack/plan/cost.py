@@ -2,9 +2,9 @@
 
 Every term is a formula over the layout, the model's shapes, the GPU's datasheet figures
 (:mod:`muse_stack.hardware`) and the published bus bandwidths of the links the collectives cross
-(:mod:`muse_stack.plan.fabrics`, each figure cited); the only fitted constants are the kernel efficiencies of
-:class:`TimeCalibration`, fitted by ``benchmarks/scripts/plan/fit_time.py`` to this project's H200
-measurements in ``benchmarks/`` and to nothing else.
+(:mod:`muse_stack.plan.fabrics`, each figure cited); the only fitted constants are the kernel efficiencies,
+HBM passes and fixed times of :class:`TimeCalibration`, fitted by ``benchmarks/scripts/plan/fit_time.py``
+to this project's H200 measurements in ``benchmarks/`` and to nothing else.
 
 One micro-batch on one pipeline stage costs, per decoder layer (forward; backward is twice the
 forward for GEMMs and elementwise work, 2.5 x for attention, which recomputes QK^T):
@@ -18,6 +18,14 @@ forward for GEMMs and elementwise work, 2.5 x for attention, which recomputes QK
   written ``passes`` times at HBM bandwidth, fewer passes when the chains are compiled;
 * a fixed time per layer and pass, plus one per local expert (kernel launches and host work),
   and one per micro-batch and stage (fitted to 0 on the H200 runs);
+* the token dispatcher's permutation (``dispatch``): the routed slots at the latent width
+  (``2 x top-k x tokens/TP x ETP x latent`` bytes) gathered into expert order and scattered back,
+  read and written ``passes`` times at HBM bandwidth, the passes by dispatcher: the allgather
+  dispatcher permutes by index with no token exchange at EP 1; the alltoall dispatcher adds its
+  exchange buffers and the sort of each rank's chunks into local-expert order (flex is priced as
+  alltoall); backward moves the same bytes again. At EP > 1 the exchange itself is the EP term
+  below, priced as an all-to-all whichever the dispatcher (the allgather dispatcher's gather of
+  every EP rank's tokens is not modelled apart);
 * recompute: one more forward of what is recomputed (all of it under full recompute; selective
   ``moe_act`` and ``moe`` rerun the share of the elementwise work their activations are);
 * TP collectives with sequence parallelism: all-gather and reduce-scatter of the hidden states
@@ -53,7 +61,19 @@ and drain pass every stage once (uneven first and last stages enter through ``t_
 come the distributed optimizer's gradient reduce-scatter (fp32) and parameter all-gather (bf16)
 over the DP group, one of each per DDP bucket, counted exposed (no overlap is configured by the
 recipes), and the optimizer step: 30 bytes of HBM traffic per sharded parameter (fp32 master,
-two moments read and written, gradient read, bf16 weight written).
+two moments read and written, gradient read, bf16 weight written), plus by optimizer layout:
+
+* megatron-core's own layout (``optimizer.precision_aware`` off): after the update the fp32 master
+  shards are copied into the bf16 weights, 6 bytes per sharded parameter (fp32 read, bf16
+  written) moved ``optimizer_copy_passes`` times at HBM bandwidth; TE's precision-aware FusedAdam
+  writes the bf16 weights in its update kernel and has no such pass;
+* int16 remainders (``optimizer.param_remainders``): the master is rebuilt from the bf16 weight and
+  its remainder and split back in the kernel, priced as the remainders' 4 bytes per sharded
+  parameter (read and written) moved ``remainder_passes`` times at HBM bandwidth.
+
+The passes of the dispatcher and the optimizer layouts are fitted by ``fit_time.py --sweep`` to a
+sweep of one machine that varies them (``h200.sh plansweep``); until a fit sets them they are 0,
+and the terms vanish.
 """
 
 from __future__ import annotations
@@ -95,6 +115,13 @@ class TimeCalibration(BaseModel):
     layer_overhead_s: float = 0.006226  # per decoder layer and forward pass (backward counts 2)
     microbatch_overhead_s: float = 0  # per micro-batch and stage, forward and backward together
     expert_overhead_s: float = 7.833e-05  # per local expert, decoder layer and forward pass (grouped GEMM launches)
+    # HBM passes over the routed slots' latent bytes per layer and forward pass, by dispatcher
+    # (permute and unpermute; fit_time.py --sweep; 0: not fitted yet)
+    dispatch_passes_allgather: float = 0
+    dispatch_passes_alltoall: float = 0  # flex priced the same
+    # HBM passes over the optimizer layout's extra bytes per sharded parameter and step
+    optimizer_copy_passes: float = 0  # megatron-core's fp32 master -> bf16 weight copy (6 B), precision_aware off
+    remainder_passes: float = 0  # int16 remainders read and written (4 B), param_remainders on
     # Not fitted (no measurement in benchmarks/ resolves it): collectives run at the published bus
     # bandwidth of the fabric they cross (plan/fabrics.py), times this factor.
     link_efficiency: float = 1.0
@@ -110,6 +137,7 @@ class TermTimes(BaseModel):
     elementwise: float = 0.0
     layer_overhead: float = 0.0
     recompute: float = 0.0
+    dispatch: float = 0.0  # the token dispatcher's permutation (HBM)
     tp_comm: float = 0.0
     ep_alltoall: float = 0.0
     cp_comm: float = 0.0
@@ -235,8 +263,11 @@ def group_links(span: int, links: Links) -> Fabric:
 
 def layer_terms(model: ModelConfig, spec: GpuSpec, cal: TimeCalibration, *, tokens: int, tp: int, cp: int, ep: int,
                 etp: int, sp: bool, compiled: bool, full_attention: bool, seq_lens: Sequence[int],
-                cp_comm_type: str | None, per_node: int, links: Links | None = None) -> dict[str, float]:
-    """Forward seconds of one decoder layer for one micro-batch of ``tokens`` tokens (per CP rank)."""
+                cp_comm_type: str | None, per_node: int, links: Links | None = None,
+                dispatcher: str | None = None) -> dict[str, float]:
+    """Forward seconds of one decoder layer for one micro-batch of ``tokens`` tokens (per CP rank).
+    ``dispatcher``: the recipe's ``layout.dispatcher`` (unset: megatron-core's alltoall, as the
+    engine configures it)."""
     links = links or spec_links(spec, per_node)
     eff = cal.link_efficiency
     h, hm, i = model.hidden_size, model.moe_hidden_size, model.moe_intermediate_size
@@ -262,6 +293,11 @@ def layer_terms(model: ModelConfig, spec: GpuSpec, cal: TimeCalibration, *, toke
     act = layer_activation_bytes_per_token(model, tp, sp, etp=etp)
     passes = cal.elementwise_passes_compiled if compiled else cal.elementwise_passes
     elementwise = passes * (act["attention"] + act["moe"]) * t / (spec.hbm_gbps * 1e9)
+    # the dispatcher's permutation: the routed slots at the latent width, gathered into expert
+    # order and scattered back (each read and written once per pass)
+    dispatch_passes = (cal.dispatch_passes_allgather if dispatcher == "allgather"
+                       else cal.dispatch_passes_alltoall)
+    dispatch = dispatch_passes * BF16 * slots * hm / (spec.hbm_gbps * 1e9)
     # TP with SP: all-gather before and reduce-scatter after the attention block and the latent
     # projections; without SP the same volume as two all-reduces
     tp_bytes = BF16 * t * h
@@ -280,13 +316,15 @@ def layer_terms(model: ModelConfig, spec: GpuSpec, cal: TimeCalibration, *, toke
             kv_bytes = BF16 * t * 2 * hkv / tp
             cp_comm = (cp - 1) * p2p_time(kv_bytes, group_links(cp_span, links), eff)
     return {"dense_gemm": dense, "expert_gemm": expert, "attention": attention, "elementwise": elementwise,
-            "layer_overhead": cal.layer_overhead_s + cal.expert_overhead_s * local_experts, "tp_comm": tp_comm, "ep_alltoall": ep_comm, "cp_comm": cp_comm}
+            "layer_overhead": cal.layer_overhead_s + cal.expert_overhead_s * local_experts, "dispatch": dispatch,
+            "tp_comm": tp_comm, "ep_alltoall": ep_comm, "cp_comm": cp_comm}
 
 
 #: backward / forward time of each term (GEMMs: data and weight gradients; attention: FlashAttention's
-#: backward recomputes QK^T; SP's backward gathers the input again for the weight gradient)
+#: backward recomputes QK^T; SP's backward gathers the input again for the weight gradient; the
+#: dispatcher's backward permutes the gradients as the forward permuted the tokens)
 BACKWARD = {"dense_gemm": 2.0, "expert_gemm": 2.0, "attention": 2.5, "elementwise": 2.0, "layer_overhead": 2.0,
-            "tp_comm": 1.5, "ep_alltoall": 1.0, "cp_comm": 2.0}
+            "dispatch": 1.0, "tp_comm": 1.5, "ep_alltoall": 1.0, "cp_comm": 2.0}
 
 
 #: backward / forward of the base GEMMs under a frozen base: data gradients only
@@ -356,9 +394,24 @@ def recomputed_share(granularity: str, modules: list[str] | None, act: dict[str,
             elif name == "moe_act":
                 share["elementwise"] = max(share.get("elementwise", 0.0), act["recompute_moe_act"] / layer_bytes)
             elif name == "moe":
-                share.update({"expert_gemm": 1.0, "ep_alltoall": 1.0,
+                share.update({"expert_gemm": 1.0, "ep_alltoall": 1.0, "dispatch": 1.0,
                               "elementwise": max(share.get("elementwise", 0.0), act["recompute_moe"] / layer_bytes)})
     return share
+
+
+#: bytes per sharded parameter of megatron-core's copy of the fp32 master into the bf16 weight
+MASTER_COPY_BYTES = 4 + BF16
+#: bytes per sharded parameter of the int16 remainders, read and written by the update
+REMAINDER_BYTES = 2 + 2
+
+
+def layout_bytes_per_param(cal: TimeCalibration, precision_aware: bool, remainders: bool) -> float:
+    """HBM bytes per sharded parameter and step that the optimizer layout adds to the Adam update's
+    (each layout's bytes times its fitted passes): megatron-core's master copy without the
+    precision-aware optimizer, the int16 remainders with it."""
+    if not precision_aware:
+        return cal.optimizer_copy_passes * MASTER_COPY_BYTES
+    return cal.remainder_passes * REMAINDER_BYTES if remainders else 0.0
 
 
 def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int, stages: list[int], dp: int,
@@ -388,7 +441,7 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     types = model.resolved_layer_types
     full_share = sum(1 for x in types if x == "full_attention") / len(types)
     common = dict(tokens=tokens, tp=tp, cp=cp, ep=ep, etp=etp, sp=sp, compiled=compiled, seq_lens=seq_lens,
-                  cp_comm_type=lay.cp_comm_type, per_node=per_node, links=links)
+                  cp_comm_type=lay.cp_comm_type, per_node=per_node, links=links, dispatcher=lay.dispatcher)
     full = layer_terms(model, spec, cal, full_attention=True, **common)
     slide = layer_terms(model, spec, cal, full_attention=False, **common)
     fwd = {key: full_share * full[key] + (1 - full_share) * slide[key] for key in full}
@@ -459,7 +512,11 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     expert_dp = dp_time(expert_p, edp_, edp_fabric)
     dp_comm = dense_dp + expert_dp
     opt_params = dense_p / (dp * cp) + expert_p / edp_ if dist_opt else dense_p + expert_p
-    optimizer = opt_params * ADAM_BYTES_PER_PARAM / (spec.hbm_gbps * 1e9) if not recipe.offload.optimizer else 0.0
+    opt = recipe.optimizer
+    opt_bytes = ADAM_BYTES_PER_PARAM + layout_bytes_per_param(cal, bool(opt.precision_aware), bool(opt.param_remainders))
+    optimizer = opt_params * opt_bytes / (spec.hbm_gbps * 1e9) if not recipe.offload.optimizer else 0.0
+    if lay.dispatcher == "flex" and cal.dispatch_passes_alltoall:
+        assumptions.append("dispatch: the flex dispatcher's permutation priced as the alltoall dispatcher's")
     step = pipeline + dp_comm + optimizer
     terms_s = {key: microbatches * val for key, val in stage_terms[slow].model_dump().items()}
     terms_s["pp_bubble"] = bubble
