@@ -169,7 +169,9 @@ if gpu == "1":
 outside = {}
 for name, mod in list(sys.modules.items()):
     f = getattr(mod, "__file__", None)
-    if f and name != "__main__" and not allowed(f):  # __main__: this check, read from stdin
+    if not isinstance(f, str) or not (os.path.isabs(f) or os.path.exists(f)):
+        continue  # this check itself (<stdin>), and names that are no file (torch.classes: "_classes.py")
+    if not allowed(f):
         outside[name] = f
 for name, f in sorted(outside.items()):
     problems.append(f"module {name} imported from {f}, outside the venv")
@@ -336,7 +338,13 @@ install)  # device: unpack the staged set, make the venv, install every wheel of
   fi
   cmp -s "$SRC/set-files.txt" <(set_files) || { echo "$SRC holds another set than $PYLOCK: prepare and stage again" >&2; exit 1; }
   rm -rf "$VENV"
-  "$PY" -m venv --without-pip "$VENV" || exit 1
+  if ! "$PY" -m venv --without-pip "$VENV"; then # a venv by hand: what `venv --without-pip` writes
+    base=$("$PY" -c 'import sys; print(sys._base_executable)') && mkdir -p "$VENV/bin" && ln -s "$base" "$VENV/bin/python" \
+      && printf 'home = %s\ninclude-system-site-packages = false\nversion = %s\n' "$(dirname "$base")" \
+           "$("$PY" -c 'import platform; print(platform.python_version())')" > "$VENV/pyvenv.cfg" || exit 1
+  fi
+  "$PY" -m pip --python "$VENV/bin/python" --version > /dev/null \
+    || { echo "the machine's pip cannot install into another interpreter (pip --python needs pip >= 22.3)" >&2; exit 1; }
   "$VENV/bin/python" -E -s -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' || { echo "$VENV is not a venv" >&2; exit 1; }
   "$PY" "muse_stack/stack/pylock.py" requirements "$PYLOCK" --no-sdists > "$WORK/requirements.txt" || exit 1
   echo "installing $(wc -l < "$WORK/requirements.txt") packages of $PYLOCK into $VENV, hashes required" | tee "$RES/install.txt"
@@ -373,18 +381,27 @@ fa-start)  # device: flash-attn from the set's sdist (hash-checked, -std patched
   "${VPY[@]}" containers/flash_attn_prepare.py patch "$FA/src" --torch "$SP/torch" || exit 1
   ls "$FA"/src/csrc/flash_attn/src/*.cu "$FA"/src/csrc/flash_attn/*.cpp 2>/dev/null | wc -l > "$FA/sources"
   # its own process session, so it outlives this call (the machine keeps it while warm); `run`
-  # stops it (SIGSTOP) while slice-1gpu is timed and resumes it after
+  # stops every process of that session (SIGSTOP; ninja puts each nvcc in a process group of its
+  # own, so the session, not the group) while slice-1gpu is timed, and resumes them after
   CUDA_HOME=${BUILD_CUDA_HOME:-/usr/local/cuda} CUDA_PATH=${BUILD_CUDA_HOME:-/usr/local/cuda} \
-  FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="$archs" MAX_JOBS=${FA_JOBS:-8} \
-    setsid nohup bash -c 'cd "$1" && date +%s > start && nice -n 10 "$2" -m pip --python "$3" install --no-index --no-deps \
-      --no-build-isolation --no-cache-dir src > build.log 2>&1; echo $? > rc' fa "$FA" "$PY" "$VENV/bin/python" \
+  FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="$archs" MAX_JOBS=${FA_JOBS:-14} NVCC_THREADS=1 \
+    setsid nohup bash -c 'cd "$1" && echo $$ > sid && date +%s > start && nice -n 10 "$2" -m pip --python "$3" install \
+      --no-index --no-deps --no-build-isolation --no-cache-dir ./src > build.log 2>&1; echo $? > rc' fa "$FA" "$PY" "$VENV/bin/python" \
     > /dev/null 2>&1 < /dev/null &
-  echo $! > "$FA/pgid"
-  echo "flash-attn $(basename "$file") building for FLASH_ATTN_CUDA_ARCHS=$archs in the background (process group $(cat "$FA/pgid")): poll with fa-status"
+  for _ in 1 2 3 4 5 6 7 8 9 10; do [ -s "$FA/sid" ] && break; sleep 0.5; done
+  [ -s "$FA/sid" ] || { echo "the flash-attn build did not start" >&2; exit 1; }
+  echo "flash-attn $(basename "$file") building for FLASH_ATTN_CUDA_ARCHS=$archs in the background (session $(cat "$FA/sid")): poll with fa-status"
   ;;
 fa-status)  # device: a short poll; once flash-attn is built, the selfcheck and audit are made again with it
   FA=$WORK/fa
-  [ -f "$FA/pgid" ] || { echo "flash-attn: no build started (fa-start); it stays unverified"; exit 0; }
+  [ -f "$FA/sid" ] || { echo "flash-attn: no build started (fa-start); it stays unverified"; exit 0; }
+  # FA_WAIT=S: wait up to S seconds for the build to end, with a line each minute (one long call
+  # instead of many short ones: the machine counts as held either way)
+  waited=0
+  while [ ! -f "$FA/rc" ] && [ "$waited" -lt "${FA_WAIT:-0}" ]; do
+    [ $((waited % 60)) = 0 ] && echo "flash-attn: $(find "$FA/src/build" -name '*.o' 2>/dev/null | wc -l) of $(cat "$FA/sources") objects after $(( $(date +%s) - $(cat "$FA/start") )) s"
+    sleep 15; waited=$((waited + 15))
+  done
   now=$(date +%s); start=$(cat "$FA/start" 2>/dev/null || echo "$now")
   done_objs=$(find "$FA/src/build" -name '*.o' 2>/dev/null | wc -l)
   if [ ! -f "$FA/rc" ]; then
@@ -420,11 +437,17 @@ run)  # device: slice-1gpu as shipped, parity, and the comparisons against the r
   mkdir -p "$RES" runs
   export CUDA_DEVICE_MAX_CONNECTIONS=1
   MS=("${VPY[@]}" -m muse_stack.cli)
-  pg=$(cat "$WORK/fa/pgid" 2>/dev/null) && [ ! -f "$WORK/fa/rc" ] && kill -STOP -- "-$pg" 2>/dev/null && echo "flash-attn build paused"
+  fa_pids() { [ -s "$WORK/fa/sid" ] && [ ! -f "$WORK/fa/rc" ] && ps -o pid= -s "$(cat "$WORK/fa/sid")"; }
+  fa_signal() { # three passes: a process started by one not yet stopped is caught by the next
+    local p n=0
+    for _ in 1 2 3; do p=$(fa_pids) || return 1; kill -"$1" $p 2>/dev/null; n=$(echo $p | wc -w); sleep 0.2; done
+    echo "flash-attn build: SIG$1 to its $n processes"
+  }
+  paused=; fa_signal STOP && paused=1
   rm -rf "runs/replay-$lock"
   timeout "${RUN_TIMEOUT:-300}" "${MS[@]}" run slice-1gpu --out "runs/replay-$lock" --no-progress > "$RES/run.log" 2>&1
   echo "run exit $?"; tail -4 "$RES/run.log"
-  [ -n "${pg:-}" ] && kill -CONT -- "-$pg" 2>/dev/null && echo "flash-attn build resumed"
+  [ -n "$paused" ] && fa_signal CONT
   for f in results.json metrics.jsonl fingerprint.json recipe.yaml; do cp "runs/replay-$lock/$f" "$RES/" 2>/dev/null; done
   isolation "$RES/fingerprint.json" > "$RES/isolation-fingerprint.txt" 2>&1
   echo "isolation of the run's fingerprint exit $?"; tail -6 "$RES/isolation-fingerprint.txt"
