@@ -449,7 +449,8 @@ run)  # device: slice-1gpu as shipped, parity, and the comparisons against the r
   echo "run exit $?"; tail -4 "$RES/run.log"
   [ -n "$paused" ] && fa_signal CONT
   for f in results.json metrics.jsonl fingerprint.json recipe.yaml; do cp "runs/replay-$lock/$f" "$RES/" 2>/dev/null; done
-  isolation "$RES/fingerprint.json" > "$RES/isolation-fingerprint.txt" 2>&1
+  # the run's own loaded libraries are in its fingerprint: no second GPU exercise here
+  CHECK_GPU=0 isolation "$RES/fingerprint.json" > "$RES/isolation-fingerprint.txt" 2>&1
   echo "isolation of the run's fingerprint exit $?"; tail -6 "$RES/isolation-fingerprint.txt"
   "${MS[@]}" audit "$RES/fingerprint.json" --recipe "$RECORD" --json > "$RES/audit-$RECORD.json"; echo "audit exit $?"
   "${MS[@]}" diff "$RES/fingerprint.json" "$AGAINST/fingerprint.json" --json > "$RES/diff-$(basename "$AGAINST").json"; echo "diff exit $?"
