@@ -177,6 +177,32 @@ def test_isolation_passes_in_the_venv_and_ignores_pythonpath(tiny_set):
     report = json.loads((tiny_set["tmp"] / "work" / "out" / "isolation.json").read_text())
     assert report["ok"] and report["flags"] == {"ignore_environment": 1, "no_user_site": 1}
     assert report["distributions"] == report["set_packages"] == 2
+    # the set's CUDA library folder first on the loader's path; TE's library homes in the venv
+    assert report["ld_library_path"][0] == str(tiny_set["site"] / "nvidia" / "cu13" / "lib")
+    assert report["library_homes"]["NVRTC_HOME"] == str(tiny_set["site"] / "nvidia" / "cu13")
+    assert report["library_homes"]["CUDNN_HOME"] == str(tiny_set["site"] / "nvidia" / "cudnn")
+
+
+def shell_commands() -> list[str]:
+    """The script's shell lines, continuation lines joined, without comments and the bodies of its
+    Python here-documents."""
+    out, in_heredoc = [], False
+    for line in SCRIPT.read_text().replace("\\\n", " ").splitlines():
+        if in_heredoc:
+            in_heredoc = line.strip() != "PY"
+            continue
+        in_heredoc = "<<'PY'" in line
+        if not line.lstrip().startswith("#"):
+            out.append(line)
+    return out
+
+
+def test_every_replay_python_is_the_venvs():
+    runs = [line for line in shell_commands() if re.search(r"muse_stack\.|flash_attn_prepare|\$\{MS\[@\]\}", line)]
+    # selfcheck (twice), fingerprint, audit (twice), diff, compare, slice-1gpu, parity, the sdist patch
+    assert len(runs) >= 10
+    for line in runs:
+        assert '"${VPY[@]}"' in line or '"${MS[@]}"' in line, line
 
 
 @pytest.fixture

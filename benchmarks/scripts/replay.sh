@@ -130,6 +130,20 @@ def allowed(path):
     # the base interpreter's own library, never a site-packages or dist-packages beside it
     return any(under(p, s) for s in stdlib) and not re.search(r"/(site|dist)-packages(/|$)", p)
 
+# 0. the loader's path starts with the venv's CUDA library folders, and TE's <LIB>_HOME are the venv's
+import glob
+site = sysconfig.get_paths()["purelib"]
+venv_libs = sorted(real(d) for d in glob.glob(os.path.join(site, "nvidia", "*", "lib")))
+ld_path = [e for e in os.environ.get("LD_LIBRARY_PATH", "").split(":") if e]
+if not venv_libs:
+    problems.append(f"no nvidia/*/lib folder in {site}: the set's CUDA wheels are not installed")
+elif sorted(real(e) for e in ld_path[:len(venv_libs)]) != venv_libs:
+    problems.append("LD_LIBRARY_PATH does not start with the venv's CUDA library folders: " + ":".join(ld_path))
+homes = {v: os.environ.get(v) for v in ("CUDNN_HOME", "CUDNN_PATH", "NVRTC_HOME", "CURAND_HOME")}
+for var, value in homes.items():
+    if not value or not under(real(value), VENV):
+        problems.append(f"{var} is {value!r}, not a folder of the venv: TE would load that library from elsewhere")
+
 # 1. this is the venv, and nothing but it, the standard library and the checkout is on sys.path
 if real(sys.prefix) != VENV or sys.prefix == sys.base_prefix:
     problems.append(f"not running in the venv {VENV}: sys.prefix {sys.prefix}, base {sys.base_prefix}")
@@ -260,7 +274,7 @@ if fingerprint:
                 if not under(real(path), VENV) and not under(path, VENV):
                     problems.append(f"fingerprint: {lib} {base} loaded from {path}, outside the venv")
 
-report = {"ok": not problems, "venv": VENV, "python": sys.executable, "flags": {"ignore_environment": sys.flags.ignore_environment,
+report = {"ok": not problems, "venv": VENV, "python": sys.executable, "ld_library_path": ld_path, "library_homes": homes, "flags": {"ignore_environment": sys.flags.ignore_environment,
           "no_user_site": sys.flags.no_user_site}, "sys_path": sys.path, "machine_torch": machine_torch or None,
           "modules_checked": sum(1 for m in sys.modules.values() if getattr(m, "__file__", None)),
           "distributions": len(have), "set_packages": len(want),
