@@ -20,9 +20,9 @@
 # are not on sys.path), installed by the machine's pip with `--python VENV/bin/python --no-index
 # --require-hashes`: all of the set's wheels, the CUDA libraries the image also has among them.
 # Every python of the replay runs as VENV/bin/python -E -s (PYTHONPATH and the user site ignored),
-# with the set's CUDA library folders (VENV/.../nvidia/*/lib) first on LD_LIBRARY_PATH and cuDNN in
-# CUDNN_HOME. `isolation` fails unless every imported module's file lies in the venv, the base
-# python's standard library or this checkout's muse_stack; the machine's torch cannot be found once
+# with the set's CUDA library folders (VENV/.../nvidia/*/lib) first on LD_LIBRARY_PATH and TE's
+# library homes (CUDNN_HOME, NVRTC_HOME, CURAND_HOME) in the venv. `isolation` fails unless those
+# hold, every imported module's file lies in the venv, the base python's standard library or this checkout's muse_stack; the machine's torch cannot be found once
 # the venv is left out; exactly the set is installed; and every CUDA library mapped in the process
 # (and in the run's fingerprint) comes from the venv, each from one file.
 #
