@@ -38,6 +38,10 @@ LOCKFILE=${LOCKFILE:-containers/locks/$lock.toml}
 # the machine's interpreter, by its full path (the venv's bin/ goes first on PATH later): it makes
 # the venv and runs pip, nothing else
 PY=$(command -v "${PY:-python3}") || { echo "no python3 on PATH (or set PY)" >&2; exit 2; }
+# pip reads nothing but its command line: no configuration file, no PIP_* variable (a machine's
+# find-links, index or constraints file stay out of the replay)
+for v in $(compgen -e | grep '^PIP_'); do unset "$v"; done
+export PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
 VENV=${VENV:-/tmp/replayenv-$lock}        # the isolated interpreter (device)
 WORK=${WORK:-/tmp/replay-$lock}           # device: the unpacked set, builds, logs
 SRC=${SRC:-$WORK/src}                     # device: the staged files, unpacked
@@ -369,6 +373,7 @@ install)  # device: unpack the staged set, make the venv, install every wheel of
   ;;
 te)  # device: TE's PyTorch extension from the set's sdist (hash-checked), built against the venv's torch
   enter_env
+  mkdir -p "$RES"
   archs=$(lock_value transformer_engine cuda_archs); ep=$(lock_value transformer_engine with_nccl_ep)
   "$PY" muse_stack/stack/pylock.py requirements "$PYLOCK" --only transformer-engine-torch --sdist transformer-engine-torch \
     > "$WORK/requirements-te.txt" || exit 1
