@@ -108,10 +108,13 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && { ! ldconfig -p | grep -q 'libnccl\.so' || { echo "apt NCCL still present:"; ldconfig -p | grep 'libnccl\.so'; exit 1; }; } \
     && lock-env install-set "${PIP_FIND_LINKS}" "${TORCH_INDEX_URL}" \
     && lock-env link-libs /opt/muse-stack/cuda-libs
-# TE looks for cuDNN in CUDNN_HOME before anywhere else; the set's cuDNN and NCCL come first on
+# TE looks for cuDNN in CUDNN_HOME, and for NVRTC and cuRAND in NVRTC_HOME and CURAND_HOME, before
+# CUDA_HOME (the base's toolkit, which keeps its own copies); the set's cuDNN and NCCL come first on
 # the loader's path for every process of the image
 ENV CUDNN_HOME=/opt/muse-stack/cuda-libs/cudnn \
     CUDNN_PATH=/opt/muse-stack/cuda-libs/cudnn \
+    NVRTC_HOME=/opt/muse-stack/cuda-libs/cu13 \
+    CURAND_HOME=/opt/muse-stack/cuda-libs/cu13 \
     NCCL_HOME=/opt/muse-stack/cuda-libs/nccl \
     LD_LIBRARY_PATH=/opt/muse-stack/cuda-libs/cudnn/lib:/opt/muse-stack/cuda-libs/nccl/lib
 

@@ -80,6 +80,47 @@ def test_the_build_ends_in_the_selfcheck():
     # and the loader sees the set's cuDNN first (TE reads CUDNN_HOME before /usr/local/cuda)
     assert "CUDNN_HOME=/opt/muse-stack/cuda-libs/cudnn" in DOCKERFILE
     assert re.search(r"ENV LD_LIBRARY_PATH=/opt/muse-stack/cuda-libs/cudnn/lib:", DOCKERFILE)
+    # and NVRTC and cuRAND from the set, not from the base's toolkit under CUDA_HOME (TE reads the
+    # *_HOME variables first: the earlier replay loaded NVRTC twice without them)
+    for var in ("NVRTC_HOME", "CURAND_HOME"):
+        assert f"{var}=/opt/muse-stack/cuda-libs/cu13" in DOCKERFILE
+
+
+def _fake_site(tmp_path, libs):
+    """A site-packages with the set's nvidia/ folders holding the named libraries."""
+    site = tmp_path / "site"
+    for folder, name in libs:
+        (site / "nvidia" / folder / "lib").mkdir(parents=True, exist_ok=True)
+        (site / "nvidia" / folder / "lib" / name).write_bytes(b"")
+    return site
+
+
+def _link_libs(tmp_path, site):
+    import subprocess
+    import sys
+
+    shim = tmp_path / "bin"
+    shim.mkdir(exist_ok=True)
+    (shim / "python").write_text(f"#!/bin/sh\nexec {sys.executable} -c \"print('{site}')\"\n")
+    (shim / "python").chmod(0o755)
+    env = {"PATH": f"{shim}:/usr/bin:/bin"}
+    return subprocess.run(["sh", str(LOCK_ENV), "link-libs", str(tmp_path / "cuda-libs")], env=env,
+                          capture_output=True, text=True)
+
+
+def test_link_libs_points_the_library_homes_at_the_set(tmp_path):
+    site = _fake_site(tmp_path, [("cudnn", "libcudnn.so.9"), ("nccl", "libnccl.so.2"),
+                                 ("cu13", "libnvrtc.so.13"), ("cu13", "libcurand.so.10")])
+    r = _link_libs(tmp_path, site)
+    assert r.returncode == 0, r.stderr
+    for folder in ("cudnn", "nccl", "cu13"):
+        assert (tmp_path / "cuda-libs" / folder).resolve() == (site / "nvidia" / folder).resolve()
+
+
+def test_link_libs_refuses_a_set_without_nvrtc(tmp_path):
+    site = _fake_site(tmp_path, [("cudnn", "libcudnn.so.9"), ("nccl", "libnccl.so.2"), ("cu13", "libcurand.so.10")])
+    r = _link_libs(tmp_path, site)
+    assert r.returncode != 0 and "libnvrtc.so" in r.stderr
 
 
 def test_selfcheck_catches_a_replaced_cudnn(monkeypatch):
