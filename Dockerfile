@@ -113,8 +113,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 # the loader's path for every process of the image
 ENV CUDNN_HOME=/opt/muse-stack/cuda-libs/cudnn \
     CUDNN_PATH=/opt/muse-stack/cuda-libs/cudnn \
-    NVRTC_HOME=/opt/muse-stack/cuda-libs/cu13 \
-    CURAND_HOME=/opt/muse-stack/cuda-libs/cu13 \
+    NVRTC_HOME=/opt/muse-stack/cuda-libs/cuda \
+    CURAND_HOME=/opt/muse-stack/cuda-libs/cuda \
     NCCL_HOME=/opt/muse-stack/cuda-libs/nccl \
     LD_LIBRARY_PATH=/opt/muse-stack/cuda-libs/cudnn/lib:/opt/muse-stack/cuda-libs/nccl/lib
 

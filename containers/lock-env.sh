@@ -10,7 +10,7 @@
 #   lock-env install-sdist NAME                   build and install NAME from the set's sdist (hash-checked)
 #   lock-env fetch-sdist NAME DIR                 download NAME's sdist (hash-checked), unpack to DIR/src
 #   lock-env link-libs DIR                        DIR/cudnn, DIR/nccl -> the set's cuDNN and NCCL wheels;
-#                                                 DIR/cu13 -> the set's CUDA 13 libraries (NVRTC, cuRAND, ...)
+#                                                 DIR/cuda -> the set's CUDA libraries (nvidia/cuNN: NVRTC, cuRAND, ...)
 #   lock-env efa-links ROOT DIR                   DIR/ofi-nccl-lib, DIR/libfabric-lib -> the folders the EFA
 #                                                 installer used under ROOT (lib, lib64 or lib/<triplet>)
 set -eu
@@ -71,10 +71,13 @@ PY
       ln -sfn "$site/nvidia/$lib" "$dir/$lib"
       ls "$dir/$lib"/lib/lib"$lib".so.* >/dev/null || { echo "the set's $lib wheel has no lib$lib.so under $site/nvidia/$lib" >&2; exit 1; }
     done
-    # TE's loader reads NVRTC_HOME / CURAND_HOME before CUDA_HOME (the base's toolkit): point them at the set's
-    ln -sfn "$site/nvidia/cu13" "$dir/cu13"
+    # TE's loader reads NVRTC_HOME / CURAND_HOME before CUDA_HOME (the base's toolkit): point them at the
+    # set's CUDA libraries, the one nvidia/cuNN folder of the set's CUDA major
+    set -- "$site"/nvidia/cu[0-9]*
+    [ $# -eq 1 ] && [ -d "$1" ] || { echo "the set has not exactly one nvidia/cuNN folder under $site: $*" >&2; exit 1; }
+    ln -sfn "$1" "$dir/cuda"
     for lib in nvrtc curand; do
-      ls "$dir/cu13"/lib/lib"$lib".so.* >/dev/null || { echo "the set has no lib$lib.so under $site/nvidia/cu13/lib" >&2; exit 1; }
+      ls "$dir/cuda"/lib/lib"$lib".so.* >/dev/null || { echo "the set has no lib$lib.so under $1/lib" >&2; exit 1; }
     done ;;
   fetch)
     url="$1"; dest="$2"; sum="${3:-}"

@@ -83,7 +83,7 @@ def test_the_build_ends_in_the_selfcheck():
     # and NVRTC and cuRAND from the set, not from the base's toolkit under CUDA_HOME (TE reads the
     # *_HOME variables first: the earlier replay loaded NVRTC twice without them)
     for var in ("NVRTC_HOME", "CURAND_HOME"):
-        assert f"{var}=/opt/muse-stack/cuda-libs/cu13" in DOCKERFILE
+        assert f"{var}=/opt/muse-stack/cuda-libs/cuda" in DOCKERFILE
 
 
 def _fake_site(tmp_path, libs):
@@ -113,8 +113,8 @@ def test_link_libs_points_the_library_homes_at_the_set(tmp_path):
                                  ("cu13", "libnvrtc.so.13"), ("cu13", "libcurand.so.10")])
     r = _link_libs(tmp_path, site)
     assert r.returncode == 0, r.stderr
-    for folder in ("cudnn", "nccl", "cu13"):
-        assert (tmp_path / "cuda-libs" / folder).resolve() == (site / "nvidia" / folder).resolve()
+    for link, folder in (("cudnn", "cudnn"), ("nccl", "nccl"), ("cuda", "cu13")):
+        assert (tmp_path / "cuda-libs" / link).resolve() == (site / "nvidia" / folder).resolve()
 
 
 def test_link_libs_refuses_a_set_without_nvrtc(tmp_path):
