@@ -57,7 +57,7 @@ from muse_stack.errors import InputError
 from muse_stack.model import audio as audio_mod
 from muse_stack.model import perception as perception_mod
 from muse_stack.model import vision as vision_mod
-from muse_stack.model.audio import MuseSparkAudioModel, rms
+from muse_stack.model.norms import rms_norm as rms
 from muse_stack.model.perception import (
     MuseSparkPerception,
     scatter_media,

@@ -30,14 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from muse_stack.model.norms import rms_norm
 from muse_stack.model.vision import dense, wide_dtype
 from muse_stack.tower_config import AudioConfig
-
-
-def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """Weightless RMS norm over the last axis, in fp32 (float64 stays float64)."""
-    x = x.to(wide_dtype(x.dtype))
-    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
 
 
 class RMSNorm(nn.Module):
@@ -49,7 +44,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = rms(x, self.eps)
+        y = rms_norm(x, self.eps)
         return y * self.weight.to(y.dtype)
 
 

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from muse_stack.errors import InputError
-from muse_stack.model.audio import MuseSparkAudioModel, rms
+from muse_stack.model.audio import MuseSparkAudioModel
+from muse_stack.model.norms import rms_norm
 from muse_stack.model.vision import MuseSparkVisionModel, dense
 from muse_stack.tower_config import PERCEPTION_MODULES, TowersConfig
 
@@ -54,7 +55,7 @@ class PerceptionEmbNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms(x, self.eps)
+        return rms_norm(x, self.eps)
 
     def extra_repr(self) -> str:
         return f"eps={self.eps}, no weight"
@@ -98,7 +99,7 @@ def audio_features(host: nn.Module, input_values: torch.Tensor,
         keep = torch.arange(out.shape[1], device=out.device)[None, :] < tokens.to(out.device)[:, None]
         kept = out[keep]
     # the text embedding's weightless norm (transformers: embed_tokens.embed_norm, eps = text rms_norm_eps)
-    return rms(kept, host.perception_emb_norm.eps)
+    return rms_norm(kept, host.perception_emb_norm.eps)
 
 
 def media_token_ids(config: TowersConfig) -> dict[str, int]:
