@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -260,3 +261,58 @@ def test_isolation_checks_the_runs_loaded_libraries(tiny_set, tmp_path):
     assert res.returncode == 1
     assert "FAIL: fingerprint: cuda_runtime multiple copies loaded: ['libcudart']" in res.stdout
     assert f"FAIL: fingerprint: cuda_runtime libcudart.so.13.0.96 loaded from {machine}, outside the venv" in res.stdout
+
+
+def test_a_distribution_vendored_inside_a_package_of_the_set_is_part_of_it(tiny_set):
+    # setuptools appends its _vendor folder to sys.path when imported: the dist-infos there are
+    # found beside the set's. They belong to the package that carries them; the same dist-info
+    # loose in site-packages is a distribution outside the set.
+    vendor = tiny_set["site"] / "tinypkg" / "_vendor"
+    info = vendor / "stowaway-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: stowaway\nVersion: 1.0\n")
+    pth = tiny_set["site"] / "vendor-on-path.pth"
+    pth.write_text(str(vendor) + "\n")
+    try:
+        res = isolation(tiny_set)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "note: stowaway 1.0 is vendored inside the set's tinypkg" in res.stdout
+        loose = tiny_set["site"] / "stowaway-1.0.dist-info"
+        info.rename(loose)
+        try:
+            res = isolation(tiny_set)
+        finally:
+            loose.rename(info)
+        assert res.returncode == 1
+        assert "FAIL: installed outside the set: stowaway 1.0" in res.stdout
+    finally:
+        pth.unlink()
+        shutil.rmtree(vendor)
+
+
+DEBIAN_PYTHON = Path("/usr/bin/python3.11")
+
+
+@pytest.mark.skipif(not (DEBIAN_PYTHON.exists() and Path("/usr/lib/python3.11/sitecustomize.py").is_symlink()),
+                    reason="needs Debian's python3.11, whose standard library's sitecustomize.py links into /etc")
+def test_the_base_interpreters_own_linked_sitecustomize_is_its_standard_library(tiny_set, tmp_path):
+    # Debian's (and Ubuntu's, the lent machine's) standard library holds sitecustomize.py as a link
+    # to /etc/python3.X/sitecustomize.py; every interpreter imports it at start. It is the base
+    # interpreter's own file, imported by the path in its standard library folder.
+    venv = tmp_path / "venv"
+    subprocess.run([str(DEBIAN_PYTHON), "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = venv / "lib" / "python3.11" / "site-packages"
+    assert tiny_set["site"].parent.name == "python3.11", "the set's venv and this one share the minor version"
+    shutil.copytree(tiny_set["site"], site, dirs_exist_ok=True)
+    res = isolation(tiny_set, VENV=str(venv))
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads((tiny_set["tmp"] / "work" / "out" / "isolation.json").read_text())
+    assert report["ok"] and "sitecustomize" not in json.dumps(report["problems"])
+    # a module from a dist-packages folder outside the venv still fails in this venv
+    leak_dir = tmp_path / "dist-packages"
+    leak_dir.mkdir()
+    (leak_dir / "elsewhere.py").write_text("Y = 1\n")
+    (site / "leak.pth").write_text(str(leak_dir) + "\n")
+    res = isolation(tiny_set, VENV=str(venv), IMPORTS="tinypkg,elsewhere")
+    assert res.returncode == 1
+    assert f"FAIL: module elsewhere imported from {leak_dir / 'elsewhere.py'}, outside the venv" in res.stdout

@@ -128,11 +128,13 @@ stdlib = {real(sysconfig.get_paths(vars={"installed_base": sys.base_prefix, "bas
           for k in ("stdlib", "platstdlib")}
 
 def allowed(path):
-    p = real(path)
+    p, a = real(path), os.path.abspath(path)
     if under(p, VENV) or under(p, os.path.join(REPO, "muse_stack")):
         return True
-    # the base interpreter's own library, never a site-packages or dist-packages beside it
-    return any(under(p, s) for s in stdlib) and not re.search(r"/(site|dist)-packages(/|$)", p)
+    # the base interpreter's own library, never a site-packages or dist-packages beside it (by the
+    # path it was imported from: Debian's sitecustomize.py there is a link into /etc/python3.X)
+    return (any(under(p, s) or under(a, s) for s in stdlib)
+            and not any(re.search(r"/(site|dist)-packages(/|$)", x) for x in (p, a)))
 
 # 0. the loader's path starts with the venv's CUDA library folders, and TE's <LIB>_HOME are the venv's
 import glob
@@ -222,6 +224,13 @@ for d in md.distributions():
     if not name:
         continue
     loc = real(str(d.locate_file("")))
+    # a copy that a package of the set carries inside its own folder (setuptools puts its _vendor
+    # folder on sys.path when imported, so its vendored dist-infos are found): part of that package
+    info = real(str(getattr(d, "_path", "")))
+    inner = os.path.relpath(info, real(site)).split(os.sep) if under(info, real(site)) else []
+    if len(inner) >= 3 and inner[1] == "_vendor" and os.path.isdir(os.path.join(site, inner[0])):
+        notes.append(f"{name} {d.version} is vendored inside the set's {inner[0]}")
+        continue
     if not under(loc, VENV) and not (canon(name) == "muse-stack" and loc == REPO):  # the checkout under test
         problems.append(f"distribution {name} {d.version} is installed at {loc}, outside the venv")
     have.setdefault(canon(name), d.version)
