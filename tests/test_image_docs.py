@@ -34,9 +34,13 @@ def test_the_replay_is_described_as_it_ran():
         folders = {p["path"].rsplit("/", 1)[0] for p in fp["cuda_libraries"][k]["files"].values()}
         assert any(f.startswith("/opt/torch/.venv") for f in folders) and any(f.startswith("/usr/local/cuda") for f in folders)
     assert "/opt/torch/.venv" in DOC and "/usr/local/cuda-13.0" in DOC
-    # the replayed lock is not today's
+    # the first replay's lock is not today's; the isolated replay's is
     assert f"sha256 `{sc['lock_sha256'][:8]}...`" in DOC and sc["lock_sha256"] != load("b200").sha256
-    assert "The current sets have not been replayed" in DOC
+    isolated = json.loads((REPLAY.parent / "replay-b200-isolated" / "selfcheck.json").read_text())
+    assert isolated["lock_sha256"] == load("b200").sha256 and "is today's b200 lock" in DOC
+    assert isolated["outside_set"] == [] and len(isolated["wheel_set"]) - 1 == len(wheelset.check(load("b200")).packages)
+    assert {c["what"] for c in isolated["components"] + isolated["wheel_set"] if not c["ok"]} == {"flash_attn (import)", "flash-attn"}
+    assert "ok for every component but flash-attn" in DOC
 
 
 def test_the_set_sizes_and_the_cpu_lock_hash_are_todays():
