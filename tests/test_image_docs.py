@@ -48,7 +48,9 @@ def test_the_set_sizes_and_the_cpu_lock_hash_are_todays():
     assert f"b200 and h200 now hold {sizes['b200']} packages, gb200 {sizes['gb200']}" in DOC
     assert sizes["b200"] == sizes["h200"]
     assert (f"b200 and h200 {sizes['b200']} packages, gb200 {sizes['gb200']}, cpu {sizes['cpu']}") in DOC
-    assert f"today's is `{load('cpu').sha256[:12]}...`" in DOC
+    # the image-test transcript is of today's cpu lock
+    assert f"identity ok: lock cpu sha256 {load('cpu').sha256} in labels" in DOC
+    assert f"built muse-stack:cpu-0.1.0-{load('cpu').sha256[:12]}" in DOC
 
 
 def test_the_docs_name_the_pins_the_locks_hold_and_that_no_gpu_image_was_built():
