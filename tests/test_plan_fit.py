@@ -36,8 +36,8 @@ SWEEP = {
     "remainders": PA,
 }
 #: coefficients the synthetic step times are made with: every unknown the sweep separates, away
-#: from its default; the two the sweep cannot separate (eager passes, time per local expert) at
-#: their defaults, where the fit holds them
+#: from its value before the sweep (fit_time.PRIOR); the two the sweep cannot separate (eager
+#: passes, time per local expert) at PRIOR's, where the fit holds them
 KNOWN = {"matmul_efficiency": 0.8, "elementwise_passes_compiled": 2.0, "layer_overhead_s": 0.004,
          "microbatch_overhead_s": 0.002, "dispatch_passes_allgather": 3.0, "dispatch_passes_alltoall": 6.0,
          "optimizer_copy_passes": 1.5, "remainder_passes": 2.5}
@@ -56,9 +56,13 @@ def ft():
 
 
 def _cal(values: dict[str, float]) -> TimeCalibration:
-    eff = values.get("matmul_efficiency", TimeCalibration().gemm_efficiency_dense)
+    """``values`` over the calibration before the sweep (fit_time.PRIOR), where a sweep holds what
+    its runs do not separate."""
+    prior = _module("fit_time").PRIOR
+    eff = values.get("matmul_efficiency", prior.gemm_efficiency_dense)
     fields = {k: v for k, v in values.items() if k != "matmul_efficiency"}
-    return TimeCalibration(gemm_efficiency_dense=eff, gemm_efficiency_expert=eff, attention_efficiency=eff, **fields)
+    return prior.model_copy(update=dict(gemm_efficiency_dense=eff, gemm_efficiency_expert=eff,
+                                        attention_efficiency=eff, **fields))
 
 
 def _step(overrides: list[str], cal: TimeCalibration) -> float:
@@ -106,8 +110,8 @@ def test_the_dispatch_term_is_the_routed_slots_bytes_at_hbm_bandwidth():
     # full recompute permutes once more in the recomputed forward
     full, _ = make_plan(load_recipe("slice-1gpu", ["recompute.granularity=full"]), strict=False, time_calibration=cal)
     assert full.time.terms_s["recompute"] - plan.time.terms_s["recompute"] >= want / 2 * (1 - REL)
-    # no passes, no term (the committed calibration until a sweep is fitted)
-    none, _ = make_plan(recipe, strict=False)
+    # no passes, no term
+    none, _ = make_plan(recipe, strict=False, time_calibration=TimeCalibration(dispatch_passes_allgather=0.0))
     assert none.time.terms_s["dispatch"] == 0.0
 
 
@@ -140,8 +144,9 @@ def test_the_sweep_fit_recovers_the_coefficients_the_step_times_were_made_with(f
     # left out, a run is predicted exactly when the others still separate every unknown. Three runs
     # alone separate one: the alltoall dispatcher, megatron-core's optimizer layout, and (full
     # recompute reruns the layer passes but not the micro-batch's) the time per micro-batch. Left
-    # out, that unknown is held at its default (0); for the first two the prediction is then the
-    # model's with it at 0, as nothing else moves
+    # out, that unknown is held at its value before the sweep (PRIOR: 0), not at the value the full
+    # fit gives it; for the first two the prediction is then the model's with it at 0, as nothing
+    # else moves
     sole = {"alltoall": "dispatch_passes_alltoall", "plain-dist-opt": "optimizer_copy_passes",
             "recompute-full": "microbatch_overhead_s"}
     for r in out["points"]:
@@ -149,6 +154,7 @@ def test_the_sweep_fit_recovers_the_coefficients_the_step_times_were_made_with(f
         if r["run"] not in sole:
             assert abs(r["leave_one_out_error"]) < 1e-8, r["run"]
         elif r["run"] != "recompute-full":
+            assert getattr(ft.PRIOR, sole[r["run"]]) == 0.0
             want = _step(SWEEP[r["run"]], _cal({**KNOWN, sole[r["run"]]: 0.0}))
             assert r["leave_one_out_predicted_s"] == pytest.approx(want, rel=1e-8), r["run"]
             assert r["leave_one_out_error"] < -1e-3
@@ -200,3 +206,22 @@ def test_a_sweep_of_two_machines_or_without_the_shipped_run_is_refused(ft, tmp_p
     folder = _write(tmp_path / "b", {"mbs2": 0.7, "mbs8": 0.6}, {"mbs2": ["batch.mbs=2"], "mbs8": ["batch.mbs=8"]})
     assert ft.main(["--sweep", str(folder)]) == 3 and "without overrides" in capsys.readouterr().err
     assert ft.main(["--sweep", str(tmp_path / "missing")]) == 3 and "missing" in capsys.readouterr().err
+
+
+def test_the_committed_sweep_readme_prints_its_fit():
+    """benchmarks/results/plan-sweep/README.md's table is fit.json's, row by row, and its files are the
+    layout h200.sh plansweep writes (runs/NAME.json for each run above, fingerprint.json beside)."""
+    folder = ROOT / "benchmarks" / "results" / "plan-sweep"
+    fit = json.loads((folder / "fit.json").read_text())
+    assert {p.stem for p in (folder / "runs").glob("*.json")} == set(SWEEP)
+    assert json.loads((folder / "fingerprint.json").read_text())["kind"] == "muse-stack-fingerprint"
+    readme = (folder / "README.md").read_text()
+    for r in fit["points"]:
+        ov = f"`{' '.join(r['overrides'])}`" if r["overrides"] else ""
+        row = (f"| {r['run']} | {ov} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | "
+               f"{r['leave_one_out_predicted_s']:.3f} | {r['leave_one_out_error']:+.1%} |")
+        assert row in readme, row
+    s = fit["shipped"]
+    assert f"+{s['error']:.1%} in sample and +{s['leave_one_out_error']:.1%} left out" in readme
+    assert (f"mean {fit['leave_one_out_mean_abs_error']:.1%}, max {fit['leave_one_out_max_abs_error']:.1%}"
+            in readme)

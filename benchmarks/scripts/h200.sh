@@ -157,8 +157,9 @@ for what in "${@:-smoke}"; do
   plansweep) # the planner's step-time refit (issue 34): slice-1gpu as shipped and each neighbour of its settings, on
     # one machine in one call (~8 min): MBS 2 / 8 (8 with the int16 remainders, as lever3-mbs8 ran), sequence 2048 / 8192 (MBS 2 at 8192), full recompute, top-k 2 / 4,
     # the alltoall dispatcher, the plain distributed optimizer and the int16 remainders; 16 steps, window 7-16.
-    # Outputs: $OUT/plan-sweep/NAME.json (engine_steps.py), then benchmarks/scripts/plan/fit_time.py --sweep.
-    ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 16 --warmup 6"; D="$OUT/plan-sweep"
+    # Outputs: $OUT/plan-sweep/runs/NAME.json (engine_steps.py) and the stack's $OUT/plan-sweep/fingerprint.json,
+    # as benchmarks/results/plan-sweep/ keeps them; then (CPU) fit_time.py --sweep benchmarks/results/plan-sweep/runs.
+    ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 16 --warmup 6"; D="$OUT/plan-sweep/runs"
     mkdir -p "$D"
     one $ES $W --out "$D/shipped.json"
     one $ES batch.mbs=2 $W --out "$D/mbs2.json"
@@ -171,6 +172,7 @@ for what in "${@:-smoke}"; do
     one $ES layout.dispatcher=alltoall $W --out "$D/alltoall.json"
     one $ES optimizer.precision_aware=false optimizer.param_remainders=null $W --out "$D/plain-dist-opt.json"
     one $ES $PA $W --out "$D/remainders.json"
+    one $MS fingerprint -o "$OUT/plan-sweep/fingerprint.json"
     tar czf "$OUT/plan-sweep.tgz" -C "$OUT" plan-sweep ;;
   resume1) # dist-checkpoint round trip on one GPU under the precision-aware optimizer (the checkpoint holds the
     # int16 remainders): interrupted at step 3 and resumed == uninterrupted (proxy-1gpu, 8 experts, 6 steps)

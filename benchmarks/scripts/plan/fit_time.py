@@ -28,10 +28,17 @@ records, measured as its ``step_time_mean_s``; the run without overrides is the 
 unknowns are those above plus the passes of the dispatchers' permutation and of the optimizer
 layouts (``SWEEP_UNKNOWNS``). An unknown the sweep's runs do not separate from the ones before it
 (its column is zero, or a combination of theirs: the sweep holds the expert count, so the time per
-local expert moves with the time per layer) is held at its ``TimeCalibration`` default and
+local expert moves with the time per layer) is held at its value before the sweep (``PRIOR``) and
 reported as held. Each run is also predicted by a fit to the others (leave-one-out, the same
-selection redone on the remaining runs), and the shipped run's in-sample and leave-one-out errors
-are reported apart: the target is within 5%.
+selection redone on the remaining runs; an unknown the remaining runs do not separate is held at
+``PRIOR`` too, never at a value fitted with the run left out), and the shipped run's in-sample and
+leave-one-out errors are reported apart: the target is within 5%. The planner's ``TimeCalibration``
+defaults are the fit of benchmarks/results/plan-sweep/runs (plan-sweep/fit.json).
+
+Without ``--sweep``, the runs of benchmarks/ above are also predicted with the planner's
+calibration as committed (``TimeCalibration()``, the sweep's fit): none of them is in the sweep,
+so these are out-of-sample errors (``adopted_error``), on other machines and stacks than the
+sweep's.
 
 Nothing here reads the B200 record.
 """
@@ -82,6 +89,14 @@ SWEEP_UNKNOWNS: dict[str, list[str]] = {
     "elementwise_passes": ["elementwise_passes"],
     "expert_overhead_s": ["expert_overhead_s"],
 }
+#: the calibration before the sweep: TimeCalibration's defaults at commit 24fb9f4, fitted (this
+#: script without --sweep, benchmarks/results/plan/fit_time.json at that commit) to the runs of
+#: benchmarks/ above and none of the sweep's; the dispatch and optimizer-layout passes unfitted (0).
+#: A sweep holds at these what its runs (or, left out, the remaining runs) do not separate
+PRIOR = TimeCalibration(gemm_efficiency_dense=0.7246, gemm_efficiency_expert=0.7246, attention_efficiency=0.7246,
+                        elementwise_passes=5.879, elementwise_passes_compiled=0.0, layer_overhead_s=0.006226,
+                        microbatch_overhead_s=0.0, expert_overhead_s=7.833e-05, dispatch_passes_allgather=0.0,
+                        dispatch_passes_alltoall=0.0, optimizer_copy_passes=0.0, remainder_passes=0.0)
 #: fields only a sweep fits (the default mode holds them at their defaults and does not list them)
 SWEEP_ONLY = [f for u, fs in SWEEP_UNKNOWNS.items() if u not in UNKNOWNS for f in fs]
 #: a column (in relative-error units) joins the sweep's fit when its part outside the span of the
@@ -199,21 +214,38 @@ def fit() -> dict:
         keep = np.arange(len(names)) != j
         xj = solve(a[keep], base[keep], measured[keep])
         loo[n] = float((a[j] @ xj + base[j]) / measured[j] - 1)
+    # the planner's calibration as committed (the sweep's fit), which saw none of these runs
+    adopted = TimeCalibration()
     table = []
     for j, n in enumerate(names):
         pred = float(a[j] @ x + base[j])
+        ad = step_time(*points[n], adopted)
         table.append({"benchmark": n, "set": "fitted", "gpus": results(n)["world_size"], "measured_s": float(measured[j]),
-                      "predicted_s": pred, "error": pred / measured[j] - 1, "leave_one_out_error": loo.get(n)})
+                      "predicted_s": pred, "error": pred / measured[j] - 1, "leave_one_out_error": loo.get(n),
+                      "adopted_predicted_s": ad, "adopted_error": ad / measured[j] - 1})
     for n, (name, ov) in CHECKS.items():
         r = results(n)
         pred = step_time(name, ov, cal)
+        ad = step_time(name, ov, adopted)
         table.append({"benchmark": n, "set": "checked", "gpus": r["world_size"], "measured_s": r["step_time_mean_s"],
-                      "predicted_s": pred, "error": pred / r["step_time_mean_s"] - 1, "leave_one_out_error": None})
+                      "predicted_s": pred, "error": pred / r["step_time_mean_s"] - 1, "leave_one_out_error": None,
+                      "adopted_predicted_s": ad, "adopted_error": ad / r["step_time_mean_s"] - 1})
     loo_abs = [abs(v) for v in loo.values()]
+
+    def summary(rows: list[dict]) -> dict:
+        errs = [abs(r["adopted_error"]) for r in rows]
+        return {"runs": len(rows), "mean_abs_error": float(np.mean(errs)), "max_abs_error": float(np.max(errs)),
+                "mean_error": float(np.mean([r["adopted_error"] for r in rows]))}
+
+    fitted_rows = [r for r in table if r["set"] == "fitted"]
     return {"fitted": values, "inverse_fitted": dict(zip(UNKNOWNS, map(float, x))),
             "leave_one_out_single_gpu_mean_abs_error": float(np.mean(loo_abs)) if loo_abs else None,
             "leave_one_out_single_gpu_max_abs_error": float(np.max(loo_abs)) if loo_abs else None,
-            "current": TimeCalibration().model_dump(exclude=set(SWEEP_ONLY)), "defaults_differ": check_defaults(values), "points": table}
+            "adopted": {"source": adopted.source,
+                        "fitted_single_gpu": summary([r for r in fitted_rows if r["gpus"] == 1]),
+                        "fitted_all": summary(fitted_rows),
+                        "checked": summary([r for r in table if r["set"] == "checked"])},
+            "current": adopted.model_dump(exclude=set(SWEEP_ONLY)), "defaults_differ": check_defaults(values), "points": table}
 
 
 # ---- --sweep: one machine's runs of the shipped recipe and its neighbours ------------------------
@@ -292,9 +324,8 @@ def identified(a: np.ndarray, measured: np.ndarray) -> list[int]:
     return keep
 
 
-def default_inverse(unknowns: dict[str, list[str]]) -> np.ndarray:
-    """Each unknown at its TimeCalibration default, as the model is linear in it."""
-    cur = TimeCalibration()
+def default_inverse(unknowns: dict[str, list[str]], cur: TimeCalibration = PRIOR) -> np.ndarray:
+    """Each unknown at its value in ``cur`` (the calibration before the sweep), as the model is linear in it."""
     vals = []
     for u, fields in unknowns.items():
         v = getattr(cur, fields[0])
@@ -358,7 +389,7 @@ def print_sweep(out: dict) -> None:
     print(f"sweep {out['sweep']}: {out['runs']} runs of {out['recipe']} on {out['device']}")
     print("fit: " + ", ".join(f"{k} {v:.4g}" for k, v in out["fitted"].items()))
     if out["held"]:
-        print("held at their defaults (not separated by the sweep): "
+        print("held at their values before the sweep (PRIOR; not separated by the sweep): "
               + ", ".join(f"{k} {v:.4g}" for k, v in out["held"].items()))
     print(f"{'run':24} {'measured s':>10} {'model s':>8} {'error':>7} {'LOO s':>8} {'LOO':>7}  overrides")
     for r in out["points"]:
@@ -394,11 +425,17 @@ def main(argv: list[str] | None = None) -> int:
     print("fit: " + ", ".join(f"{k} {v:.4g}" for k, v in out["fitted"].items()))
     print(f"leave-one-out error on single-GPU runs: mean {out['leave_one_out_single_gpu_mean_abs_error']:.1%}, "
           f"max {out['leave_one_out_single_gpu_max_abs_error']:.1%}")
-    print(f"{'benchmark':24} {'set':8} {'GPUs':>4} {'measured s':>10} {'model s':>8} {'error':>7} {'LOO':>7}")
+    print(f"{'benchmark':24} {'set':8} {'GPUs':>4} {'measured s':>10} {'model s':>8} {'error':>7} {'LOO':>7} "
+          f"{'planner s':>9} {'planner':>7}")
     for r in out["points"]:
         loo = f"{r['leave_one_out_error']:+7.1%}" if r["leave_one_out_error"] is not None else ""
         print(f"{r['benchmark']:24} {r['set']:8} {r['gpus']:4} {r['measured_s']:10.3f} {r['predicted_s']:8.3f} "
-              f"{r['error']:+7.1%} {loo:>7}")
+              f"{r['error']:+7.1%} {loo:>7} {r['adopted_predicted_s']:9.3f} {r['adopted_error']:+7.1%}")
+    ad = out["adopted"]
+    print(f"the planner's calibration ({ad['source']}), out of sample on these runs: "
+          + "; ".join(f"{k.replace('_', ' ')} ({v['runs']} runs): mean |error| {v['mean_abs_error']:.1%}, "
+                      f"max {v['max_abs_error']:.1%}, mean {v['mean_error']:+.1%}"
+                      for k, v in ad.items() if k != "source"))
     if out["defaults_differ"]:
         print(f"TimeCalibration defaults differ from this fit: {', '.join(out['defaults_differ'])}")
     if args.json:
