@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         "recipe": args.recipe, "overrides": args.overrides, "device": torch.cuda.get_device_name(),
         "experts_swiglu": "weighted, given ones" if args.weighted_swiglu else "unweighted",
         "optimizer": describe["optimizer"],
+        # the recipe's fusions / performance settings as megatron-core and TE hold them (h200.sh levers5)
+        "levers": describe["levers"],
         "method": f"{args.steps} steps, window steps {args.warmup + 1}-{args.steps}; each step bracketed by "
                   "torch.cuda.synchronize()",
         "tokens_per_s_per_gpu": tps, "step_time_mean_s": statistics.fmean(r["step_time_s"] for r in window),

@@ -7,6 +7,7 @@
 #                       parity2 tp2 parity3 pp2 cp2 etp2 packed packedcp recompute resume resumectl ckptsave
 #                       export peftparity peftslice strict det profile peftrun detprobe levers levers2 bridge
 #                       levers3 resume1 resumedrop slice8 levers4 profile2 (INTO=remeasure/eager-restored/ ... proxy1 packed)
+#                       levers5 (issue 34's engine levers: each alone against the shipped slice, one call, ~6 min)
 #                       plansweep (the planner's refit: the shipped slice and its neighbours, one machine, one call)
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/results/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
@@ -73,6 +74,24 @@ for what in "${@:-smoke}"; do
     one python3 benchmarks/scripts/engine_steps.py slice-1gpu --steps 30 --warmup 10 --out "$OUT/lever3-precision-aware-fp32.json" ;;
   profile2) # one step of the slice as shipped by class of GPU work, with operator shapes
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$OUT/profile-shipped.json" ;;
+  levers5) # issue 34's levers on slice-1gpu, each alone as a recipe override against the shipped recipe, one process
+    # each, 20 steps, window 9-20 (engine_steps.py; each file's "levers" reads the setting back off megatron-core):
+    # the weight-gradient accumulation into main_grad off (on as shipped), the clip's host path (the norm read with
+    # .item(); on the GPU as shipped), megatron-core's optimizer CUDA graph, TE's fused router, the unfused token
+    # permutation (fused as shipped), DDP's overlapped gradient reduce; then the shipped recipe again (the drift).
+    # Outputs: $OUT/levers5/NAME.json, the stack's $OUT/levers5/fingerprint.json, all in $OUT/levers5.tgz.
+    ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"; D="$OUT/levers5"
+    mkdir -p "$D"
+    one $MS fingerprint -o "$D/fingerprint.json"
+    one $ES $W --out "$D/shipped.json"
+    one $ES fusions.gradient_accumulation=false $W --out "$D/no-wgrad-accumulation-fusion.json"
+    one $ES performance.clip_on_device=false $W --out "$D/clip-host-sync.json"
+    one $ES performance.optimizer_cuda_graph=true $W --out "$D/optimizer-cuda-graph.json"
+    one $ES fusions.router=true $W --out "$D/router-fusion.json"
+    one $ES fusions.permute=false $W --out "$D/no-permute-fusion.json"
+    one $ES performance.overlap_grad_reduce=true $W --out "$D/overlap-grad-reduce.json"
+    one $ES $W --out "$D/shipped-again.json"
+    tar czf "$OUT/levers5.tgz" -C "$OUT" levers5 ;;
   slice1) rm -rf runs/slice-1gpu1; one $MS run slice-1gpu $ASRAN --out runs/slice-1gpu1 --no-progress; keep slice-1gpu-mbs1-compiled runs/slice-1gpu1 ;;
   slice2) rm -rf runs/slice-1gpu-mbs2; one $MS run slice-1gpu $ASRAN batch.mbs=2 --out runs/slice-1gpu-mbs2 --no-progress
           keep slice-1gpu-mbs2-compiled runs/slice-1gpu-mbs2 ;;

@@ -168,15 +168,14 @@ class MegatronEngine:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        from muse_stack.engines.mcore.config import optimizer_config_kwargs
+        from muse_stack.engines.mcore.config import clip_on_device, ddp_config_kwargs, optimizer_config_kwargs
         from muse_stack.engines.support import require_stated
 
         recipe = self.ctx.recipe
         require_stated(recipe)  # the values below are the recipe's; none is filled in here
         opt_kwargs = optimizer_config_kwargs(recipe)
         dist_opt = opt_kwargs["use_distributed_optimizer"]
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=dist_opt, check_for_nan_in_grad=False)
+        ddp_config = DistributedDataParallelConfig(**ddp_config_kwargs(recipe))
         self.model = DistributedDataParallel(self.config, ddp_config, model)
         if recipe.optimizer.name == "sgd":
             raise RecipeError("the megatron engine trains with Adam(W)", field="optimizer.name",
@@ -188,6 +187,19 @@ class MegatronEngine:
             from muse_stack.engines.mcore.optimizer_order import align_group_orders
 
             self.reordered_optimizer_params = align_group_orders(self.optimizer)
+        #: performance.clip_on_device (unset: on): megatron-core's clip keeps the norm on the GPU
+        self.clip_on_device = clip_on_device(recipe)
+        if not self.clip_on_device:
+            self.optimizer.step = partial(_host_clip_step, self.optimizer.step)
+        if self.opt_config.optimizer_cuda_graph:  # as megatron-core's own training loop wraps it (training.py)
+            from megatron.core.optimizer.optimizer_cuda_graph import OptimizerCudaGraphWrapper
+
+            # its iteration count and graph are class attributes (one per process): a new engine starts over
+            OptimizerCudaGraphWrapper.cuda_graph, OptimizerCudaGraphWrapper.result = None, None
+            OptimizerCudaGraphWrapper.curr_iteration = 0
+            self.optimizer.step = OptimizerCudaGraphWrapper(
+                self.optimizer.step, cuda_graph_warmup_steps=self.config.cuda_graph_warmup_steps,
+                use_single_mempool=self.config.cuda_graph_use_single_mempool)
         self.config.no_sync_func = self.model.no_sync
         # the loss arrives divided by the global supervised-token count (train_step): no second pass
         self.config.finalize_model_grads_func = partial(_finalize_prescaled, finalize_model_grads)
@@ -320,7 +332,10 @@ class MegatronEngine:
             self._pending_rng = None
         lr = lr_at(step, recipe.optimizer, self.ctx.total_steps)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            if torch.is_tensor(group["lr"]):  # TE's capturable Adam (performance.optimizer_cuda_graph): the graph
+                group["lr"].fill_(lr)  # reads this tensor; in place, as megatron-core's OptimizerParamScheduler
+            else:
+                group["lr"] = lr
         raw = [next(self._batches) for _ in range(self.micro_batches)]
         width = raw[0]["input_ids"].shape[1]
         if self._tower_flops is not None:
@@ -485,9 +500,29 @@ class MegatronEngine:
                 "attention": "TEDotProductAttention" + (" (THD packed)" if self.thd else ""), "experts": "TEGroupedMLP (grouped GEMM)",
                 "experts_swiglu": self._swiglu_loaded(),
                 "torch_compile_elementwise": fuse.enabled(),
+                "levers": self._levers(),
                 "fp32_gemms": "torch float32, TF32 off (" + ", ".join(self.fp32_gemms) + ")" if self.fp32_gemms
                 else "transformer engine",
                 "peak_memory_kind": "max allocated (CUDA)"}
+
+    def _levers(self) -> dict[str, Any]:
+        """The recipe's fusions and performance settings as megatron-core and TE hold them, read off
+        the built config, DDP and optimizer (docs/gpu-engine.md, "Levers")."""
+        from megatron.core.optimizer import clip_grads
+
+        step = self.optimizer.step
+        graph = None
+        if type(step).__name__ == "OptimizerCudaGraphWrapper":
+            graph = (f"captured after {step.cuda_graph_warmup_steps} eager steps" if type(step).cuda_graph is not None
+                     else f"eager until step {step.cuda_graph_warmup_steps + 1}")
+        on_device = self.clip_on_device and clip_grads.multi_tensor_scale_tensor_impl is not None
+        return {"gradient_accumulation_fusion": self.config.gradient_accumulation_fusion,
+                "moe_permute_fusion": self.config.moe_permute_fusion,
+                "moe_router_fusion": self.config.moe_router_fusion,
+                "grad_clip": "norm and coefficient on the GPU (TE's multi_tensor_scale_tensor)" if on_device
+                else "norm read on the host (megatron-core's .item() path)",
+                "optimizer_cuda_graph": graph,
+                "overlap_grad_reduce": self.model.ddp_config.overlap_grad_reduce}
 
     def _perception_info(self) -> dict[str, Any] | None:
         """The towers as this rank holds them (None: a text model, or not the first stage)."""
@@ -707,6 +742,20 @@ def _per_token_loss(mask: torch.Tensor, scale: float, output: torch.Tensor):
     loss_sum = output.sum()
     count = mask.sum().to(torch.int)
     return loss_sum * scale, count, {"lm loss": torch.stack([loss_sum.detach().double(), count.double()])}
+
+
+def _host_clip_step(step):
+    """megatron-core's optimizer step on its host clip path (``performance.clip_on_device: false``):
+    without TE's ``multi_tensor_scale_tensor`` its ``clip_grads`` reads the norm on the host
+    (``.item()``) and scales only when the norm exceeds ``clip_grad``. Only for this call."""
+    from megatron.core.optimizer import clip_grads
+
+    saved = clip_grads.multi_tensor_scale_tensor_impl
+    clip_grads.multi_tensor_scale_tensor_impl = None
+    try:
+        return step()
+    finally:
+        clip_grads.multi_tensor_scale_tensor_impl = saved
 
 
 def _finalize_prescaled(finalize, model, num_tokens=None, **kwargs):

@@ -10,6 +10,12 @@ from dataclasses import dataclass
 from muse_stack.errors import RecipeError
 
 
+#: the megatron engine's fusion and performance settings (recipe.fusions / recipe.performance; unset: as
+#: the engine ships): set on another engine, they are refused
+MEGATRON_SETTINGS = ("fusions.gradient_accumulation", "fusions.permute", "fusions.router",
+                     "performance.clip_on_device", "performance.optimizer_cuda_graph", "performance.overlap_grad_reduce")
+
+
 @dataclass(frozen=True)
 class EngineTraits:
     name: str
@@ -28,7 +34,7 @@ TRAITS: dict[str, EngineTraits] = {
         name="megatron", summary="the megatron-core engine, which runs megatron-core and Transformer Engine on CUDA",
         runs_on_cpu=False, step_time_model=True,
         fields=frozenset({"optimizer.precision_aware", "optimizer.param_remainders", "fusions.compile_elementwise",
-                          "precision=fp8"})),
+                          "precision=fp8", *MEGATRON_SETTINGS})),
 }
 
 
@@ -52,12 +58,19 @@ def refuse_fields_of_other_engines(recipe) -> None:
         "optimizer.param_remainders": bool(recipe.optimizer.param_remainders),
         "fusions.compile_elementwise": bool(recipe.fusions.compile_elementwise),
         "precision=fp8": recipe.precision == "fp8",
+        **{field: _value(recipe, field) is not None for field in MEGATRON_SETTINGS},
     }
     for field, set_ in used.items():
         if set_ and field not in own:
             where = " or ".join(engines_reading(field))
             name = field.split("=")[0]
+            value = field.split("=")[1] if "=" in field else _value(recipe, field) if field in MEGATRON_SETTINGS else True
             raise RecipeError(f"{field.replace('=', ': ')} applies to the {where} engine only",
-                              field=name, value=True if "=" not in field else field.split("=")[1],
+                              field=name, value=value,
                               fix=f"set engine: {where}, or drop {name}" + ("" if "=" not in field
                                                                            else " (precision: bf16)"))
+
+
+def _value(recipe, field: str):
+    section, key = field.split(".")
+    return getattr(getattr(recipe, section), key)

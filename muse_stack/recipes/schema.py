@@ -181,8 +181,47 @@ class Recompute(_Strict):
 
 
 class Fusions(_Strict):
+    """Kernel fusions of the megatron engine. Unset keeps what the engine ships; each description
+    says whether turning it changes numerics."""
+
     compile_elementwise: bool | None = Field(
         None, description="megatron engine: fuse the norm / gate / residual / softcap chains with torch.compile")
+    gradient_accumulation: bool | None = Field(
+        None, description="megatron engine: megatron-core's gradient_accumulation_fusion: TE's weight-gradient GEMMs "
+                          "(the experts' grouped GEMMs among them) accumulate in fp32 straight into main_grad. Unset: "
+                          "on. false changes numerics: each micro-batch's weight gradient is written in bf16 and then "
+                          "added to main_grad by megatron-core's DDP")
+    permute: bool | None = Field(
+        None, description="megatron engine: megatron-core's moe_permute_fusion (TE's fused token permute and unpermute "
+                          "around the experts). Unset: on. false: megatron-core's torch permutation, whose unpermute "
+                          "sums each token's expert outputs in another order (may change bf16 rounding)")
+    router: bool | None = Field(
+        None, description="megatron engine: megatron-core's moe_router_fusion (TE's fused sigmoid, expert bias, top-k "
+                          "and normalisation in one kernel). Unset: off. true computes the same fp32 routing in another "
+                          "order: may change the last bits of the routing weights (not with numerics.deterministic)")
+
+
+class Performance(_Strict):
+    """Settings of the megatron engine that change how a step runs, each a mechanism of megatron-core
+    itself. Unset keeps what the engine ships; each description says whether turning it changes
+    numerics (docs/gpu-engine.md, "Levers")."""
+
+    clip_on_device: bool | None = Field(
+        None, description="the gradient clip without a host sync: megatron-core keeps the norm and the clip coefficient "
+                          "on the GPU (TE's multi_tensor_scale_tensor) and scales every step. Unset: on. false: "
+                          "megatron-core's host path, which reads the norm on the host and scales only when it exceeds "
+                          "optimizer.clip_grad (the coefficient in double instead of fp32: a clipped step may differ "
+                          "in the last bits)")
+    optimizer_cuda_graph: bool | None = Field(
+        None, description="capture the optimizer step (norm, clip, Adam, the parameter copy) in a CUDA graph and replay "
+                          "it (megatron-core's optimizer_cuda_graph and OptimizerCudaGraphWrapper, after "
+                          "cuda_graph_warmup_steps eager steps). Unset: off. TE's capturable Adam keeps the learning rate "
+                          "and step count on the GPU: may change the last bits of the update. Needs clip_on_device and "
+                          "a fp32 master (not optimizer.param_remainders)")
+    overlap_grad_reduce: bool | None = Field(
+        None, description="megatron-core DDP's overlap_grad_reduce: each gradient bucket is reduced while the backward "
+                          "continues, instead of all at once after it. Unset: off. The same reduction of the same "
+                          "buckets (no numerics change intended)")
 
 
 class Numerics(_Strict):
@@ -436,6 +475,7 @@ class Recipe(_Strict):
     recompute: Recompute = Field(default_factory=Recompute)
     offload: Offload = Field(default_factory=Offload)
     fusions: Fusions = Field(default_factory=Fusions)
+    performance: Performance = Field(default_factory=Performance)
     numerics: Numerics = Field(default_factory=Numerics)
     precision: Literal["bf16", "fp32", "fp8"] | None = "bf16"
     fp8: Fp8 | None = Field(None, description="the FP8 scaling recipe and format, with precision: fp8 only")

@@ -68,8 +68,44 @@ def fp8_kwargs(recipe: Recipe) -> dict[str, Any]:
     return {"fp8": settings.format, "fp8_recipe": settings.recipe, "moe_router_padding_for_fp8": True}
 
 
+def check_performance(recipe: Recipe) -> None:
+    """Refuse the ``fusions`` / ``performance`` combinations megatron-core, TE or the engine cannot run."""
+    perf = recipe.performance
+    if recipe.fusions.router and recipe.numerics.deterministic:
+        raise RecipeError("numerics.deterministic is verified bitwise with megatron-core's unfused routing; TE's "
+                          "fused router kernel is not", field="fusions.router", value=True,
+                          fix="drop fusions.router (or numerics.deterministic)")
+    if not perf.optimizer_cuda_graph:
+        return
+    if perf.clip_on_device is False:
+        raise RecipeError("a captured optimizer step cannot read the gradient norm on the host",
+                          field="performance.optimizer_cuda_graph", value=True,
+                          fix="drop performance.clip_on_device=false (the clip stays on the GPU), or the graph")
+    if recipe.optimizer.precision_aware and recipe.optimizer.param_remainders:
+        # transformer_engine/pytorch/optimizers/fused_adam.py: "Capturable mode doesn't support storing param remainders"
+        raise RecipeError("TE's capturable FusedAdam does not keep the master weights as int16 remainders",
+                          field="performance.optimizer_cuda_graph", value=True,
+                          fix="set optimizer.param_remainders=false (a fp32 master), or drop the graph")
+
+
+def clip_on_device(recipe: Recipe) -> bool:
+    """Whether megatron-core's gradient clip keeps the norm and coefficient on the GPU (its path
+    with TE's ``multi_tensor_scale_tensor``; the engine's default) rather than reading the norm on
+    the host (``performance.clip_on_device: false``)."""
+    return recipe.performance.clip_on_device is not False
+
+
+def ddp_config_kwargs(recipe: Recipe) -> dict[str, Any]:
+    """megatron-core ``DistributedDataParallelConfig`` fields (pure): fp32 gradient reduction, the
+    recipe's distributed optimizer, and ``performance.overlap_grad_reduce`` (unset: off)."""
+    dist_opt = recipe.layout.distributed_optimizer if recipe.layout.distributed_optimizer is not None else True
+    return dict(grad_reduce_in_fp32=True, overlap_grad_reduce=bool(recipe.performance.overlap_grad_reduce),
+                use_distributed_optimizer=dist_opt, check_for_nan_in_grad=False)
+
+
 def transformer_config_kwargs(recipe: Recipe, model: ModelConfig) -> dict[str, Any]:
     """Keyword arguments of megatron-core's TransformerConfig (dtypes as strings)."""
+    check_performance(recipe)
     lay = recipe.layout
     tp, pp, cp, ep = lay.tp, lay.pp, lay.cp or 1, lay.ep or 1
     if model.num_attention_heads % tp or model.num_key_value_heads % tp:
@@ -123,7 +159,9 @@ def transformer_config_kwargs(recipe: Recipe, model: ModelConfig) -> dict[str, A
         moe_router_topk_scaling_factor=None if model.routed_scaling_factor == 1.0 else model.routed_scaling_factor,
         moe_grouped_gemm=True,
         moe_token_dispatcher_type=lay.dispatcher or "alltoall",
-        moe_permute_fusion=True,
+        # fusions (recipe.fusions; unset: as shipped): TE's fused token permutation on, its fused router off
+        moe_permute_fusion=recipe.fusions.permute is not False,
+        moe_router_fusion=bool(recipe.fusions.router),
         tensor_model_parallel_size=tp,
         sequence_parallel=sp,
         pipeline_model_parallel_size=pp,
@@ -148,7 +186,8 @@ def transformer_config_kwargs(recipe: Recipe, model: ModelConfig) -> dict[str, A
         pipeline_dtype="float32",  # the residual stream crosses stages in fp32
         bias_activation_fusion=True,
         apply_rope_fusion=True,
-        gradient_accumulation_fusion=True,
+        # TE's weight-gradient GEMMs (TEGroupedLinear's fuse_wgrad_accumulation for the experts) accumulate into main_grad
+        gradient_accumulation_fusion=recipe.fusions.gradient_accumulation is not False,
         variable_seq_lengths=False,
         deterministic_mode=bool(recipe.numerics.deterministic),
     )
@@ -178,8 +217,9 @@ def optimizer_config_kwargs(recipe: Recipe) -> dict[str, Any]:
     """megatron-core ``OptimizerConfig`` fields from the recipe's optimizer (pure; every training
     value comes from the recipe, which :func:`muse_stack.engines.support.require_stated` checks;
     ``params_dtype`` is added by the engine from its ``TransformerConfig``)."""
-    opt, lay = recipe.optimizer, recipe.layout
-    dist_opt = lay.distributed_optimizer if lay.distributed_optimizer is not None else True
+    check_performance(recipe)
+    opt = recipe.optimizer
+    dist_opt = ddp_config_kwargs(recipe)["use_distributed_optimizer"]
     kwargs: dict[str, Any] = dict(
         optimizer="adam", lr=opt.lr, min_lr=opt.min_lr if opt.min_lr is not None else opt.lr,
         weight_decay=opt.weight_decay, adam_beta1=opt.beta1, adam_beta2=opt.beta2, adam_eps=opt.eps,
@@ -187,5 +227,7 @@ def optimizer_config_kwargs(recipe: Recipe) -> dict[str, Any]:
         # TE's FusedAdam updates the master weights and writes the bf16 weights in one kernel (no
         # separate fp32 -> bf16 copy pass); with remainders the master is the bf16 weight + int16
         use_precision_aware_optimizer=bool(opt.precision_aware),
-        store_param_remainders=bool(opt.precision_aware and opt.param_remainders))
+        store_param_remainders=bool(opt.precision_aware and opt.param_remainders),
+        # TE's capturable FusedAdam (lr and step on the GPU), for megatron-core's OptimizerCudaGraphWrapper
+        optimizer_cuda_graph=bool(recipe.performance.optimizer_cuda_graph))
     return kwargs
