@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from muse_stack.hardware import GPUS
-from muse_stack.plan.cost import BACKWARD, TimeCalibration, gemm_time, ring_time
+from muse_stack.plan.cost import BACKWARD, HOST, TimeCalibration, gemm_time, ring_time
 from muse_stack.plan.planner import make_plan
 from muse_stack.plan.used import UsedCalibration, nccl_groups, ring_communicator_bytes, used_memory
 from muse_stack.recipes.catalogue import load_recipe
@@ -74,16 +74,49 @@ def test_terms_add_up_to_the_step_and_the_pipeline_follows_its_formula():
 
 
 def test_full_recompute_adds_one_forward_and_nothing_else():
-    _, none = _time("proxy-1gpu")
-    _, full = _time("proxy-1gpu", ["recompute.granularity=full"])
+    # slice-1gpu is GPU-bound (its host time is hidden): the step grows by the recomputed forward alone
+    _, none = _time("slice-1gpu")
+    _, full = _time("slice-1gpu", ["recompute.granularity=full"])
     assert none.terms_s["recompute"] == 0.0
+    assert none.terms_s["host_exposed"] == full.terms_s["host_exposed"] == 0.0
     for key in BACKWARD:
-        assert full.terms_s[key] == pytest.approx(none.terms_s[key], rel=REL)
-    # the recomputed forward of a layer is its terms over (1 + backward/forward); proxy-1gpu has one
-    # stage, so the output layer's GEMM (not recomputed) is the only other part of dense_gemm
-    recomputed = sum(none.terms_s[k] / (1 + BACKWARD[k]) for k in BACKWARD if k != "dense_gemm")
+        if key not in HOST:
+            assert full.terms_s[key] == pytest.approx(none.terms_s[key], rel=REL)
+    # the recomputed forward of a layer is its GPU terms over (1 + backward/forward); slice-1gpu has
+    # one stage, so the output layer's GEMM (not recomputed) is the only other part of dense_gemm
+    recomputed = sum(none.terms_s[k] / (1 + BACKWARD[k]) for k in BACKWARD if k not in ("dense_gemm", *HOST))
     assert recomputed < full.terms_s["recompute"] < recomputed + none.terms_s["dense_gemm"] / 3
     assert full.step_s == pytest.approx(none.step_s + full.terms_s["recompute"], rel=REL)
+    # its host time grows by one more forward of each layer's launches, hidden all the same
+    recipe = load_recipe("slice-1gpu")
+    model, cal = recipe.model_config_resolved(), TimeCalibration()
+    host_forward = cal.layer_overhead_s + cal.expert_overhead_s * model.num_local_experts
+    assert full.stage_host_s[0] - none.stage_host_s[0] == pytest.approx(model.num_hidden_layers * host_forward,
+                                                                        rel=REL)
+
+
+def test_the_host_time_overlaps_the_gpu_work():
+    """A stage's micro-batch costs max(GPU work, host time): the host's launches run ahead of the
+    kernels. proxy-1gpu (hidden 2,048, about 5% MFU measured) is host-bound, slice-1gpu GPU-bound;
+    the breakdown adds the host time the GPU work does not hide (host_exposed)."""
+    for name, bound in (("proxy-1gpu", "host"), ("slice-1gpu", "gpu")):
+        _, t = _time(name)
+        (gpu,), (host,) = t.stage_gpu_s, t.stage_host_s
+        assert (host > gpu) == (bound == "host"), name
+        assert t.stage_s == [max(gpu, host)]
+        assert t.terms_s["host_exposed"] == pytest.approx(t.microbatches * max(0.0, host - gpu), rel=REL, abs=1e-15)
+        assert sum(t.terms_s.values()) == pytest.approx(t.step_s, rel=REL)
+        gpu_terms = sum(v for k, v in t.terms_s.items() if k not in ("host_exposed", "optimizer", "dp_comm", "pp_bubble"))
+        assert gpu_terms == pytest.approx(t.microbatches * gpu, rel=REL)
+    # host-bound: one more ms per micro-batch is one more ms per micro-batch of step; GPU-bound: nothing
+    for name, moves in (("proxy-1gpu", True), ("slice-1gpu", False)):
+        recipe = load_recipe(name)
+        cal = TimeCalibration()
+        more = cal.model_copy(update={"microbatch_overhead_s": cal.microbatch_overhead_s + 1e-3})
+        a, _ = make_plan(recipe, strict=False, time_calibration=cal)
+        b, _ = make_plan(recipe, strict=False, time_calibration=more)
+        want = a.time.microbatches * 1e-3 if moves else 0.0
+        assert b.time.step_s - a.time.step_s == pytest.approx(want, rel=1e-9, abs=1e-12), name
 
 
 def test_parallel_terms_vanish_without_their_parallelism():
@@ -220,6 +253,30 @@ def test_the_older_runs_are_checked_with_the_adopted_calibration():
         assert ft.step_time(*points[p["benchmark"]], cal) == pytest.approx(p["adopted_predicted_s"], rel=REL)
     single = [abs(p["adopted_error"]) for p in fit["points"] if p["set"] == "fitted" and p["gpus"] == 1]
     assert fit["adopted"]["fitted_single_gpu"]["max_abs_error"] == pytest.approx(max(single), rel=REL)
+    left = [abs(p["adopted_leave_one_out_error"]) for p in fit["points"] if p["set"] == "fitted"]
+    assert fit["adopted_leave_one_out"]["fitted_all"]["max_abs_error"] == pytest.approx(max(left), rel=REL)
+
+
+def test_the_host_times_are_the_older_runs_fit():
+    """The sweep is GPU-bound and holds the host times (and the eager passes) at fit_time.PRIOR; PRIOR
+    is the fit to the older runs (fit_time.json's ``fitted``, 4 significant digits: relative rounding
+    <= 5e-4), and the planner's defaults carry PRIOR's values of them."""
+    fit = json.loads((PLAN / "fit_time.json").read_text())
+    ft = _module("fit_time")
+    assert fit["prior_differs"] == [] and fit["defaults_differ"] == [] and fit["stable"]
+    for u, fields in ft.UNKNOWNS.items():
+        v = fit["fitted"][u]
+        for f in fields:
+            assert getattr(ft.PRIOR, f) == (pytest.approx(v, rel=5e-4) if v else 0), f
+    cal = TimeCalibration()
+    for u in ft.HELD_BY_SWEEP:
+        assert getattr(cal, u) == getattr(ft.PRIOR, u), u
+    sweep = json.loads((SWEEP / "fit.json").read_text())
+    assert set(sweep["held"]) == set(ft.HELD_BY_SWEEP)
+    # the proxy-model runs (about 5% MFU) fix the host times: host-bound; the older slice runs GPU-bound
+    regime = {p["benchmark"]: p["regime"] for p in fit["points"]}
+    assert {regime[n] for n in ("proxy-1gpu", "proxy-2gpu", "pp2", "cp2", "etp2")} == {"host"}
+    assert {regime[n] for n in ("slice-1gpu-mbs1-eager", "slice-1gpu-mbs2-compiled")} == {"gpu"}
 
 
 @pytest.fixture(scope="module")

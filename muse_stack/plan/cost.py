@@ -16,8 +16,14 @@ forward for GEMMs and elementwise work, 2.5 x for attention, which recomputes QK
   sequence when rows are packed) at the attention efficiency;
 * elementwise and norm work: the layer's activation bytes (the memory model's formulas) read and
   written ``passes`` times at HBM bandwidth, fewer passes when the chains are compiled;
-* a fixed time per layer and pass, plus one per local expert (kernel launches and host work),
-  and one per micro-batch and stage;
+* host time: a fixed time per layer and pass, plus one per local expert (kernel launches and
+  host work), and one per micro-batch and stage. The host does not wait for a kernel it launches
+  (CUDA launches are asynchronous: the host enqueues, the GPU drains the stream in order), so the
+  host time runs alongside the GPU work it launches instead of adding to it. One micro-batch on one
+  stage costs ``max(GPU work, host time)``: the GPU work when the queue stays full (the host runs
+  ahead, the GPU never waits for a launch), the host time when the kernels are shorter than their
+  launches (the GPU idles between them). The GPU work is every other term here, the collectives
+  included (NCCL's kernels run on the GPU's streams);
 * the token dispatcher's permutation (``dispatch``): the routed slots at the latent width
   (``2 x top-k x tokens/TP x ETP x latent`` bytes) gathered into expert order and scattered back,
   read and written ``passes`` times at HBM bandwidth, the passes by dispatcher: the allgather
@@ -53,7 +59,8 @@ forward for a part that trains and none for a frozen one (nothing upstream of th
 and one more forward of the vision tower under full recompute. Their FLOPs join the MFU
 (:func:`muse_stack.flops.tower_flops_per_sequence`).
 
-A 1F1B pipeline of ``m`` micro-batches over stages of per-micro-batch time ``t_s`` (including the
+A 1F1B pipeline of ``m`` micro-batches over stages of per-micro-batch time ``t_s`` (``max(GPU work,
+host time)``, the GPU work including the
 point-to-point send of the boundary activations, in the engine's fp32 pipeline dtype and
 megatron-core's pipeline shape, over EFA/InfiniBand once the world exceeds one NVLink domain)
 takes ``(m - 1) x max t_s + sum t_s / VPP``: the slowest stage sets the steady state, the fill
@@ -100,41 +107,45 @@ DDP_BUCKET_PARAMS = 40_000_000
 
 
 class TimeCalibration(BaseModel):
-    """Kernel efficiencies, HBM passes and fixed times of the step-time model. The H200 values are
-    ``benchmarks/scripts/plan/fit_time.py --sweep``'s fit to one machine's sweep of slice-1gpu as
-    shipped and each neighbour of its settings (``h200.sh plansweep``; least squares on the relative
-    error, each unknown at or above its bound; benchmarks/results/plan-sweep/fit.json is its output).
-    What that sweep does not separate (the eager passes, the time per local expert) keeps the value
-    of the earlier fit to the older H200 runs of benchmarks/ (``fit_time.PRIOR``); fit_time.py
-    without ``--sweep`` checks this calibration on those runs out of sample
-    (benchmarks/results/plan/fit_time.json, ``adopted_error``)."""
+    """Kernel efficiencies, HBM passes and fixed times of the step-time model. The GPU terms' H200
+    values are ``benchmarks/scripts/plan/fit_time.py --sweep``'s fit to one machine's sweep of
+    slice-1gpu as shipped and each neighbour of its settings (``h200.sh plansweep``; least squares on
+    the relative error, each unknown at or above its bound; benchmarks/results/plan-sweep/fit.json is
+    its output). The sweep's runs are GPU-bound and hide the host time, so the host times (per layer
+    pass, per micro-batch, per local expert) and the eager passes, which the sweep does not separate,
+    are the fit to the older H200 runs of benchmarks/ (``fit_time.PRIOR``, fit_time.py without
+    ``--sweep``: its proxy-model runs are host-bound; other machines and stacks than the sweep's).
+    fit_time.py without ``--sweep`` checks this calibration on those runs
+    (benchmarks/results/plan/fit_time.json, ``adopted_error`` and ``adopted_leave_one_out_error``)."""
 
     model_config = ConfigDict(frozen=True)
 
     # one efficiency for dense GEMMs, expert GEMMs and attention: fitted apart, the H200 runs do
     # not identify them (fit_time.py); the roofline in gemm_time still tells the shapes apart
-    gemm_efficiency_dense: float = 0.5584
-    gemm_efficiency_expert: float = 0.5584
-    attention_efficiency: float = 0.5584
-    elementwise_passes: float = 5.879  # HBM passes over the activation bytes, eager (held: the sweep is compiled)
+    gemm_efficiency_dense: float = 0.5175
+    gemm_efficiency_expert: float = 0.5175
+    attention_efficiency: float = 0.5175
+    elementwise_passes: float = 6.307  # HBM passes over the activation bytes, eager (the older runs': the sweep is compiled)
     elementwise_passes_compiled: float = 0  # the same with fusions.compile_elementwise (fitted to 0)
-    layer_overhead_s: float = 0  # per decoder layer and forward pass (backward counts 2; fitted to 0)
-    microbatch_overhead_s: float = 0.003872  # per micro-batch and stage, forward and backward together
-    # per local expert, decoder layer and forward pass (grouped GEMM launches; held: the sweep holds
-    # the expert count, so it moves with the time per layer)
-    expert_overhead_s: float = 7.833e-05
+    # host time (launches and host work; it overlaps the GPU work, see estimate_step), fitted to the
+    # older runs (the sweep is GPU-bound): per decoder layer and forward pass (backward counts 2)
+    layer_overhead_s: float = 0.006206
+    microbatch_overhead_s: float = 0.02514  # per micro-batch and stage, forward and backward together
+    expert_overhead_s: float = 6.222e-05  # per local expert, decoder layer and forward pass (grouped GEMM launches)
     # HBM passes over the routed slots' latent bytes per layer and forward pass, by dispatcher
     # (permute and unpermute; fit_time.py --sweep)
     dispatch_passes_allgather: float = 0  # fitted to 0 (its bound)
-    dispatch_passes_alltoall: float = 3.261  # flex priced the same
-    # HBM passes over the optimizer layout's extra bytes per sharded parameter and step
-    optimizer_copy_passes: float = 0.4262  # megatron-core's fp32 master -> bf16 weight copy (6 B), precision_aware off
-    remainder_passes: float = 3.898  # int16 remainders read and written (4 B), param_remainders on
+    dispatch_passes_alltoall: float = 0  # flex priced the same; fitted to 0 (its bound)
+    # HBM passes over the optimizer layout's extra bytes per sharded parameter and step (fitted to 0,
+    # their bound: the sweep's runs of these layouts are within 1.8% of the shipped run's step)
+    optimizer_copy_passes: float = 0  # megatron-core's fp32 master -> bf16 weight copy (6 B), precision_aware off
+    remainder_passes: float = 0  # int16 remainders read and written (4 B), param_remainders on
     # Not fitted (no measurement in benchmarks/ resolves it): collectives run at the published bus
     # bandwidth of the fabric they cross (plan/fabrics.py), times this factor.
     link_efficiency: float = 1.0
     source: str = ("H200 step times of one machine's sweep of slice-1gpu and its neighbours, "
-                   "benchmarks/results/plan-sweep/fit.json")
+                   "benchmarks/results/plan-sweep/fit.json (GPU terms); the host times and eager passes of "
+                   "the older H200 runs of benchmarks/ (fit_time.PRIOR)")
 
 
 class TermTimes(BaseModel):
@@ -144,15 +155,16 @@ class TermTimes(BaseModel):
     expert_gemm: float = 0.0
     attention: float = 0.0
     elementwise: float = 0.0
-    layer_overhead: float = 0.0
     recompute: float = 0.0
     dispatch: float = 0.0  # the token dispatcher's permutation (HBM)
     tp_comm: float = 0.0
     ep_alltoall: float = 0.0
     cp_comm: float = 0.0
     pp_p2p: float = 0.0
-    microbatch_overhead: float = 0.0
     towers: float = 0.0  # the perception towers (first stage of an image-text recipe)
+    # the host time (per layer pass, per local expert, per micro-batch) the GPU work does not hide:
+    # max(0, host - the terms above), so that the stage costs max(GPU work, host time)
+    host_exposed: float = 0.0
 
     def total(self) -> float:
         return sum(self.model_dump().values())
@@ -184,7 +196,9 @@ class StepTime(BaseModel):
     usd_per_million_tokens: float | None
     terms_s: dict[str, float]  # per step, on the critical path; sums to step_s
     dominant: str
-    stage_s: list[float]  # per micro-batch, per stage
+    stage_s: list[float]  # per micro-batch, per stage: max(stage_gpu_s, stage_host_s)
+    stage_gpu_s: list[float] = []  # per micro-batch, per stage: the GPU work (every term but host_exposed)
+    stage_host_s: list[float] = []  # per micro-batch, per stage: the host time (launches and host work)
     microbatches: int
     assumptions: list[str]
     calibration: TimeCalibration
@@ -336,6 +350,10 @@ BACKWARD = {"dense_gemm": 2.0, "expert_gemm": 2.0, "attention": 2.5, "elementwis
             "dispatch": 1.0, "tp_comm": 1.5, "ep_alltoall": 1.0, "cp_comm": 2.0}
 
 
+#: the terms of layer_terms that are host time (launches and host work), not GPU work: they run
+#: alongside the GPU work (asynchronous launches), see estimate_step
+HOST = ("layer_overhead",)
+
 #: backward / forward of the base GEMMs under a frozen base: data gradients only
 FROZEN_BACKWARD = {"dense_gemm": 1.0, "expert_gemm": 1.0, "tp_comm": 1.0}
 
@@ -467,7 +485,10 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
         adapters = adapter_terms(settings, model, spec, cal, tokens=tokens, tp=tp, ep=ep, etp=etp)
     # the adapters' backward computes both their weight and their input gradients: 2 x the forward
     per_layer = {key: fwd[key] * (1 + backward[key]) + 3 * adapters.get(key, 0.0) for key in fwd}
-    per_layer["recompute"] = sum((fwd[key] + adapters.get(key, 0.0)) * share for key, share in rec.items())
+    per_layer["recompute"] = sum((fwd[key] + adapters.get(key, 0.0)) * share for key, share in rec.items()
+                                 if key not in HOST)
+    # host time of a layer: its forward, backward and recomputed forward's launches
+    host_layer = sum(per_layer.pop(key) + fwd[key] * rec.get(key, 0.0) for key in HOST)
     # pipeline boundary: the hidden states forward, their gradient back, in megatron-core's
     # pipeline tensor shape (the sequence split over TP with SP) and the engine's pipeline dtype
     p2p_bytes = PIPELINE_BYTES * (tokens / tp if sp else tokens) * model.hidden_size
@@ -483,6 +504,8 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     towers_s = tower_time(towers, spec, cal, sequences=batch.mbs,
                           full_recompute=(recipe.recompute.granularity or "none") == "full")
     stage_terms: list[TermTimes] = []
+    stage_gpu: list[float] = []
+    stage_host: list[float] = []
     for s, n in enumerate(stages):
         terms = {key: n * val for key, val in per_layer.items()}
         if s == 0:
@@ -490,8 +513,14 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
         if s == len(stages) - 1:
             terms["dense_gemm"] += out_gemm
         terms["pp_p2p"] = p2p if pp > 1 else 0.0
-        terms["microbatch_overhead"] = cal.microbatch_overhead_s
+        gpu = sum(terms.values())
+        host = n * host_layer + cal.microbatch_overhead_s
+        # asynchronous launches: the stage costs max(gpu, host); the breakdown keeps every GPU term
+        # whole and adds the host time the GPU work does not hide
+        terms["host_exposed"] = max(0.0, host - gpu)
         stage_terms.append(TermTimes(**terms))
+        stage_gpu.append(gpu)
+        stage_host.append(host)
     stage_s = [st.total() for st in stage_terms]
     slow = max(range(len(stage_s)), key=lambda j: stage_s[j])
     steady = microbatches * stage_s[slow]
@@ -574,5 +603,5 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
         mfu=flops["training"] * tps / peak, mfu_6n=flops["training_6n"] * tps / peak,
         usd_per_million_tokens=price / (tps * 3600) * 1e6 if price else None,
         terms_s=terms_s, dominant=max(terms_s, key=lambda key: terms_s[key]), stage_s=stage_s,
-        microbatches=microbatches, assumptions=assumptions, calibration=cal,
+        stage_gpu_s=stage_gpu, stage_host_s=stage_host, microbatches=microbatches, assumptions=assumptions, calibration=cal,
         communication=[c for c in comm if c.seconds > 0])
