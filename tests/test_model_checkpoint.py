@@ -177,3 +177,14 @@ def test_missing_shard(tmp_path):
     next((tmp_path / "ckpt").glob("model-00002-of-*.safetensors")).unlink()
     with pytest.raises(InputError, match="shard model-00002-of-"):
         load_checkpoint(tmp_path / "ckpt")
+
+
+def test_a_loaded_model_owns_its_weights(tmp_path):
+    """The loaded weights are the model's own allocations, not views of the files' bytes: saving
+    another model over the checkpoint leaves the loaded one computing what it did."""
+    save_checkpoint(tiny_model(seed=0), tmp_path / "ckpt")
+    loaded = load_checkpoint(tmp_path / "ckpt")
+    before = loaded(IDS).logits.detach().clone()
+    assert all(p.data_ptr() % 64 == 0 for p in loaded.parameters())  # the allocator's alignment
+    save_checkpoint(tiny_model(seed=1), tmp_path / "ckpt")
+    torch.testing.assert_close(loaded(IDS).logits, before, rtol=0, atol=0)

@@ -149,7 +149,8 @@ def _adapted_model(config: ModelConfig, settings, tensors: dict[str, torch.Tenso
     meta_device = next(base.parameters()).device.type == "meta"
     with torch.no_grad():
         if meta_device:
-            base.load_state_dict({k: tensors[k].to(wanted[k].dtype) for k in wanted}, strict=False, assign=True)
+            base.load_state_dict({k: tensors[k].to(wanted[k].dtype, copy=True) for k in wanted}, strict=False,
+                                 assign=True)  # owned, aligned memory, not views of the file
         else:
             for k, t in wanted.items():
                 t.copy_(tensors[k])
