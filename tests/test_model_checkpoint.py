@@ -180,8 +180,9 @@ def test_missing_shard(tmp_path):
 
 
 def test_a_loaded_model_owns_its_weights(tmp_path):
-    """The loaded weights are the model's own allocations, not views of the files' bytes: saving
-    another model over the checkpoint leaves the loaded one computing what it did."""
+    """The loaded weights are the model's own allocations (the allocator's alignment, not the
+    file's offsets), and saving another model over the checkpoint leaves the loaded one computing
+    what it did."""
     save_checkpoint(tiny_model(seed=0), tmp_path / "ckpt")
     loaded = load_checkpoint(tmp_path / "ckpt")
     before = loaded(IDS).logits.detach().clone()

@@ -403,10 +403,10 @@ def load_checkpoint(directory: str | os.PathLike[str], dtype: torch.dtype | None
         model = MuseSparkForCausalLM(config, seed=None, towers=tower_config)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     tensors, report = _read_text_tensors(path, expected, device, towers=tower_config is not None)
-    # each tensor gets its own allocation: safetensors hands out views into the file's bytes, which
-    # are neither owned by the model (a later save over the file would change them) nor aligned as
-    # the allocator aligns, and an unaligned weight takes other SIMD paths, so the loaded model
-    # would not compute bitwise what the saved one did
+    # each tensor gets its own allocation: safetensors 0.8 hands out tensors over the mapped file,
+    # at the file's offsets rather than the allocator's 64-byte alignment; an unaligned weight takes
+    # other SIMD paths, so the loaded model would not compute bitwise what the saved one did, and it
+    # would depend on the file staying as it is
     for name, tensor in tensors.items():
         target = torch.float32 if keeps_fp32(name) else (dtype or tensor.dtype)
         tensors[name] = tensor.to(target, copy=True)

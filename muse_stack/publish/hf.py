@@ -150,7 +150,7 @@ def _adapted_model(config: ModelConfig, settings, tensors: dict[str, torch.Tenso
     with torch.no_grad():
         if meta_device:
             base.load_state_dict({k: tensors[k].to(wanted[k].dtype, copy=True) for k in wanted}, strict=False,
-                                 assign=True)  # owned, aligned memory, not views of the file
+                                 assign=True)  # owned, aligned memory, not the mapped file
         else:
             for k, t in wanted.items():
                 t.copy_(tensors[k])
