@@ -91,6 +91,8 @@ for what in "${@:-smoke}"; do
     one $ES fusions.permute=false $W --out "$D/no-permute-fusion.json"
     one $ES performance.overlap_grad_reduce=true $W --out "$D/overlap-grad-reduce.json"
     one $ES $W --out "$D/shipped-again.json"
+    python3 benchmarks/scripts/levers_choose.py "$D" --write "$D/kept.txt" | tee "$D/choice.txt"
+    cp "$D/kept.txt" /tmp/levers-kept.txt  # for side-by-side/run.sh in the next call on this machine
     tar czf "$OUT/levers5.tgz" -C "$OUT" levers5 ;;
   slice1) rm -rf runs/slice-1gpu1; one $MS run slice-1gpu $ASRAN --out runs/slice-1gpu1 --no-progress; keep slice-1gpu-mbs1-compiled runs/slice-1gpu1 ;;
   slice2) rm -rf runs/slice-1gpu-mbs2; one $MS run slice-1gpu $ASRAN batch.mbs=2 --out runs/slice-1gpu-mbs2 --no-progress

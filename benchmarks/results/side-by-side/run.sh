@@ -5,7 +5,8 @@
 # results.json, metrics.jsonl, fingerprint.json, recipe.yaml (runner) and bridge-slice.json (Bridge).
 # Needs TE 2.20.2 + megatron-core 0.19.2 in /tmp/site (../shared/device/te-stage.sh) and Bridge's
 # wheels installed by `bash benchmarks/scripts/bridge/stage.sh install DIR` into /tmp/site-bridge.
-#   usage: OUT=dir bash benchmarks/results/side-by-side/run.sh [N]     (N pairs, default 3)
+#   usage: OUT=dir [RUNNER_OVERRIDES="a.b=c ..."] bash benchmarks/results/side-by-side/run.sh [N]   (N pairs, default 3)
+# RUNNER_OVERRIDES: recipe overrides for the runner's runs (each run's recipe.yaml records the result); empty: as shipped
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
@@ -15,7 +16,7 @@ for i in $(seq 1 "${1:-3}"); do
   echo "=== runner$i $(date +%T)"
   rm -rf "runs/sbs-runner$i"
   PYTHONPATH=/tmp/site:${PYTHONPATH:-}:. CUDA_VISIBLE_DEVICES=0 timeout 300 \
-    python3 -m muse_stack.cli run slice-1gpu --no-progress --out "runs/sbs-runner$i" 2>&1 | tail -3
+    python3 -m muse_stack.cli run slice-1gpu ${RUNNER_OVERRIDES:-} --no-progress --out "runs/sbs-runner$i" 2>&1 | tail -3
   mkdir -p "$OUT/runner$i"
   cp "runs/sbs-runner$i"/{results.json,metrics.jsonl,fingerprint.json,recipe.yaml} "$OUT/runner$i/" 2>/dev/null
   echo "=== bridge$i $(date +%T)"
