@@ -67,3 +67,25 @@ def test_launch_sites_name_the_operators_behind_each_kernel():
     assert site["seconds_per_step"] == pytest.approx(40e-6, rel=REL)
     (grouped,) = rows["grouped expert GEMM"]["top_sites"]
     assert grouped["operators"] == "_GroupedLinear"
+
+
+def test_idle_gaps_are_split_by_length_and_name_the_host_call_in_them():
+    trace = _trace()
+    # the host waits on the GPU between the dense GEMM and the NCCL kernel (gap 300-400)
+    trace["traceEvents"].append({"ph": "X", "cat": "cpu_op", "tid": 1, "ts": 290, "dur": 105, "name": "aten::item"})
+    trace["traceEvents"].append({"ph": "X", "cat": "cuda_runtime", "tid": 1, "ts": 295, "dur": 100,
+                                 "name": "cudaStreamSynchronize"})
+    out = profile_step.summarise_trace(trace, steps=1)
+    # gaps: 250-260 (10 us) and 300-400 (100 us); the bins are [0, 100), [100, 1000), [1000, inf)
+    bins = {b["gap_us"]: b for b in out["idle_by_gap_length"]}
+    assert bins["0-100"]["count_per_step"] == 1 and bins["0-100"]["seconds_per_step"] == pytest.approx(10e-6, rel=REL)
+    assert bins["100-1000"]["count_per_step"] == 1
+    assert bins["100-1000"]["seconds_per_step"] == pytest.approx(100e-6, rel=REL)
+    assert bins["1000-inf"]["count_per_step"] == 0
+    assert sum(b["seconds_per_step"] for b in bins.values()) == pytest.approx(out["idle_seconds_per_step"], rel=REL)
+    first, second = out["longest_gaps"]
+    assert first["seconds"] == pytest.approx(100e-6, rel=REL) and first["at_s"] == pytest.approx(100e-6, rel=REL)
+    assert first["runtime_call"] == "cudaStreamSynchronize"
+    assert first["runtime_call_share"] == pytest.approx(95 / 100, rel=REL)  # 300-395 of the gap 300-400
+    assert first["operators"] == "aten::item"
+    assert second["seconds"] == pytest.approx(10e-6, rel=REL) and second["runtime_call"] is None

@@ -21,7 +21,11 @@ open when it was launched (``--shapes`` adds the operators' input shapes), which
 behind the time.
 
 Idle is the step's wall time with no kernel running (the union of kernel intervals subtracted
-from the profiled steps' span). Times are per step, the mean over the profiled steps.
+from the profiled steps' span). Times are per step, the mean over the profiled steps. The idle
+time is also split by gap length, and the longest gaps are listed with what the host was doing
+in them: the CUDA runtime call that overlaps the gap longest (a ``cudaStreamSynchronize`` or a
+device-to-host copy is the host waiting on the GPU: a sync) and the operators open on that
+call's thread, innermost last. A gap with no runtime call in it is the host busy in Python.
 
     PYTHONPATH=. python benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --out profile.json \
         [--trace trace.json.gz]
@@ -45,6 +49,10 @@ from muse_stack.benchio import finish, megatron_engine, recipe_args
 CLASSES = ["communication", "optimizer", "grouped expert GEMM", "attention", "router and permutation", "loss",
            "dense GEMM", "norms and elementwise"]
 SITE_DEPTH = 4  # operators named per launch site, innermost last
+GAPS_LISTED = 12  # the longest idle gaps, with the host's activity in each
+#: idle gaps split by length (microseconds): launch latency between kernels is a few microseconds;
+#: a gap of a millisecond or more is the GPU starved by the host (a sync, or Python slower than the GPU)
+GAP_BINS = ((0.0, 100.0), (100.0, 1000.0), (1000.0, float("inf")))
 GEMM = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_|sm100_|wgmma", re.I)
 
 
@@ -75,6 +83,7 @@ def summarise_trace(trace: dict, steps: int) -> dict:
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     ops_by_tid: dict[object, list[tuple[float, float, str]]] = defaultdict(list)
     launches: dict[int, tuple[object, float]] = {}
+    runtime: list[tuple[float, float, object, str]] = []  # every runtime / driver call: (start, end, tid, name)
     kernels = []
     for e in events:
         cat = e.get("cat", "")
@@ -85,6 +94,7 @@ def summarise_trace(trace: dict, steps: int) -> dict:
             name = e["name"] + (str([d for d in dims if d]).replace(" ", "") if dims else "")
             ops_by_tid[e["tid"]].append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), name))
         elif cat in ("cuda_runtime", "cuda_driver"):
+            runtime.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["tid"], e["name"]))
             corr = (e.get("args") or {}).get("correlation")
             if corr is not None:
                 launches[corr] = (e["tid"], float(e["ts"]))
@@ -116,18 +126,41 @@ def summarise_trace(trace: dict, steps: int) -> dict:
         intervals.append((float(k["ts"]), float(k["ts"]) + dur))
     intervals.sort()
     busy, span_start, span_end, cur_a, cur_b = 0.0, None, None, None, None
+    gaps: list[tuple[float, float]] = []  # (start, end) of each stretch with no kernel running
     for a, b in intervals:
         span_start = a if span_start is None else min(span_start, a)
         span_end = b if span_end is None else max(span_end, b)
         if cur_b is None or a > cur_b:
             if cur_b is not None:
                 busy += cur_b - cur_a
+                gaps.append((cur_b, a))
             cur_a, cur_b = a, b
         else:
             cur_b = max(cur_b, b)
     if cur_b is not None:
         busy += cur_b - cur_a
     span = (span_end - span_start) if span_start is not None else 0.0
+    runtime.sort()
+    runtime_starts = [r[0] for r in runtime]
+
+    def host_in(a: float, b: float) -> dict:
+        """The runtime call overlapping the gap (a, b) longest, and the operators open on its thread."""
+        best, best_overlap = None, 0.0
+        for r in runtime[max(0, bisect.bisect_left(runtime_starts, a) - 64):bisect.bisect_right(runtime_starts, b)]:
+            overlap = min(r[1], b) - max(r[0], a)
+            if overlap > best_overlap:
+                best, best_overlap = r, overlap
+        if best is None:
+            return {"runtime_call": None, "runtime_call_share": 0.0, "operators": ""}
+        return {"runtime_call": best[3], "runtime_call_share": best_overlap / (b - a),
+                "operators": " > ".join(ops_at(best[2], max(best[0], a))[-SITE_DEPTH:])}
+
+    offset = span_start or 0.0
+    by_length = [{"gap_us": f"{lo:g}-{hi:g}", "count_per_step": sum(lo <= b - a < hi for a, b in gaps) / steps,
+                  "seconds_per_step": sum(b - a for a, b in gaps if lo <= b - a < hi) * 1e-6 / steps}
+                 for lo, hi in GAP_BINS]
+    longest = [{"at_s": (a - offset) * 1e-6, "seconds": (b - a) * 1e-6, **host_in(a, b)}
+               for a, b in sorted(gaps, key=lambda g: g[0] - g[1])[:GAPS_LISTED]]
     us = 1e-6 / steps
     total_kernel = sum(per_class.values())
     rows = [{"class": c, "seconds_per_step": per_class.get(c, 0.0) * us,
@@ -138,7 +171,8 @@ def summarise_trace(trace: dict, steps: int) -> dict:
             for c in CLASSES]
     return {"classes": rows, "kernel_seconds_per_step": total_kernel * us,
             "busy_seconds_per_step": busy * us, "span_seconds_per_step": span * us,
-            "idle_seconds_per_step": (span - busy) * us, "kernels": len(kernels),
+            "idle_seconds_per_step": (span - busy) * us, "idle_by_gap_length": by_length, "longest_gaps": longest,
+            "kernels": len(kernels),
             "note": "kernel time can exceed busy time where kernels overlap on streams"}
 
 
@@ -177,7 +211,13 @@ def main(argv: list[str] | None = None) -> int:
               "wall_seconds_per_step_profiled": wall, **summarise_trace(trace, args.steps)}
     for row in result["classes"]:
         print(f"{row['class']:<24} {row['seconds_per_step']:8.4f} s  {100 * row['share_of_kernel_time']:5.1f}%")
-    finish(result, args.out, omit=lambda k: k == "classes")
+    for row in result["idle_by_gap_length"]:
+        print(f"idle in gaps of {row['gap_us']:>10s} us: {row['count_per_step']:7.1f} per step, "
+              f"{1e3 * row['seconds_per_step']:7.2f} ms per step")
+    for g in result["longest_gaps"]:
+        print(f"gap {1e3 * g['seconds']:7.3f} ms at {g['at_s']:.4f} s: {g['runtime_call']} "
+              f"({100 * g['runtime_call_share']:.0f}%) | {g['operators'][-100:]}")
+    finish(result, args.out, omit=lambda k: k in ("classes", "longest_gaps", "idle_by_gap_length"))
     return 0
 
 
