@@ -536,19 +536,34 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     edp_fabric = group_links(world // pp, links)
     grad_b, param_b = 4, BF16
 
-    def dp_time(params: float, group: int, fabric: Fabric) -> float:
+    def dp_time(params: float, group: int, fabric: Fabric) -> tuple[float, float, float]:
         """Per DDP bucket: a reduce-scatter of the fp32 gradients and an all-gather of the bf16
-        parameters (distributed optimizer), or an all-reduce of the gradients (2 x the ring)."""
+        parameters (distributed optimizer), or an all-reduce of the gradients (2 x the ring).
+        Returns (gradient reduce, parameter gather, one bucket's gradient reduce)."""
         if group <= 1 or params <= 0:
-            return 0.0
+            return 0.0, 0.0, 0.0
         buckets = -(-params // DDP_BUCKET_PARAMS)
         if dist_opt:
-            return 2 * buckets * fabric.latency_s + ring_time(params * (grad_b + param_b), group, fabric.gbps * eff)
-        return buckets * fabric.latency_s + 2 * ring_time(params * grad_b, group, fabric.gbps * eff)
+            reduce = buckets * fabric.latency_s + ring_time(params * grad_b, group, fabric.gbps * eff)
+            gather = buckets * fabric.latency_s + ring_time(params * param_b, group, fabric.gbps * eff)
+        else:
+            reduce, gather = buckets * fabric.latency_s + 2 * ring_time(params * grad_b, group, fabric.gbps * eff), 0.0
+        return reduce, gather, reduce / buckets
 
-    dense_dp = dp_time(dense_p, dp * cp, dp_fabric)
-    expert_dp = dp_time(expert_p, edp_, edp_fabric)
-    dp_comm = dense_dp + expert_dp
+    dense_dp, expert_dp = dp_time(dense_p, dp * cp, dp_fabric), dp_time(expert_p, edp_, edp_fabric)
+    reduce_s, gather_s = dense_dp[0] + expert_dp[0], dense_dp[1] + expert_dp[1]
+    if recipe.performance.overlap_grad_reduce and reduce_s > 0:
+        # megatron-core DDP's overlap_grad_reduce: each bucket is reduced as soon as the last
+        # micro-batch's backward has filled it, so the reduce runs under that backward (the slowest
+        # stage's, its GPU terms' backward share); the last bucket's reduce follows the backward and
+        # stays exposed. The parameter all-gather still follows the optimizer (no overlap_param_gather).
+        last = stages[slow]
+        hide = last * sum(fwd[key] * backward[key] for key in fwd if key not in HOST) \
+            + (out_gemm * backward["dense_gemm"] / (1 + backward["dense_gemm"]) if slow == len(stages) - 1 else 0.0)
+        reduce_s = max(max(dense_dp[2], expert_dp[2]), reduce_s - hide)
+        assumptions.append("overlap_grad_reduce: the DDP gradient reduce runs under the last micro-batch's backward "
+                           "but for its last bucket; the parameter all-gather follows the optimizer")
+    dp_comm = reduce_s + gather_s
     opt_params = dense_p / (dp * cp) + expert_p / edp_ if dist_opt else dense_p + expert_p
     opt = recipe.optimizer
     opt_bytes = ADAM_BYTES_PER_PARAM + layout_bytes_per_param(cal, bool(opt.precision_aware), bool(opt.param_remainders))
@@ -586,9 +601,9 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     ]
     assumptions.append(
         f"communication: {links.intra.describe()} inside {links.domain} GPUs, {links.inter.describe()} across "
-        "(muse_stack/plan/fabrics.py); no collective overlaps compute (the recipes set no overlap: megatron-core's "
-        "1F1B send/receive blocks, the all-to-all dispatcher runs in line, the DDP reduce runs after the last "
-        "micro-batch)")
+        "(muse_stack/plan/fabrics.py); megatron-core's 1F1B send/receive blocks and the all-to-all dispatcher "
+        "runs in line" + ("" if recipe.performance.overlap_grad_reduce else
+                          "; the DDP reduce runs after the last micro-batch (performance.overlap_grad_reduce unset)"))
     tokens_step = batch.gbs * seq
     tps = tokens_step / step / world
     flops = dict(training_flops_per_token(model, seq_lens, peft=settings))
