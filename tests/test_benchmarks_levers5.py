@@ -1,0 +1,117 @@
+"""Issue 34's levers (benchmarks/results/levers5/) and the side-by-side sittings
+(benchmarks/results/side-by-side/): the keep-or-reject rule, and every figure their READMEs state,
+recomputed from the committed result files. CPU only; nothing is timed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+LEVERS = RESULTS / "levers5"
+SBS = RESULTS / "side-by-side"
+SITTINGS = ("2026-12-02", "2026-12-03")
+
+spec = importlib.util.spec_from_file_location("levers_choose", RESULTS.parent / "scripts" / "levers_choose.py")
+levers_choose = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(levers_choose)
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _tps(name: str) -> float:
+    return _json(LEVERS / f"{name}.json")["tokens_per_s_per_gpu"]
+
+
+def test_the_rule_on_made_up_runs(tmp_path):
+    """Kept only above twice the shipped runs' drift (here 1%, so 2%) and above 0.5%; a missing run is no gain."""
+    for name, tps in {"shipped": 100.0, "shipped-again": 101.0, "router-fusion": 103.6,
+                      "optimizer-cuda-graph": 102.0, "no-permute-fusion": 90.0}.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({"tokens_per_s_per_gpu": tps}))
+    rows, kept, threshold = levers_choose.choose(tmp_path)
+    assert threshold == pytest.approx(2 * 1 / 100.5)
+    assert kept == ["fusions.router=true"]  # +3.1%; the graph's +1.5% is under 2%
+    by = {r["lever"]: r for r in rows}
+    assert by["clip-host-sync"]["gain"] is None and not by["clip-host-sync"]["kept"]
+    (tmp_path / "shipped-again.json").unlink()
+    with pytest.raises(SystemExit, match="shipped-again"):
+        levers_choose.choose(tmp_path)
+
+
+def test_the_committed_choice_is_the_rule_applied_to_the_committed_runs(capsys):
+    assert levers_choose.main([str(LEVERS)]) == 0
+    printed = capsys.readouterr().out
+    assert printed == (LEVERS / "choice.txt").read_text()
+    rows, kept, threshold = levers_choose.choose(LEVERS)
+    assert kept == [] and len(rows) == 6 and all(r["gain"] is not None for r in rows)
+    assert f"{100 * threshold:.2f}%" == "0.88%"
+
+
+def test_levers_readme_restates_the_runs():
+    text = (LEVERS / "README.md").read_text()
+    base = (_tps("shipped") + _tps("shipped-again")) / 2
+    rows = [r for r in text.splitlines() if r.startswith("| `") and ".json`" in r]
+    assert len(rows) == 8
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        r = _json(LEVERS / cells[0].strip("`"))
+        assert cells[2] == f"{r['tokens_per_s_per_gpu']:,.0f}", cells[0]
+        assert cells[3] == f"{100 * r['mfu']:.2f}%", cells[0]
+        assert cells[4] == f"{r['step_time_mean_s']:.4f}", cells[0]
+        assert cells[5] == f"{100 * (r['tokens_per_s_per_gpu'] / base - 1):+.2f}%", cells[0]
+        assert cells[6] == f"{r['final_loss']:.5f}", cells[0]
+    flat = " ".join(text.split())
+    assert f"({base:,.0f} tokens/s)" in flat
+    drift = abs(_tps("shipped") - _tps("shipped-again")) / base
+    assert f"{100 * drift:.2f}%, is the drift" in flat and f"twice that drift ({200 * drift:.2f}%)" in flat
+    losses = [_json(p)["final_loss"] for p in LEVERS.glob("*.json") if p.name != "fingerprint.json"]
+    assert f"agree to {max(losses) / min(losses) - 1:.0e} relative".replace("e-04", "e-4") in flat
+    # each run set what its file says it set (read back off megatron-core)
+    assert _json(LEVERS / "optimizer-cuda-graph.json")["levers"]["optimizer_cuda_graph"].startswith("captured")
+    assert _json(LEVERS / "router-fusion.json")["levers"]["moe_router_fusion"] is True
+    assert _json(LEVERS / "no-permute-fusion.json")["levers"]["moe_permute_fusion"] is False
+
+
+@pytest.mark.parametrize("sitting", SITTINGS)
+def test_each_sitting_summary_is_its_runs(sitting):
+    folder = SBS / sitting
+    runner = [_json(folder / f"runner{i}" / "results.json") for i in (1, 2, 3)]
+    bridge = [_json(folder / f"bridge{i}" / "bridge-slice.json") for i in (1, 2, 3)]
+    s = _json(folder / "summary.json")
+    assert s["runner_median"] == statistics.median(r["tokens_per_s_per_gpu"] for r in runner)
+    assert s["bridge_median"] == statistics.median(b["tokens_per_s_per_gpu"] for b in bridge)
+    assert s["ratio_of_medians"] == pytest.approx(s["runner_median"] / s["bridge_median"], rel=1e-15)
+    text = (SBS / "README.md").read_text()
+    median_mfu = statistics.median(r["mfu"] for r in runner)
+    worst = max(r["step_time_worst_ratio"] for r in runner)
+    row = (f"| [`{sitting}/`]({sitting}/) | {s['runner_median']:,.0f} | {100 * median_mfu:.2f}% | "
+           f"{s['bridge_median']:,.0f} | {s['ratio_of_medians']:.3f}x | {worst:.3f} |")
+    assert row in text
+    for r in runner:  # every window step within 1.2x its run's median: no stall
+        assert r["step_time_worst_ratio"] < 1.2
+
+
+def test_the_profile_figures_are_the_profile():
+    p = _json(SBS / "2026-12-03" / "profile-shipped.json")
+    text = " ".join((SBS / "README.md").read_text().split())
+    bins = {b["gap_us"]: b for b in p["idle_by_gap_length"]}
+    assert sum(b["seconds_per_step"] for b in bins.values()) == pytest.approx(p["idle_seconds_per_step"], rel=1e-9)
+    assert f"{1e3 * p['idle_seconds_per_step']:.1f} ms idle ({100 * p['idle_seconds_per_step'] / p['span_seconds_per_step']:.1f}%)" in text
+    assert f"{p['span_seconds_per_step']:.4f} s of span" in text
+    assert f"{1e3 * bins['0-100']['seconds_per_step']:.2f} ms in {bins['0-100']['count_per_step']:,.0f} gaps" in text
+    assert f"{1e3 * bins['100-1000']['seconds_per_step']:.2f} ms in {bins['100-1000']['count_per_step']:g} gaps" in text
+    gaps = p["longest_gaps"]
+    assert len(gaps) == 12 and min(g["seconds"] for g in gaps) >= 0.5e-3
+    assert max(g["runtime_call_share"] for g in gaps) <= 0.07  # "more than 7% of the gap" in no gap
+    places = {re.sub(r"\[\[.*?\]\]", "", g["operators"]).split(" > ")[0] for g in gaps}
+    assert places == {"aten::to", "_GroupedLinear", "te_moe::permute_mask_map_fwd"}, places
+    classes = {c["class"]: c["seconds_per_step"] for c in p["classes"]}
+    gemm = classes["grouped expert GEMM"] + classes["dense GEMM"]
+    assert f"are {1e3 * gemm:.1f} ms of the {1e3 * p['busy_seconds_per_step']:.1f} ms busy" in text
