@@ -115,3 +115,9 @@ def test_the_profile_figures_are_the_profile():
     classes = {c["class"]: c["seconds_per_step"] for c in p["classes"]}
     gemm = classes["grouped expert GEMM"] + classes["dense GEMM"]
     assert f"are {1e3 * gemm:.1f} ms of the {1e3 * p['busy_seconds_per_step']:.1f} ms busy" in text
+
+
+def test_the_project_readme_states_both_sittings():
+    ratios = [_json(SBS / s / "summary.json")["ratio_of_medians"] for s in SITTINGS]
+    readme = (RESULTS.parents[1] / "README.md").read_text()
+    assert f"{ratios[0]:.3f}x and {ratios[1]:.3f}x Megatron-Bridge's own loop on the same shapes" in readme

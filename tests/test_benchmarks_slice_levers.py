@@ -56,8 +56,6 @@ def test_the_gains_are_the_ratios_of_the_rows():
     ratio = ours["tokens_per_s_per_gpu"] / peer["tokens_per_s_per_gpu"]
     assert gains["bridge/bridge-slice.json"] == f"ours {ratio:.3f}x" and ratio >= 1.0
     assert FIG["vs_bridge"] == f"{ratio:.3f}"
-    readme = (BENCH.parents[1] / "README.md").read_text()
-    assert f"{ratio:.3f}x Megatron-Bridge's own loop on the same shapes, side by side" in readme
 
 
 def test_rejected_levers_were_slower_and_mbs8_leaves_no_headroom():
