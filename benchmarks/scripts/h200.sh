@@ -84,12 +84,9 @@ for what in "${@:-smoke}"; do
     mkdir -p "$D"
     one $MS fingerprint -o "$D/fingerprint.json"
     one $ES $W --out "$D/shipped.json"
-    one $ES fusions.gradient_accumulation=false $W --out "$D/no-wgrad-accumulation-fusion.json"
-    one $ES performance.clip_on_device=false $W --out "$D/clip-host-sync.json"
-    one $ES performance.optimizer_cuda_graph=true $W --out "$D/optimizer-cuda-graph.json"
-    one $ES fusions.router=true $W --out "$D/router-fusion.json"
-    one $ES fusions.permute=false $W --out "$D/no-permute-fusion.json"
-    one $ES performance.overlap_grad_reduce=true $W --out "$D/overlap-grad-reduce.json"
+    while read -r name override; do  # the levers, as levers_choose.py names them
+      one $ES "$override" $W --out "$D/$name.json" </dev/null
+    done < <(python3 benchmarks/scripts/levers_choose.py --list)
     one $ES $W --out "$D/shipped-again.json"
     python3 benchmarks/scripts/levers_choose.py "$D" --write "$D/kept.txt" | tee "$D/choice.txt"
     cp "$D/kept.txt" /tmp/levers-kept.txt  # for side-by-side/run.sh in the next call on this machine

@@ -5,12 +5,15 @@ first and last in the same call (``shipped.json``, ``shipped-again.json``). The 
 mean, and their relative difference is the drift of the machine over the call. A lever is kept
 when its tokens/s beats the baseline by more than twice that drift and by at least 0.5% (below
 that, a step-time change is within what repeated runs of one setting showed in
-``benchmarks/results/side-by-side/``: 49,125 / 49,125 / 48,887 tokens/s, 0.5% apart).
+``benchmarks/results/side-by-side/2026-12-02/``: 49,125 / 49,125 / 48,887 tokens/s, 0.5% apart).
 
     python3 benchmarks/scripts/levers_choose.py DIR [--write FILE]
+    python3 benchmarks/scripts/levers_choose.py --list
 
 prints a table and, with ``--write``, the kept settings as recipe overrides (one line, space
 separated), which is what ``benchmarks/results/side-by-side/run.sh`` takes as RUNNER_OVERRIDES.
+``--list`` prints each lever's file name and override, one a line: the runs ``h200.sh levers5``
+makes, so the levers are named in this one place.
 """
 
 from __future__ import annotations
@@ -54,9 +57,16 @@ def choose(folder: pathlib.Path) -> tuple[list[dict], list[str], float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("folder", type=pathlib.Path)
+    ap.add_argument("folder", type=pathlib.Path, nargs="?")
     ap.add_argument("--write", type=pathlib.Path, help="write the kept overrides here (one line)")
+    ap.add_argument("--list", action="store_true", help="print each lever's file name and override, and stop")
     args = ap.parse_args(argv)
+    if args.list:
+        for name, override in LEVERS.items():
+            print(name, override)
+        return 0
+    if args.folder is None:
+        ap.error("a levers5 folder is needed (or --list)")
     rows, kept, threshold = choose(args.folder)
     print(f"keep when gain > {threshold:.2%}")
     for r in rows:
