@@ -65,7 +65,7 @@ def test_the_isolated_replay_installed_the_whole_set_and_failed_only_on_flash_at
     assert failing == {"flash_attn (import)", "flash-attn"}
     from muse_stack.stack import pylock
 
-    _, packages = pylock.load(Path(__file__).resolve().parents[1] / "containers" / "locks" / "pylock.b200.toml")
+    _, packages = pylock.load(ISOLATED / "pylock.b200.toml")  # the set as it was replayed
     installed = {pylock.canonical(p["name"]): p["version"] for p in json.loads((ISOLATED / "pip-list.json").read_text())}
     wanted = {key: str(p.version) for key, p in packages.items()}
     assert set(wanted) - set(installed) == {"flash-attn"}  # every other package of the set, at its version
