@@ -72,3 +72,44 @@ def test_recipe_switch_is_for_the_megatron_engine_only():
     assert load_recipe("slice-1gpu", ["fusions.compile_elementwise=true"]).fusions.compile_elementwise is True
     with pytest.raises(RecipeError, match="fusions.compile_elementwise"):
         load_recipe("tiny-cpu", ["fusions.compile_elementwise=true"])
+
+
+class RecordingBackend:
+    """A torch.compile backend that runs the captured graph as is and keeps the names of the
+    functions each graph calls."""
+
+    def __init__(self) -> None:
+        self.graphs: list[set[str]] = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append({getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes
+                            if n.op == "call_function"})
+        return gm.forward
+
+
+@fuse.elementwise
+def inner(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(g) * x + torch.sigmoid(-g)
+
+
+@fuse.elementwise
+def outer(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    return inner(torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * x, g)
+
+
+def test_a_chain_called_inside_another_is_still_compiled_when_called_directly():
+    """The post-attention residual calls the gated residual, which the layer also calls on its
+    own. Traced inside the caller first, the inner chain must still compile for its direct calls:
+    one graph for the caller (the inner chain inlined, no recompilation) and one for the inner
+    chain alone; none of its direct calls may run eagerly."""
+    backend = RecordingBackend()
+    fuse.configure(True, backend=backend)
+    x, g = torch.randn(6, 8), torch.randn(8)
+    for _ in range(3):
+        normed = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * x
+        torch.testing.assert_close(outer(x, g), torch.sigmoid(g) * normed + torch.sigmoid(-g))
+        torch.testing.assert_close(inner(x, g), torch.sigmoid(g) * x + torch.sigmoid(-g))
+    assert len(backend.graphs) == 2
+    caller, alone = backend.graphs
+    assert "rsqrt" in caller and "sigmoid" in caller
+    assert "sigmoid" in alone and "rsqrt" not in alone

@@ -6,7 +6,9 @@ kernel that reads and writes the activation once. Compilation is lazy (first cal
 automatic dynamic shapes: a chain compiles for the first shape it sees and, if it later sees
 another (the post-expert norm under EP > 1, where each rank receives a different number of
 tokens every step), compiles once more with that dimension symbolic instead of once per
-token count.
+token count. A chain may call another (the post-attention residual calls the gated
+residual): the inner one is then part of the caller's graph, and compiled on its own where it is
+called directly.
 """
 
 from __future__ import annotations
@@ -47,7 +49,12 @@ def elementwise(fn: F) -> F:
 
     @wraps(fn)
     def wrapper(*args: Any) -> Any:
-        if not _settings.enabled:
+        # Called from another chain while that one is being traced: run the plain function, so
+        # that Dynamo inlines it into the caller's graph. Building the compiled object here
+        # instead would be traced as a side effect, and Dynamo replays ``torch.compile`` inside
+        # a traced region as the plain function: the cache would then hold the eager function
+        # and every later direct call of this chain would run eagerly.
+        if not _settings.enabled or torch.compiler.is_compiling():
             return fn(*args)
         if cache["generation"] != _settings.generation:
             cache["compiled"] = torch.compile(fn, dynamic=None, backend=_settings.backend)
