@@ -8,7 +8,8 @@ Model FLOPs per token: the runner's formula (:mod:`muse_stack.flops`), with the 
 for a frozen base (forward and backward to inputs of the base, the adapters' full training).
 
     PYTHONPATH=. python benchmarks/scripts/engine_steps.py slice-1gpu [overrides...] --steps 30 --warmup 10 --out x.json
-    (--weighted-swiglu: the experts' SwiGLU as the engine ran it before, for attribution)
+    (--weighted-swiglu: the experts' SwiGLU as the engine ran it before, for attribution;
+     --te-clip-scale: the clip's scale pass every step, TE's multi_tensor_scale_tensor, as it ran before)
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = recipe_args(steps=30, warmup=10)
     ap.add_argument("--weighted-swiglu", action="store_true",
                     help="the experts' SwiGLU as the engine ran it before: megatron-core's weighted one, given ones")
+    ap.add_argument("--te-clip-scale", action="store_true",
+                    help="the clip's scale as megatron-core runs it: TE's multi_tensor_scale_tensor every step")
     args = ap.parse_args(argv)
+    if args.te_clip_scale:
+        from muse_stack.engines.mcore import clip_scale
+
+        clip_scale.install = lambda: False  # the engine calls it when it builds the optimizer
     if args.weighted_swiglu:
         from muse_stack.engines.mcore.layers import MuseSparkExperts
 

@@ -8,6 +8,7 @@
 #                       export peftparity peftslice strict det profile peftrun detprobe levers levers2 bridge
 #                       levers3 resume1 resumedrop slice8 levers4 profile2 (INTO=remeasure/eager-restored/ ... proxy1 packed)
 #                       levers5 (issue 34's engine levers: each alone against the shipped slice, one call, ~6 min)
+#                       levers6 (the clip scale that skips unclipped steps, the gated residual's compile fix; BEFORE=dir)
 #                       plansweep (the planner's refit: the shipped slice and its neighbours, one machine, one call)
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/results/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
@@ -72,6 +73,22 @@ for what in "${@:-smoke}"; do
       --no-progress; keep slice-1gpu-mbs8 runs/slice-1gpu8 ;;
   levers4) # the precision-aware optimizer with a separate fp32 master (the recipe's setting), by engine_steps.py
     one python3 benchmarks/scripts/engine_steps.py slice-1gpu --steps 30 --warmup 10 --out "$OUT/lever3-precision-aware-fp32.json" ;;
+  levers6) # the clip scale that skips unclipped steps and the gated residual compiled on its direct calls, attributed
+    # on slice-1gpu (engine_steps.py, 20 steps, window 9-20, one process each): shipped; the tree before both (BEFORE:
+    # a folder holding an earlier commit's muse_stack/ and benchmarks/scripts/, e.g. `git archive 978a570 muse_stack
+    # benchmarks/scripts`); shipped with TE's scale every step (--te-clip-scale); shipped again (the drift). Then the
+    # clip kernel's GPU test and GPU time, and a profile of the shipped step. Outputs: $OUT/levers6.tgz.
+    ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
+    D=$(realpath -m "$OUT/levers6"); mkdir -p "$D"
+    one $MS fingerprint -o "$D/fingerprint.json"
+    one python3 -m pytest -q -p no:cacheprovider tests/test_clip_scale_gpu.py 2>&1 | tail -3 | tee "$D/gpu-test.txt"
+    one python3 benchmarks/scripts/clip_scale_bench.py --out "$D/clip-scale.json"
+    one $ES $W --out "$D/shipped.json"
+    if [ -n "${BEFORE:-}" ]; then (cd "$BEFORE" && PYTHONPATH=/tmp/site:. one $ES $W --out "$D/before.json"); fi
+    one $ES --te-clip-scale $W --out "$D/te-clip-scale.json"
+    one $ES $W --out "$D/shipped-again.json"
+    one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$D/profile-shipped.json"
+    tar czf "$OUT/levers6.tgz" -C "$(dirname "$D")" levers6 ;;
   profile2) # one step of the slice as shipped by class of GPU work, with operator shapes
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$OUT/profile-shipped.json" ;;
   levers5) # issue 34's levers on slice-1gpu, each alone as a recipe override against the shipped recipe, one process

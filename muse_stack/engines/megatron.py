@@ -189,7 +189,11 @@ class MegatronEngine:
             self.reordered_optimizer_params = align_group_orders(self.optimizer)
         #: performance.clip_on_device (unset: on): megatron-core's clip keeps the norm on the GPU
         self.clip_on_device = clip_on_device(recipe)
-        if not self.clip_on_device:
+        if self.clip_on_device:  # the same scale, skipped on unclipped steps: see clip_scale
+            from muse_stack.engines.mcore import clip_scale
+
+            clip_scale.install()
+        else:
             self.optimizer.step = partial(_host_clip_step, self.optimizer.step)
         if self.opt_config.optimizer_cuda_graph:  # as megatron-core's own training loop wraps it (training.py)
             from megatron.core.optimizer.optimizer_cuda_graph import OptimizerCudaGraphWrapper
@@ -515,11 +519,15 @@ class MegatronEngine:
         if type(step).__name__ == "OptimizerCudaGraphWrapper":
             graph = (f"captured after {step.cuda_graph_warmup_steps} eager steps" if type(step).cuda_graph is not None
                      else f"eager until step {step.cuda_graph_warmup_steps + 1}")
+        from muse_stack.engines.mcore import clip_scale
+
         on_device = self.clip_on_device and clip_grads.multi_tensor_scale_tensor_impl is not None
+        scale = ("none on an unclipped step (a Triton kernel that reads the coefficient on the GPU)"
+                 if clip_scale.installed() else "every step (TE's multi_tensor_scale_tensor)")
         return {"gradient_accumulation_fusion": self.config.gradient_accumulation_fusion,
                 "moe_permute_fusion": self.config.moe_permute_fusion,
                 "moe_router_fusion": self.config.moe_router_fusion,
-                "grad_clip": "norm and coefficient on the GPU (TE's multi_tensor_scale_tensor)" if on_device
+                "grad_clip": f"norm and coefficient on the GPU; the scale pass: {scale}" if on_device
                 else "norm read on the host (megatron-core's .item() path)",
                 "optimizer_cuda_graph": graph,
                 "overlap_grad_reduce": self.model.ddp_config.overlap_grad_reduce}

@@ -208,7 +208,9 @@ class Performance(_Strict):
 
     clip_on_device: bool | None = Field(
         None, description="the gradient clip without a host sync: megatron-core keeps the norm and the clip coefficient "
-                          "on the GPU (TE's multi_tensor_scale_tensor) and scales every step. Unset: on. false: "
+                          "on the GPU and scales the gradients by it with no pass on a step whose coefficient is 1 (the "
+                          "norm below optimizer.clip_grad; a Triton kernel reads the coefficient on the GPU). Unset: on. "
+                          "false: "
                           "megatron-core's host path, which reads the norm on the host and scales only when it exceeds "
                           "optimizer.clip_grad (the coefficient in double instead of fp32: a clipped step may differ "
                           "in the last bits)")
