@@ -1,0 +1,115 @@
+"""The clip scale that skips unclipped steps and the gated residual's compile fix, attributed
+(benchmarks/results/levers6/): every figure its README states, recomputed from the committed result
+files, and each run's settings read back from what the engine recorded. CPU only; nothing is timed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+FOLDER = RESULTS / "levers6"
+RUNS = ("shipped", "te-clip-scale", "shipped-again", "before", "shipped-third")
+
+spec = importlib.util.spec_from_file_location("levers_choose", RESULTS.parent / "scripts" / "levers_choose.py")
+levers_choose = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(levers_choose)
+
+
+def _json(name: str) -> dict:
+    return json.loads((FOLDER / name).read_text())
+
+
+def _tps(run: str) -> float:
+    return _json(f"{run}.json")["tokens_per_s_per_gpu"]
+
+
+def _text() -> str:
+    return " ".join((FOLDER / "README.md").read_text().split())
+
+
+def test_each_run_ran_the_clip_it_is_named_for():
+    for run in RUNS:
+        clip = _json(f"{run}.json")["levers"]["grad_clip"]
+        if run == "te-clip-scale":
+            assert "every step (TE's multi_tensor_scale_tensor)" in clip
+        elif run == "before":  # the engine before the change names only TE's kernel
+            assert clip == "norm and coefficient on the GPU (TE's multi_tensor_scale_tensor)"
+        else:
+            assert "none on an unclipped step" in clip, run
+    # the window (steps 9-20) is unclipped in every run, so the skip applies to each of its steps
+    for run in RUNS:
+        steps = _json(f"{run}.json")["steps"]
+        assert max(s["grad_norm"] for s in steps[8:]) < 1.0 and min(s["grad_norm"] for s in steps[:4]) > 1.0
+
+
+def test_the_table_restates_the_runs():
+    text = (FOLDER / "README.md").read_text()
+    rows = [r for r in text.splitlines() if r.startswith("| `") and ".json`" in r]
+    assert [r.split("`")[1] for r in rows] == [f"{run}.json" for run in RUNS]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        r = _json(cells[0].strip("`"))
+        assert cells[2:] == [f"{r['tokens_per_s_per_gpu']:,.0f}", f"{100 * r['mfu']:.2f}%",
+                             f"{r['step_time_mean_s']:.4f}", f"{r['final_loss']:.5f}"], cells[0]
+
+
+def test_the_attribution_is_levers_choose_rule_on_these_runs():
+    base = (_tps("shipped") + _tps("shipped-again")) / 2
+    drift = abs(_tps("shipped") - _tps("shipped-again")) / base
+    against = _tps("te-clip-scale") / base - 1
+    skip = base / _tps("te-clip-scale") - 1
+    both = _tps("shipped-third") / _tps("before") - 1
+    threshold = max(2 * drift, levers_choose.MIN_GAIN)
+    assert skip > threshold  # kept
+    text = _text()
+    assert f"mean of `shipped` and `shipped-again`, {base:,.0f} tokens/s; the two differ by {100 * drift:.2f}%" in text
+    assert f"is {100 * against:+.2f}% against it, so the skip is worth {100 * skip:+.2f}%" in text
+    assert f"twice the drift ({200 * drift:.2f}%)" in text
+    assert f"**Both changes together: {100 * both:+.2f}%**" in text
+    later = _tps("shipped-third") / _tps("shipped-again") - 1
+    assert f"`shipped-third` ran {-100 * later:.2f}% below `shipped-again`" in text
+    losses = [_json(f"{run}.json")["final_loss"] for run in RUNS]
+    assert f"({max(losses) / min(losses) - 1:.1e})" in text
+    docs = " ".join((RESULTS.parents[1] / "docs" / "gpu-engine.md").read_text().split())
+    assert f"| {100 * skip:+.2f}% | yes: above twice the drift ({200 * drift:.2f}%)" in docs
+    assert f"| {100 * both:+.2f}% with the clip change" in docs
+
+
+def test_the_kernel_figures_are_its_measurement():
+    k = _json("clip-scale.json")
+    assert k["bitwise_equal_to_te"] is True and k["spans"] == 1 and k["views"] == 200
+    text = _text()
+    assert f"a {k['elements']:,}-element fp32 buffer" in text
+    assert f"| 1 (an unclipped step) | {k['te_coeff_1_ms']:.2f} ms | {k['ours_coeff_1_ms']:.2f} ms |" in text
+    assert (f"| 0.5 (a clipped step) | {k['te_coeff_0.5_ms']:.2f} ms ({k['te_coeff_0.5_TBps']:.2f} TB/s) | "
+            f"{k['ours_coeff_0.5_ms']:.2f} ms ({k['ours_coeff_0.5_TBps']:.2f} TB/s) |") in text
+    assert k["ours_coeff_1_ms"] < k["te_coeff_1_ms"] / 10
+    assert "5 passed" in (FOLDER / "gpu-test.txt").read_text()
+
+
+def test_the_profile_figures_are_the_profile():
+    p = _json("profile-shipped.json")
+    text = _text()
+    bins = {b["gap_us"]: b for b in p["idle_by_gap_length"]}
+    assert (f"{p['span_seconds_per_step']:.4f} s of span, {p['busy_seconds_per_step']:.4f} s busy, "
+            f"{1e3 * p['idle_seconds_per_step']:.1f} ms idle "
+            f"({100 * p['idle_seconds_per_step'] / p['span_seconds_per_step']:.1f}%)") in text
+    for key, words in (("0-100", "gaps under 100 us"), ("100-1000", "gaps of 100 us to 1 ms"),
+                       ("1000-inf", "gaps of 1 ms or more")):
+        b = bins[key]
+        assert f"{1e3 * b['seconds_per_step']:.2f} ms is in {b['count_per_step']:,g} {words}" in text, key
+    classes = {c["class"]: c for c in p["classes"]}
+    for name, c in classes.items():
+        if c["seconds_per_step"] > 0:
+            assert f"| {name} | {1e3 * c['seconds_per_step']:.1f} |" in text, name
+    opt = dict(classes["optimizer"]["top_kernels"])
+    assert not any("ScalePtrFunctor" in k for k in opt)  # no scale pass left in the step
+    adam = next(v for k, v in opt.items() if "AdamFunctorMaster" in k)
+    norm = next(v for k, v in opt.items() if "L2NormFunctor" in k)
+    assert f"Adam {1e3 * adam:.2f} ms and the norm {1e3 * norm:.2f} ms" in text
+    # the eager post-MLP residual's multiply is gone from the step
+    assert "aten::mul[[8192],[4096,4,8192]]" not in (FOLDER / "profile-shipped.json").read_text()
+    assert "aten::mul[[8192],[4096,4,8192]]" in (RESULTS / "side-by-side" / "2026-12-03" /
+                                                 "profile-shipped.json").read_text()
