@@ -113,3 +113,23 @@ def test_the_profile_figures_are_the_profile():
     assert "aten::mul[[8192],[4096,4,8192]]" not in (FOLDER / "profile-shipped.json").read_text()
     assert "aten::mul[[8192],[4096,4,8192]]" in (RESULTS / "side-by-side" / "2026-12-03" /
                                                  "profile-shipped.json").read_text()
+
+
+def test_the_expert_gemm_table_is_its_measurement():
+    folder = RESULTS / "expert-gemm"
+    data = json.loads((folder / "expert-gemm.json").read_text())
+    text = (folder / "README.md").read_text()
+    for r in data["rows"]:
+        cells = " | ".join(f"{1e3 * r[f'{k}_s']:.2f} ms, {r[f'{k}_tflops']:.0f} TFLOP/s" for k in ("te", "loop", "grouped_mm"))
+        assert f"| {r['gemm']} | {r['split']} | {cells} |" in text
+        assert r["flops"] == 3 * 2 * r["rows"] * r["in"] * r["out"]
+        assert r["te_s"] == min(r["te_s"], r["loop_s"], r["grouped_mm_s"])  # "the fastest of the three"
+    by = {(r["gemm"], r["split"]): r for r in data["rows"]}
+    flat = " ".join(text.split())
+    for split in ("even", "uneven"):  # 2 layers x 2 micro-batches a step
+        step = 4 * 1e3 * (by[("fc1", split)]["te_s"] + by[("fc2", split)]["te_s"])
+        assert f"{step:.1f} ms isolated with even splits" in flat if split == "even" else f"{step:.1f} ms uneven" in flat
+    slower = [r["grouped_mm_s"] / r["te_s"] - 1 for r in data["rows"]]
+    assert f"{100 * min(slower):.0f}-{100 * max(slower):.0f}% slower" in flat
+    grouped = {c["class"]: c["seconds_per_step"] for c in _json("profile-shipped.json")["classes"]}["grouped expert GEMM"]
+    assert f"{1e3 * grouped:.1f} ms of grouped-expert-GEMM kernel time" in flat
