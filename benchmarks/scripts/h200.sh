@@ -75,8 +75,8 @@ for what in "${@:-smoke}"; do
     one python3 benchmarks/scripts/engine_steps.py slice-1gpu --steps 30 --warmup 10 --out "$OUT/lever3-precision-aware-fp32.json" ;;
   levers6) # the clip scale that skips unclipped steps and the gated residual compiled on its direct calls, attributed
     # on slice-1gpu (engine_steps.py, 20 steps, window 9-20, one process each): shipped; the tree before both (BEFORE:
-    # a folder holding an earlier commit's muse_stack/ and benchmarks/scripts/, e.g. `git archive 978a570 muse_stack
-    # benchmarks/scripts`); shipped with TE's scale every step (--te-clip-scale); shipped again (the drift). Then the
+    # a folder holding an earlier commit's muse_stack/, benchmarks/scripts/, recipes/ and data/, e.g. `git archive 978a570 muse_stack
+    # benchmarks/scripts recipes data`); shipped with TE's scale every step (--te-clip-scale); shipped again (the drift). Then the
     # clip kernel's GPU test and GPU time, and a profile of the shipped step. Outputs: $OUT/levers6.tgz.
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
     D=$(realpath -m "$OUT/levers6"); mkdir -p "$D"
