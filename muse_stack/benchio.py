@@ -1,6 +1,6 @@
 """What the GPU benchmark and parity scripts share (``benchmarks/``, ``engines/mcore/*parity*``):
-their command line, the engine they build from a recipe, and their end (print the summary,
-write the JSON, close the process group)."""
+their command line, the engine they build from a recipe, the GPU time of a call, and their end
+(print the summary, write the JSON, close the process group)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,27 @@ def megatron_engine(name: str, overrides: list[str], steps: int):
     engine = MegatronEngine(TrainContext(recipe=recipe, model=recipe.model_config_resolved(),
                                          data=build_for_recipe(recipe, progress=False), total_steps=steps))
     return recipe, engine
+
+
+def cuda_median_seconds(fn: Callable[[], Any], reps: int, warmup: int) -> float:
+    """The median GPU time of ``fn()`` over ``reps`` calls after ``warmup`` untimed ones, each
+    bracketed by CUDA events on the current stream and waited for."""
+    import statistics
+
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
 
 
 def finish(result: dict[str, Any], out: str | None, *, omit: Callable[[str], bool] = lambda key: False,

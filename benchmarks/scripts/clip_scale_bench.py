@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
 import torch
+
+from muse_stack.benchio import cuda_median_seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,17 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         clip_scale.scale_unless_one(2048 * 32, flag, [grads, grads], c)
 
     def time_ms(fn, c) -> float:
-        for _ in range(args.warmup):
-            fn(c)
-        times = []
-        for _ in range(args.reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(c)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
+        return 1e3 * cuda_median_seconds(lambda: fn(c), args.reps, args.warmup)
 
     one = torch.ones(1, device="cuda")
     # a coefficient whose powers stay normal over every call above (0.5 ** 46 is still far from underflow)

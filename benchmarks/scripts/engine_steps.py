@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.te_clip_scale:
         from muse_stack.engines.mcore import clip_scale
 
-        clip_scale.install = lambda: False  # the engine calls it when it builds the optimizer
+        clip_scale.skip_unclipped = False
     if args.weighted_swiglu:
         from muse_stack.engines.mcore.layers import MuseSparkExperts
 

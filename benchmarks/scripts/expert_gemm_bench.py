@@ -13,17 +13,18 @@ evenly (4,096 per expert) and unevenly (Dirichlet(1) shares, each rounded to a m
 which ``torch._grouped_mm`` requires). Each figure: the median of ``--reps`` calls after
 ``--warmup``, CUDA events around forward plus backward. FLOPs: 3 x 2 x rows x in x out.
 
-    PYTHONPATH=/tmp/site python benchmarks/scripts/expert_gemm_bench.py --out expert-gemm.json
+    PYTHONPATH=/tmp/site:. python benchmarks/scripts/expert_gemm_bench.py --out expert-gemm.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
 import torch
+
+from muse_stack.benchio import cuda_median_seconds
 
 ROWS, EXPERTS, LATENT = 131_072, 32, 4096
 SHAPES = {"fc1": (LATENT, 2 * 4096), "fc2": (4096, LATENT)}
@@ -38,21 +39,6 @@ def splits(kind: str, seed: int = 0) -> list[int]:
     counts = [int(round(float(s) * ROWS / 16)) * 16 for s in share]
     counts[counts.index(max(counts))] += ROWS - sum(counts)  # the total stays ROWS (a multiple of 16)
     return counts
-
-
-def timed(fn, reps: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                       "min_rows": min(m), "max_rows": max(m), "flops": flops}
             for label, fn in (("loop", loop), ("grouped_mm", grouped)):
                 try:
-                    s = timed(fn, args.reps, args.warmup)
+                    s = cuda_median_seconds(fn, args.reps, args.warmup)
                     result[f"{label}_s"], result[f"{label}_tflops"] = s, flops / s / 1e12
                 except Exception as exc:  # noqa: BLE001 - recorded, the other methods still run
                     result[f"{label}_error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -111,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                     out = layer(xin, m)
                     out.backward(dy)
 
-                s = timed(te_step, args.reps, args.warmup)
+                s = cuda_median_seconds(te_step, args.reps, args.warmup)
                 result["te_s"], result["te_tflops"] = s, flops / s / 1e12
             except Exception as exc:  # noqa: BLE001
                 result["te_error"] = f"{type(exc).__name__}: {exc}"[:300]

@@ -10,7 +10,9 @@ below ``clip_grad`` that is a read and a write of the whole gradient buffer to m
 calls it through ``multi_tensor_applier``) and the same result: ``out = in * coefficient`` in
 fp32. Each program of its Triton kernel reads the coefficient from the GPU first and stops there
 when it is exactly 1 (the clamp's value on an unclipped step), where the multiplication would
-leave every value as it is. Any other coefficient, NaN included, multiplies as TE does. The
+leave every number as it is and every NaN a NaN (TE's multiplication by 1 returns the GPU's
+canonical NaN; the skipped pass keeps the one it found). Any other coefficient, NaN included,
+multiplies as TE does. The
 gradients megatron-core hands it are views into the gradient buffer: consecutive views are
 scaled as one flat span, so a step costs one or a few launches, not one per parameter.
 """
@@ -29,12 +31,11 @@ except ImportError:  # a torch without Triton: the engine keeps TE's multi_tenso
 
 #: elements per program and loop iteration (fp32: 16 KiB)
 BLOCK = 4096
+#: False: :func:`install` leaves megatron-core's clip as it is (TE's scale every step; for
+#: attribution, ``benchmarks/scripts/engine_steps.py --te-clip-scale``)
+skip_unclipped = True
 #: programs per streaming multiprocessor: enough resident loads to keep HBM busy on a clipped step
 PROGRAMS_PER_SM = 8
-
-
-def available() -> bool:
-    return triton is not None
 
 
 if triton is not None:
@@ -53,8 +54,8 @@ if triton is not None:
     def _scale_unless_one_kernel(x_ptr, y_ptr, coeff_ptr, n, BLOCK: tl.constexpr, IN_PLACE: tl.constexpr):
         c = tl.load(coeff_ptr)
         if IN_PLACE:
-            # c == 1 leaves every value as it is (x * 1.0 == x, NaN and inf included): nothing
-            # to do. NaN fails the comparison and multiplies, as TE's kernel would.
+            # c == 1 leaves every number as it is (x * 1.0 == x, inf included) and a NaN a NaN:
+            # nothing to do. A NaN coefficient fails the comparison and multiplies, as TE's would.
             if c != 1.0:
                 _scale(x_ptr, y_ptr, c, n, BLOCK)
         else:
@@ -133,11 +134,11 @@ def scale_unless_one(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Seq
 
 def install() -> bool:
     """Make megatron-core's device clip path use :func:`scale_unless_one` (for the process).
-    False where megatron-core has no device path here (no TE ``multi_tensor_scale_tensor``) or
-    Triton is missing; the clip then stays as megatron-core runs it."""
+    False where megatron-core has no device path here (no TE ``multi_tensor_scale_tensor``),
+    Triton is missing or :data:`skip_unclipped` is off; the clip then stays as megatron-core runs it."""
     from megatron.core.optimizer import clip_grads
 
-    if triton is None or clip_grads.multi_tensor_scale_tensor_impl is None:
+    if not skip_unclipped or triton is None or clip_grads.multi_tensor_scale_tensor_impl is None:
         return False
     clip_grads.multi_tensor_scale_tensor_impl = scale_unless_one
     return True
