@@ -126,3 +126,35 @@ def test_weightless_and_final_norms_are_the_reference_norms(mode):
         assert torch.equal(chains.stored_gain_norm(x, 1 + w, 1e-5), ref(x))
     finally:
         chains.set_matmul_dtype(torch.bfloat16)
+
+
+def test_residual_and_pre_mlp_norm_in_one_chain_are_the_two_chains(mode):
+    """The post-attention residual and the pre-MLP norm as one chain: the same operations as the
+    two chains it replaces, so the new stream, the bf16 norm and every gradient (the stream's two
+    gradients summed) are equal bit for bit; and the norm is that of the new stream."""
+    gen = torch.Generator().manual_seed(7)
+    stream, gate, w = torch.randn(37, 64, generator=gen), torch.randn(64, generator=gen), torch.randn(64, generator=gen)
+    attn = torch.randn(37, 64, generator=gen).bfloat16()
+    g_stream, g_norm = torch.randn(37, 64, generator=gen), torch.randn(37, 64, generator=gen).bfloat16()
+
+    def leaves():
+        return [t.clone().requires_grad_() for t in (stream, attn, gate, w)]
+
+    fused = leaves()
+    new, normed = chains.post_attention_residual_and_norm(fused[0], fused[1], fused[2], 1e-8, 0.5, fused[3], 1e-5)
+    torch.autograd.backward([new, normed], [g_stream, g_norm])
+    apart = leaves()
+    ref_new = chains.post_attention_residual(apart[0], apart[1], apart[2], 1e-8, 0.5)
+    ref_normed = chains.centered_norm(ref_new, apart[3], 1e-5)
+    torch.autograd.backward([ref_new, ref_normed], [g_stream, g_norm])
+    assert normed.dtype == torch.bfloat16 and new.dtype == torch.float32
+    assert torch.equal(new, ref_new) and torch.equal(normed, ref_normed)
+    for got, want in zip(fused, apart):
+        assert torch.equal(got.grad, want.grad)
+    assert (Capture.graphs > 0) == mode
+    # the norm's gain reaches the output, and the stream's gradient carries the norm's part
+    assert not torch.equal(chains.post_attention_residual_and_norm(stream, attn, gate, 1e-8, 0.5, w * 2, 1e-5)[1],
+                           normed.detach())
+    alone = leaves()
+    chains.post_attention_residual(alone[0], alone[1], alone[2], 1e-8, 0.5).backward(g_stream)
+    assert not torch.equal(alone[0].grad, fused[0].grad)

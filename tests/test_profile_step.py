@@ -89,3 +89,23 @@ def test_idle_gaps_are_split_by_length_and_name_the_host_call_in_them():
     assert first["runtime_call_share"] == pytest.approx(95 / 100, rel=REL)  # 300-395 of the gap 300-400
     assert first["operators"] == "aten::item"
     assert second["seconds"] == pytest.approx(10e-6, rel=REL) and second["runtime_call"] is None
+
+
+def test_a_gap_after_a_blocking_call_names_the_call_that_drained_the_gpu():
+    """The host blocks in a .cpu() until the GPU has run dry (the dense GEMM ends at 300), then
+    spends 100 us in Python before the next launch: the gap 300-400 has no runtime call in it, and
+    is named as drained by the copy; a short launch call near a gap start is not a blocking call."""
+    trace = _trace()
+    trace["traceEvents"].append({"ph": "X", "cat": "cpu_op", "tid": 1, "ts": 150, "dur": 160, "name": "aten::_to_copy"})
+    trace["traceEvents"].append({"ph": "X", "cat": "cuda_runtime", "tid": 1, "ts": 160, "dur": 145,
+                                 "name": "cudaMemcpyAsync"})  # returns at 305: 5 us into the gap
+    out = profile_step.summarise_trace(trace, steps=1)
+    first, second = out["longest_gaps"]
+    assert first["drained_by"]["call"] == "cudaMemcpyAsync"
+    assert first["drained_by"]["seconds"] == pytest.approx(145e-6, rel=REL)
+    assert first["drained_by"]["operators"] == "aten::_to_copy"
+    assert second["drained_by"] is None  # 250-260: only the 1 us launch calls end near it
+    assert out["idle_after_blocking_calls"]["count_per_step"] == 1
+    assert out["idle_after_blocking_calls"]["seconds_per_step"] == pytest.approx(100e-6, rel=REL)
+    # without the blocking call nothing is attributed to one
+    assert profile_step.summarise_trace(_trace(), steps=1)["idle_after_blocking_calls"]["count_per_step"] == 0

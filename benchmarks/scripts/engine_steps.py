@@ -9,7 +9,9 @@ for a frozen base (forward and backward to inputs of the base, the adapters' ful
 
     PYTHONPATH=. python benchmarks/scripts/engine_steps.py slice-1gpu [overrides...] --steps 30 --warmup 10 --out x.json
     (--weighted-swiglu: the experts' SwiGLU as the engine ran it before, for attribution;
-     --te-clip-scale: the clip's scale pass every step, TE's multi_tensor_scale_tensor, as it ran before)
+     --te-clip-scale: the clip's scale pass every step, TE's multi_tensor_scale_tensor, as it ran before;
+     --late-counts: megatron-core's allgather dispatcher as it is, the counts read with .cpu() then masked_select;
+     --separate-pre-mlp-norm: the pre-MLP norm as its own chain)
 """
 
 from __future__ import annotations
@@ -29,7 +31,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="the experts' SwiGLU as the engine ran it before: megatron-core's weighted one, given ones")
     ap.add_argument("--te-clip-scale", action="store_true",
                     help="the clip's scale as megatron-core runs it: TE's multi_tensor_scale_tensor every step")
+    ap.add_argument("--late-counts", action="store_true",
+                    help="the experts' token counts as megatron-core's allgather dispatcher reads them: .cpu() "
+                         "after the latent GEMM, then masked_select")
+    ap.add_argument("--separate-pre-mlp-norm", action="store_true",
+                    help="the pre-MLP norm as its own chain after the post-attention residual's")
     args = ap.parse_args(argv)
+    if args.late_counts:
+        from muse_stack.engines.mcore.dispatch import EarlyCountAllGatherDispatcher
+
+        EarlyCountAllGatherDispatcher.early_counts = False
+    if args.separate_pre_mlp_norm:
+        from muse_stack.engines.mcore.layers import MuseSparkLayer
+
+        MuseSparkLayer.fused_pre_mlp_norm = False
     if args.te_clip_scale:
         from muse_stack.engines.mcore import clip_scale
 

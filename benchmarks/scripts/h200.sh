@@ -9,6 +9,7 @@
 #                       levers3 resume1 resumedrop slice8 levers4 profile2 (INTO=remeasure/eager-restored/ ... proxy1 packed)
 #                       levers5 (issue 34's engine levers: each alone against the shipped slice, one call, ~6 min)
 #                       levers6 (the clip scale that skips unclipped steps, the gated residual's compile fix; BEFORE=dir)
+#                       levers7 (the experts' counts read early, the pre-MLP norm in the residual's chain)
 #                       plansweep (the planner's refit: the shipped slice and its neighbours, one machine, one call)
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/results/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
@@ -89,6 +90,21 @@ for what in "${@:-smoke}"; do
     one $ES $W --out "$D/shipped-again.json"
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$D/profile-shipped.json"
     tar czf "$OUT/levers6.tgz" -C "$(dirname "$D")" levers6 ;;
+  levers7) # the experts' token counts read before the latent GEMM and the pre-MLP norm in the post-attention
+    # residual's chain, attributed on slice-1gpu (engine_steps.py, 20 steps, window 9-20, one process each): shipped;
+    # both off (the engine before them); each off alone; shipped again (the drift). Then the dispatcher's GPU test
+    # and a profile of the shipped step. Outputs: $OUT/levers7.tgz.
+    ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
+    D=$(realpath -m "$OUT/levers7"); mkdir -p "$D"
+    one $MS fingerprint -o "$D/fingerprint.json"
+    one python3 -m pytest -q -p no:cacheprovider tests/test_dispatch_gpu.py 2>&1 | tail -15 | tee "$D/gpu-test.txt"
+    one $ES $W --out "$D/shipped.json"
+    one $ES --late-counts --separate-pre-mlp-norm $W --out "$D/before.json"
+    one $ES --late-counts $W --out "$D/late-counts.json"
+    one $ES --separate-pre-mlp-norm $W --out "$D/separate-pre-mlp-norm.json"
+    one $ES $W --out "$D/shipped-again.json"
+    one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$D/profile-shipped.json"
+    tar czf "$OUT/levers7.tgz" -C "$(dirname "$D")" levers7 ;;
   profile2) # one step of the slice as shipped by class of GPU work, with operator shapes
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$OUT/profile-shipped.json" ;;
   levers5) # issue 34's levers on slice-1gpu, each alone as a recipe override against the shipped recipe, one process

@@ -25,7 +25,10 @@ from the profiled steps' span). Times are per step, the mean over the profiled s
 time is also split by gap length, and the longest gaps are listed with what the host was doing
 in them: the CUDA runtime call that overlaps the gap longest (a ``cudaStreamSynchronize`` or a
 device-to-host copy is the host waiting on the GPU: a sync) and the operators open on that
-call's thread, innermost last. A gap with no runtime call in it is the host busy in Python.
+call's thread, innermost last. A gap with no runtime call in it is the host busy in Python. Each
+gap also names the blocking call that let the GPU run dry, if one returned as the gap began (a
+``.cpu()`` or a data-dependent size waits for the GPU to finish, so the queue is empty when the
+host goes on), and the idle time after such calls is summed.
 
     PYTHONPATH=. python benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --out profile.json \
         [--trace trace.json.gz]
@@ -53,6 +56,10 @@ GAPS_LISTED = 12  # the longest idle gaps, with the host's activity in each
 #: idle gaps split by length (microseconds): launch latency between kernels is a few microseconds;
 #: a gap of a millisecond or more is the GPU starved by the host (a sync, or Python slower than the GPU)
 GAP_BINS = ((0.0, 100.0), (100.0, 1000.0), (1000.0, float("inf")))
+#: a gap counts as drained by a blocking call when a runtime call of at least BLOCKING_US returned
+#: inside it, within DRAIN_SLACK_US of its start (launch calls take a few us; a blocking call
+#: returns a few us after the GPU's last kernel ends)
+BLOCKING_US, DRAIN_SLACK_US = 50.0, 50.0
 GEMM = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_|sm100_|wgmma", re.I)
 
 
@@ -155,12 +162,27 @@ def summarise_trace(trace: dict, steps: int) -> dict:
         return {"runtime_call": best[3], "runtime_call_share": best_overlap / (b - a),
                 "operators": " > ".join(ops_at(best[2], max(best[0], a))[-SITE_DEPTH:])}
 
+    runtime_ends = sorted((r[1], r) for r in runtime)
+    end_keys = [e for e, _ in runtime_ends]
+
+    def drained_by(a: float, b: float) -> dict | None:
+        """The blocking call that let the GPU run dry: the longest runtime call (over BLOCKING_US)
+        that returned inside the gap, within DRAIN_SLACK_US of its start (a blocking call returns
+        once the GPU has finished what it waited for), with the operators open when it was called."""
+        lo, hi = bisect.bisect_left(end_keys, a), bisect.bisect_right(end_keys, min(b, a + DRAIN_SLACK_US))
+        calls = [r for _, r in runtime_ends[lo:hi] if r[1] - r[0] >= BLOCKING_US]
+        if not calls:
+            return None
+        r = max(calls, key=lambda c: c[1] - c[0])
+        return {"call": r[3], "seconds": (r[1] - r[0]) * 1e-6, "operators": " > ".join(ops_at(r[2], r[0])[-SITE_DEPTH:])}
+
     offset = span_start or 0.0
     by_length = [{"gap_us": f"{lo:g}-{hi:g}", "count_per_step": sum(lo <= b - a < hi for a, b in gaps) / steps,
                   "seconds_per_step": sum(b - a for a, b in gaps if lo <= b - a < hi) * 1e-6 / steps}
                  for lo, hi in GAP_BINS]
-    longest = [{"at_s": (a - offset) * 1e-6, "seconds": (b - a) * 1e-6, **host_in(a, b)}
+    longest = [{"at_s": (a - offset) * 1e-6, "seconds": (b - a) * 1e-6, **host_in(a, b), "drained_by": drained_by(a, b)}
                for a, b in sorted(gaps, key=lambda g: g[0] - g[1])[:GAPS_LISTED]]
+    after_blocking = [(a, b) for a, b in gaps if b - a >= GAP_BINS[1][0] and drained_by(a, b) is not None]
     us = 1e-6 / steps
     total_kernel = sum(per_class.values())
     rows = [{"class": c, "seconds_per_step": per_class.get(c, 0.0) * us,
@@ -171,7 +193,10 @@ def summarise_trace(trace: dict, steps: int) -> dict:
             for c in CLASSES]
     return {"classes": rows, "kernel_seconds_per_step": total_kernel * us,
             "busy_seconds_per_step": busy * us, "span_seconds_per_step": span * us,
-            "idle_seconds_per_step": (span - busy) * us, "idle_by_gap_length": by_length, "longest_gaps": longest,
+            "idle_seconds_per_step": (span - busy) * us, "idle_by_gap_length": by_length,
+            "idle_after_blocking_calls": {"count_per_step": len(after_blocking) / steps,
+                                          "seconds_per_step": sum(b - a for a, b in after_blocking) * us},
+            "longest_gaps": longest,
             "kernels": len(kernels),
             "note": "kernel time can exceed busy time where kernels overlap on streams"}
 
@@ -217,7 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     for g in result["longest_gaps"]:
         print(f"gap {1e3 * g['seconds']:7.3f} ms at {g['at_s']:.4f} s: {g['runtime_call']} "
               f"({100 * g['runtime_call_share']:.0f}%) | {g['operators'][-100:]}")
-    finish(result, args.out, omit=lambda k: k in ("classes", "longest_gaps", "idle_by_gap_length"))
+        if g["drained_by"]:
+            d = g["drained_by"]
+            print(f"    after {d['call']} ({1e3 * d['seconds']:.3f} ms) | {d['operators'][-100:]}")
+    blocked = result["idle_after_blocking_calls"]
+    print(f"idle after blocking calls: {blocked['count_per_step']:.1f} gaps per step, "
+          f"{1e3 * blocked['seconds_per_step']:.2f} ms per step")
+    finish(result, args.out, omit=lambda k: k in ("classes", "longest_gaps", "idle_by_gap_length",
+                                                         "idle_after_blocking_calls"))
     return 0
 
 

@@ -530,7 +530,31 @@ class MegatronEngine:
                 "grad_clip": f"norm and coefficient on the GPU; the scale pass: {scale}" if on_device
                 else "norm read on the host (megatron-core's .item() path)",
                 "optimizer_cuda_graph": graph,
-                "overlap_grad_reduce": self.model.ddp_config.overlap_grad_reduce}
+                "overlap_grad_reduce": self.model.ddp_config.overlap_grad_reduce,
+                "expert_counts": self._expert_counts_read(),
+                "pre_mlp_norm": self._pre_mlp_norm_run()}
+
+    def _expert_counts_read(self) -> str | None:
+        """Where the MoE layers' dispatchers read the experts' token counts, asked of the dispatchers."""
+        from muse_stack.engines.mcore.dispatch import EarlyCountAllGatherDispatcher
+
+        kinds = set()
+        for m in self.model.module.modules():
+            d = getattr(m, "token_dispatcher", None)
+            if d is None:
+                continue
+            kinds.add("before the latent GEMM, copied without blocking; the weights permuted with the tokens"
+                      if isinstance(d, EarlyCountAllGatherDispatcher) and d.local_only()
+                      else f"megatron-core's {type(d).__name__.removeprefix('EarlyCount')}")
+        return ", ".join(sorted(kinds)) or None
+
+    def _pre_mlp_norm_run(self) -> str | None:
+        """Whether the pre-MLP norm runs in the post-attention residual's chain, asked of the layers."""
+        from muse_stack.engines.mcore.layers import MuseSparkLayer
+
+        kinds = {"in the post-attention residual's chain" if m.fused_pre_mlp_norm else "its own chain"
+                 for m in self.model.module.modules() if isinstance(m, MuseSparkLayer)}
+        return ", ".join(sorted(kinds)) or None
 
     def _perception_info(self) -> dict[str, Any] | None:
         """The towers as this rank holds them (None: a text model, or not the first stage)."""

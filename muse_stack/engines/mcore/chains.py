@@ -61,6 +61,18 @@ def post_attention_residual(stream: torch.Tensor, attn: torch.Tensor, gate: torc
 
 
 @elementwise
+def post_attention_residual_and_norm(stream: torch.Tensor, attn: torch.Tensor, gate: torch.Tensor, eps: float,
+                                     temperature: float, w: torch.Tensor, norm_eps: float
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The post-attention residual and the pre-MLP norm of its result in one chain: the new stream
+    (fp32) and its centred norm (matmul dtype). Compiled, the stream is read once, and its
+    backward sums the two gradients the new stream receives (from the norm and from the next
+    residual) inside the kernel instead of in a separate pass over the fp32 stream."""
+    new = post_attention_residual(stream, attn, gate, eps, temperature)
+    return new, centered_norm(new, w, norm_eps)
+
+
+@elementwise
 def qk_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return _rms(x, eps).to(_Matmul.dtype)
 

@@ -11,7 +11,8 @@ Composed from megatron-core and Transformer Engine modules (see :mod:`.spec`):
   expert bias, renormalised top-k weights) with the logit multiplier and an fp32 weight.
 * :class:`MuseSparkMoE` -- megatron-core's ``MoELayer`` with ``moe_latent_size`` (its
   ``fc1_latent_proj``/``fc2_latent_proj`` are the pre/post expert projections), plus the
-  pre-expert norm on the latent before dispatch.
+  pre-expert norm on the latent before dispatch. Its allgather dispatcher reads the experts'
+  token counts before the latent GEMM where no tokens move (:mod:`.dispatch`).
 * :class:`MuseSparkExperts` -- ``TEGroupedMLP`` (grouped GEMM SwiGLU experts) whose output gets
   the post-expert norm per expert slot *before* the routing weight is applied (the norm is
   not linear, so the weight cannot be folded into the activation as megatron-core does).
@@ -43,6 +44,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.experts import TEGroupedMLP
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.router import TopKRouter
+from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_block import get_num_layers_to_build
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
@@ -53,12 +55,14 @@ from muse_stack.engines.mcore.chains import (
     gated_residual,
     output_gate,
     post_attention_residual,
+    post_attention_residual_and_norm,
     qk_norm,
     set_matmul_dtype,
     softcap_logits,
     stored_gain_norm,
     weighted_gain_first_norm,
 )
+from muse_stack.engines.mcore.dispatch import EarlyCountAllGatherDispatcher
 from muse_stack.model.residual import initial_gate_value
 from muse_stack.model_config import ModelConfig
 
@@ -267,8 +271,13 @@ class MuseSparkMoE(MoELayer):
         self.router.output_multiplier = muse.output_multiplier
         self.experts.post_expert_norm.eps = muse.post_norm_eps
         self.pre_expert_norm = CenteredNorm(config.moe_latent_size, muse.rms_norm_eps, config.sequence_parallel)
+        if type(self.token_dispatcher) is MoEAllGatherTokenDispatcher:  # the counts read before the latent GEMM
+            self.token_dispatcher = EarlyCountAllGatherDispatcher(self.num_local_experts, self.local_expert_indices,
+                                                                  config=config, pg_collection=pg_collection)
 
     def preprocess(self, hidden_states: torch.Tensor, probs: torch.Tensor, routing_map: torch.Tensor):
+        if isinstance(self.token_dispatcher, EarlyCountAllGatherDispatcher):
+            self.token_dispatcher.prefetch_counts(routing_map)
         latent, _ = self.fc1_latent_proj(hidden_states)
         latent = self.pre_expert_norm(latent)
         return self.token_dispatcher.dispatch_preprocess(latent, routing_map, probs)
@@ -283,6 +292,11 @@ class LayerSubmodules:
 
 class MuseSparkLayer(MegatronModule):
     """One decoder layer on the fp32 residual stream [s, b, H]."""
+
+    #: the post-attention residual and the pre-MLP norm as one chain (:func:`post_attention_residual_and_norm`).
+    #: False: two chains, the norm through its module (the engine before;
+    #: ``benchmarks/scripts/engine_steps.py --separate-pre-mlp-norm``)
+    fused_pre_mlp_norm: bool = True
 
     def __init__(self, config, submodules: LayerSubmodules, layer_number: int, muse: ModelConfig,
                  pg_collection=None, vp_stage=None) -> None:
@@ -303,9 +317,15 @@ class MuseSparkLayer(MegatronModule):
 
     def forward(self, stream: torch.Tensor, rotary_pos_emb: torch.Tensor | None, packed_seq_params=None) -> torch.Tensor:
         attn = self.self_attention(self.input_layernorm(stream), rotary_pos_emb, packed_seq_params)
-        stream = post_attention_residual(stream, attn, self.post_attention_residual_gate.gate, self.post_eps,
-                                         self.temperature)
-        ffn, _ = self.mlp(self.pre_mlp_layernorm(stream))
+        gate = self.post_attention_residual_gate.gate
+        if self.fused_pre_mlp_norm:
+            norm = self.pre_mlp_layernorm
+            stream, normed = post_attention_residual_and_norm(stream, attn, gate, self.post_eps, self.temperature,
+                                                              norm.weight, norm.eps)
+        else:
+            stream = post_attention_residual(stream, attn, gate, self.post_eps, self.temperature)
+            normed = self.pre_mlp_layernorm(stream)
+        ffn, _ = self.mlp(normed)
         return gated_residual(stream, self.post_mlp_layernorm(ffn), self.post_mlp_residual_gate.gate, self.temperature)
 
 
