@@ -1,0 +1,104 @@
+"""The experts' counts read early and the pre-MLP norm in the residual's chain, attributed
+(benchmarks/results/levers7/): every figure its README states, recomputed from the committed result
+files, and each run's settings read back from what the engine recorded. CPU only; nothing is timed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+FOLDER = RESULTS / "levers7"
+RUNS = ("shipped", "before", "late-counts", "separate-pre-mlp-norm", "shipped-again")
+EARLY = "before the latent GEMM, copied without blocking; the weights permuted with the tokens"
+FUSED = "in the post-attention residual's chain"
+
+spec = importlib.util.spec_from_file_location("levers_choose", RESULTS.parent / "scripts" / "levers_choose.py")
+levers_choose = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(levers_choose)
+
+
+def _json(name: str) -> dict:
+    return json.loads((FOLDER / name).read_text())
+
+
+def _tps(run: str) -> float:
+    return _json(f"{run}.json")["tokens_per_s_per_gpu"]
+
+
+def _text() -> str:
+    return " ".join((FOLDER / "README.md").read_text().split())
+
+
+def test_each_run_ran_what_it_is_named_for():
+    for run in RUNS:
+        levers = _json(f"{run}.json")["levers"]
+        early = run not in ("before", "late-counts")
+        fused = run not in ("before", "separate-pre-mlp-norm")
+        assert (levers["expert_counts"] == EARLY) is early, run
+        assert levers["expert_counts"] in (EARLY, "megatron-core's AllGatherDispatcher"), run
+        assert (levers["pre_mlp_norm"] == FUSED) is fused, run
+        assert levers["pre_mlp_norm"] in (FUSED, "its own chain"), run
+    assert "5 passed" in (FOLDER / "gpu-test.txt").read_text()
+
+
+def test_the_table_restates_the_runs():
+    text = (FOLDER / "README.md").read_text()
+    rows = [r for r in text.splitlines() if r.startswith("| `") and ".json`" in r]
+    assert [r.split("`")[1] for r in rows] == [f"{run}.json" for run in RUNS]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        r = _json(cells[0].strip("`"))
+        assert cells[2:] == [f"{r['tokens_per_s_per_gpu']:,.0f}", f"{100 * r['mfu']:.2f}%",
+                             f"{r['step_time_mean_s']:.4f}", f"{r['final_loss']:.5f}"], cells[0]
+
+
+def test_the_attribution_is_levers_choose_rule_on_these_runs():
+    base = (_tps("shipped") + _tps("shipped-again")) / 2
+    drift = abs(_tps("shipped") - _tps("shipped-again")) / base
+    threshold = max(2 * drift, levers_choose.MIN_GAIN)
+    both = base / _tps("before") - 1
+    counts = base / _tps("late-counts") - 1
+    norm = base / _tps("separate-pre-mlp-norm") - 1
+    assert both > threshold  # kept together
+    assert counts < threshold and norm < threshold  # neither alone passes
+    text = _text()
+    assert f"**Both changes together: {100 * both:+.2f}%.**" in text
+    assert f"mean of `shipped` and `shipped-again`, {base:,.0f} tokens/s; the two differ by {100 * drift:.2f}%" in text
+    assert f"the baseline is {100 * both:+.2f}%. That is above twice the drift ({200 * drift:.2f}%)" in text
+    assert f"the early counts are worth {100 * counts:+.2f}%" in text
+    assert f"the norm in the residual's chain {100 * norm:+.2f}%" in text
+    losses = [_json(f"{run}.json")["final_loss"] for run in RUNS]
+    assert f"({max(losses) / min(losses) - 1:.1e})" in text
+    worst_norm = max(max(s["grad_norm"] for s in _json(f"{run}.json")["steps"][8:]) for run in RUNS)
+    assert f"largest gradient norm among steps 9-20: {worst_norm:.3f}" in text and worst_norm < 1.0
+
+
+def test_the_profile_figures_are_the_profile():
+    p = _json("profile-shipped.json")
+    before = json.loads((RESULTS / "levers6" / "profile-shipped.json").read_text())
+    text = _text()
+    idle = lambda q: f"{1e3 * q['idle_seconds_per_step']:.1f} ms idle ({100 * q['idle_seconds_per_step'] / q['span_seconds_per_step']:.1f}%)"  # noqa: E731
+    assert (f"{p['span_seconds_per_step']:.4f} s of span, {p['busy_seconds_per_step']:.4f} s busy, {idle(p)}, "
+            f"against {idle(before).replace(' idle', '')}") in text
+    bins = {b["gap_us"]: b for b in p["idle_by_gap_length"]}
+    for key, words in (("0-100", "gaps under 100 us"), ("100-1000", "gaps of 100 us to 1 ms"),
+                       ("1000-inf", "gaps of 1 ms or more")):
+        b = bins[key]
+        assert f"{1e3 * b['seconds_per_step']:.2f} ms is in {b['count_per_step']:,g} {words}" in text, key
+    old = {b["gap_us"]: b for b in before["idle_by_gap_length"]}["1000-inf"]
+    assert f"(levers6: {1e3 * old['seconds_per_step']:.2f} ms in {old['count_per_step']:g})" in text
+    blocked = p["idle_after_blocking_calls"]
+    assert f"{blocked['count_per_step']:g} a step, {1e3 * blocked['seconds_per_step']:.2f} ms a step" in text
+    drains = [g["drained_by"] for g in p["longest_gaps"] if g["drained_by"]]
+    assert drains and all(d["operators"].startswith("aten::to[[2]]") for d in drains)
+    assert all(abs(d["seconds"] - 0.19) < 0.01 for d in drains)  # "about 0.19 s"
+    gl = [g["seconds"] for g in p["longest_gaps"] if "_GroupedLinear" in g["operators"] and g["seconds"] > 5e-4]
+    assert f"now {1e3 * min(g for g in gl if g > 8e-4):.1f}-{1e3 * max(gl):.1f} ms" in text
+    assert all(g["drained_by"] is None for g in p["longest_gaps"] if "_GroupedLinear" in g["operators"])
+    classes = {c["class"]: c for c in p["classes"]}
+    for name, c in classes.items():
+        if c["seconds_per_step"] > 0:
+            assert f"| {name} | {1e3 * c['seconds_per_step']:.1f} |" in text, name
+    assert f"({p['busy_seconds_per_step']:.4f} s) is now {100 * p['busy_seconds_per_step'] / p['span_seconds_per_step']:.1f}%" in text
