@@ -207,14 +207,27 @@ def test_a_sweep_of_two_machines_or_without_the_shipped_run_is_refused(ft, tmp_p
     assert ft.main(["--sweep", str(tmp_path / "missing")]) == 3 and "missing" in capsys.readouterr().err
 
 
-def test_the_committed_sweep_readme_prints_its_fit():
+@pytest.mark.parametrize("sub", ["", "2026-12-02"], ids=["current", "2026-12-02"])
+def test_the_committed_sweep_readme_prints_its_fit(sub):
     """benchmarks/results/plan-sweep/README.md's table is fit.json's, row by row, and its files are the
-    layout h200.sh plansweep writes (runs/NAME.json for each run above, fingerprint.json beside)."""
-    folder = ROOT / "benchmarks" / "results" / "plan-sweep"
+    layout h200.sh plansweep writes (runs/NAME.json for runs above, fingerprint.json beside), each run
+    with the overrides its name stands for; a run of the list that is missing is named in the README as
+    not reached. The same for the earlier sweep in 2026-12-02/ (all eleven runs)."""
+    folder = ROOT / "benchmarks" / "results" / "plan-sweep" / sub
     fit = json.loads((folder / "fit.json").read_text())
-    assert {p.stem for p in (folder / "runs").glob("*.json")} == set(SWEEP)
+    ran = {p.stem for p in (folder / "runs").glob("*.json")}
+    assert ran <= set(SWEEP) and "shipped" in ran
+    for name in ran:
+        assert json.loads((folder / "runs" / f"{name}.json").read_text())["overrides"] == SWEEP[name], name
+    assert {p["run"] for p in fit["points"]} == ran
+    assert fit["sweep"] == f"benchmarks/results/plan-sweep/{sub + '/' if sub else ''}runs"
     assert json.loads((folder / "fingerprint.json").read_text())["kind"] == "muse-stack-fingerprint"
     readme = (folder / "README.md").read_text()
+    flat = " ".join(readme.split())
+    if ran != set(SWEEP):  # the current sweep: its call's limit came before the last two runs
+        assert set(SWEEP) - ran == {"plain-dist-opt", "remainders"}
+        assert (f"{len(ran)} of `plansweep`'s eleven runs" in flat and "The call's limit came before megatron-core's "
+                "own optimizer layout and the int16 remainders at MBS 4" in flat)
     for r in fit["points"]:
         ov = f"`{' '.join(r['overrides'])}`" if r["overrides"] else ""
         row = (f"| {r['run']} | {ov} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | "

@@ -122,9 +122,9 @@ class TimeCalibration(BaseModel):
 
     # one efficiency for dense GEMMs, expert GEMMs and attention: fitted apart, the H200 runs do
     # not identify them (fit_time.py); the roofline in gemm_time still tells the shapes apart
-    gemm_efficiency_dense: float = 0.5175
-    gemm_efficiency_expert: float = 0.5175
-    attention_efficiency: float = 0.5175
+    gemm_efficiency_dense: float = 0.5318
+    gemm_efficiency_expert: float = 0.5318
+    attention_efficiency: float = 0.5318
     elementwise_passes: float = 6.307  # HBM passes over the activation bytes, eager (the older runs': the sweep is compiled)
     elementwise_passes_compiled: float = 0  # the same with fusions.compile_elementwise (fitted to 0)
     # host time (launches and host work; it overlaps the GPU work, see estimate_step), fitted to the

@@ -1,29 +1,20 @@
 #!/usr/bin/env bash
 # The planner's step-time refit (issue 34): slice-1gpu as shipped and each neighbour of its settings,
-# 11 engine_steps.py runs on one H200 in one call, then the fit on a CPU. See README.md here.
+# engine_steps.py runs on one H200 in one call, then the fit on a CPU. See README.md here.
 #
-#   device (1 x H200, no registry), from the project root, once the b200 wheel set is installed in the
-#   isolated venv of benchmarks/scripts/replay.sh (`replay.sh install b200`, `replay.sh te b200`):
+#   device (1 x H200, no registry), from the project root, with TE 2.20.2 + megatron-core 0.19.2 staged
+#   into /tmp/site (shared/device/te-stage.sh):
 #       OUT=dir bash benchmarks/results/plan-sweep/run.sh device
-#     writes dir/plan-sweep/runs/NAME.json (runs/ here) and dir/plan-sweep/fingerprint.json (here).
-#     The committed runs came from `OUT=... T=120 bash benchmarks/scripts/h200.sh plansweep` in that
-#     environment, with the fingerprint taken after it by `python3 -m muse_stack.cli fingerprint`
-#     (h200.sh reads no T: its per-command limit is STEP_TIMEOUT, 900 s unless set); plansweep now
-#     writes the fingerprint itself, inside h200.sh's environment.
+#     writes dir/plan-sweep/runs/NAME.json (runs/ here) and dir/plan-sweep/fingerprint.json.
+#     The committed runs came from `STEP_TIMEOUT=120 OUT=... timeout 540 bash benchmarks/scripts/h200.sh plansweep`
+#     (the device call's limit): the call ended before the last two runs and the fingerprint (README.md).
 #   here (CPU): bash benchmarks/results/plan-sweep/run.sh       (the fit: fit.json)
+# 2026-12-02/ holds the earlier sweep on the b200 wheel set, with its own run.sh.
 set -euo pipefail
 case "${1:-fit}" in
 device)
-  # the venv's python3 first on PATH and the set's CUDA library folders first on LD_LIBRARY_PATH;
-  # cuDNN and NCCL homes in the venv (as the fingerprint records them)
-  VENV=${VENV:-/tmp/replayenv-b200}
-  SP=$("$VENV/bin/python" -E -s -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  export PATH=$VENV/bin:$PATH VIRTUAL_ENV=$VENV
-  export LD_LIBRARY_PATH=$(ls -d "$SP"/nvidia/*/lib | paste -sd: -)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export CUDNN_HOME=$SP/nvidia/cudnn CUDNN_PATH=$SP/nvidia/cudnn NCCL_HOME=$SP/nvidia/nccl
-  # h200.sh puts /tmp/site first on PYTHONPATH: packages staged there would shadow the set's
-  [ ! -e /tmp/site ] || { echo "/tmp/site exists: its packages would shadow the venv's (h200.sh's PYTHONPATH)" >&2; exit 1; }
-  OUT=${OUT:?OUT=dir} bash benchmarks/scripts/h200.sh plansweep ;;
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+  STEP_TIMEOUT=${STEP_TIMEOUT:-120} OUT=${OUT:?OUT=dir} bash benchmarks/scripts/h200.sh plansweep ;;
 fit)
   python benchmarks/scripts/plan/fit_time.py --sweep benchmarks/results/plan-sweep/runs \
     --json benchmarks/results/plan-sweep/fit.json ;;
