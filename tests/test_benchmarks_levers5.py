@@ -4,30 +4,23 @@ recomputed from the committed result files. CPU only; nothing is timed."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import statistics
 from pathlib import Path
 
 import pytest
+from bench_results import RESULTS, Folder, script
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 LEVERS = RESULTS / "levers5"
 SBS = RESULTS / "side-by-side"
 SITTINGS = ("2026-12-02", "2026-12-03", "2026-12-03b", "2026-12-03c")
-
-spec = importlib.util.spec_from_file_location("levers_choose", RESULTS.parent / "scripts" / "levers_choose.py")
-levers_choose = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(levers_choose)
+levers_choose = script("levers_choose")
+_tps = Folder("levers5").tps
 
 
 def _json(path: Path) -> dict:
     return json.loads(path.read_text())
-
-
-def _tps(name: str) -> float:
-    return _json(LEVERS / f"{name}.json")["tokens_per_s_per_gpu"]
 
 
 def test_the_rule_on_made_up_runs(tmp_path):

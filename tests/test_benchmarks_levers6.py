@@ -4,29 +4,15 @@ files, and each run's settings read back from what the engine recorded. CPU only
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-FOLDER = RESULTS / "levers6"
+from bench_results import Folder, script
+
+FOLDER = Folder("levers6")
 RUNS = ("shipped", "te-clip-scale", "shipped-again", "before", "shipped-third")
-
-spec = importlib.util.spec_from_file_location("levers_choose", RESULTS.parent / "scripts" / "levers_choose.py")
-levers_choose = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(levers_choose)
-
-
-def _json(name: str) -> dict:
-    return json.loads((FOLDER / name).read_text())
-
-
-def _tps(run: str) -> float:
-    return _json(f"{run}.json")["tokens_per_s_per_gpu"]
-
-
-def _text() -> str:
-    return " ".join((FOLDER / "README.md").read_text().split())
+levers_choose = script("levers_choose")
+_json, _tps, _text = FOLDER.json, FOLDER.tps, FOLDER.text
+RESULTS = FOLDER.path.parent
 
 
 def test_each_run_ran_the_clip_it_is_named_for():
@@ -45,19 +31,11 @@ def test_each_run_ran_the_clip_it_is_named_for():
 
 
 def test_the_table_restates_the_runs():
-    text = (FOLDER / "README.md").read_text()
-    rows = [r for r in text.splitlines() if r.startswith("| `") and ".json`" in r]
-    assert [r.split("`")[1] for r in rows] == [f"{run}.json" for run in RUNS]
-    for row in rows:
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        r = _json(cells[0].strip("`"))
-        assert cells[2:] == [f"{r['tokens_per_s_per_gpu']:,.0f}", f"{100 * r['mfu']:.2f}%",
-                             f"{r['step_time_mean_s']:.4f}", f"{r['final_loss']:.5f}"], cells[0]
+    FOLDER.assert_run_table(RUNS)
 
 
 def test_the_attribution_is_levers_choose_rule_on_these_runs():
-    base = (_tps("shipped") + _tps("shipped-again")) / 2
-    drift = abs(_tps("shipped") - _tps("shipped-again")) / base
+    base, drift = FOLDER.baseline_and_drift()
     against = _tps("te-clip-scale") / base - 1
     skip = base / _tps("te-clip-scale") - 1
     both = _tps("shipped-third") / _tps("before") - 1
@@ -86,7 +64,7 @@ def test_the_kernel_figures_are_its_measurement():
     assert (f"| 0.5 (a clipped step) | {k['te_coeff_0.5_ms']:.2f} ms ({k['te_coeff_0.5_TBps']:.2f} TB/s) | "
             f"{k['ours_coeff_0.5_ms']:.2f} ms ({k['ours_coeff_0.5_TBps']:.2f} TB/s) |") in text
     assert k["ours_coeff_1_ms"] < k["te_coeff_1_ms"] / 10
-    assert "5 passed" in (FOLDER / "gpu-test.txt").read_text()
+    assert "5 passed" in (FOLDER.path / "gpu-test.txt").read_text()
 
 
 def test_the_profile_figures_are_the_profile():
@@ -110,7 +88,7 @@ def test_the_profile_figures_are_the_profile():
     norm = next(v for k, v in opt.items() if "L2NormFunctor" in k)
     assert f"Adam {1e3 * adam:.2f} ms and the norm {1e3 * norm:.2f} ms" in text
     # the eager post-MLP residual's multiply is gone from the step
-    assert "aten::mul[[8192],[4096,4,8192]]" not in (FOLDER / "profile-shipped.json").read_text()
+    assert "aten::mul[[8192],[4096,4,8192]]" not in (FOLDER.path / "profile-shipped.json").read_text()
     assert "aten::mul[[8192],[4096,4,8192]]" in (RESULTS / "side-by-side" / "2026-12-03" /
                                                  "profile-shipped.json").read_text()
 

@@ -4,31 +4,17 @@ files, and each run's settings read back from what the engine recorded. CPU only
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-FOLDER = RESULTS / "levers7"
+from bench_results import Folder, script
+
+FOLDER = Folder("levers7")
 RUNS = ("shipped", "before", "late-counts", "separate-pre-mlp-norm", "shipped-again")
 EARLY = "before the latent GEMM, copied without blocking; the weights permuted with the tokens"
 FUSED = "in the post-attention residual's chain"
-
-spec = importlib.util.spec_from_file_location("levers_choose", RESULTS.parent / "scripts" / "levers_choose.py")
-levers_choose = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(levers_choose)
-
-
-def _json(name: str) -> dict:
-    return json.loads((FOLDER / name).read_text())
-
-
-def _tps(run: str) -> float:
-    return _json(f"{run}.json")["tokens_per_s_per_gpu"]
-
-
-def _text() -> str:
-    return " ".join((FOLDER / "README.md").read_text().split())
+levers_choose = script("levers_choose")
+_json, _tps, _text = FOLDER.json, FOLDER.tps, FOLDER.text
+RESULTS = FOLDER.path.parent
 
 
 def test_each_run_ran_what_it_is_named_for():
@@ -40,23 +26,15 @@ def test_each_run_ran_what_it_is_named_for():
         assert levers["expert_counts"] in (EARLY, "megatron-core's AllGatherDispatcher"), run
         assert (levers["pre_mlp_norm"] == FUSED) is fused, run
         assert levers["pre_mlp_norm"] in (FUSED, "its own chain"), run
-    assert "5 passed" in (FOLDER / "gpu-test.txt").read_text()
+    assert "5 passed" in (FOLDER.path / "gpu-test.txt").read_text()
 
 
 def test_the_table_restates_the_runs():
-    text = (FOLDER / "README.md").read_text()
-    rows = [r for r in text.splitlines() if r.startswith("| `") and ".json`" in r]
-    assert [r.split("`")[1] for r in rows] == [f"{run}.json" for run in RUNS]
-    for row in rows:
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        r = _json(cells[0].strip("`"))
-        assert cells[2:] == [f"{r['tokens_per_s_per_gpu']:,.0f}", f"{100 * r['mfu']:.2f}%",
-                             f"{r['step_time_mean_s']:.4f}", f"{r['final_loss']:.5f}"], cells[0]
+    FOLDER.assert_run_table(RUNS)
 
 
 def test_the_attribution_is_levers_choose_rule_on_these_runs():
-    base = (_tps("shipped") + _tps("shipped-again")) / 2
-    drift = abs(_tps("shipped") - _tps("shipped-again")) / base
+    base, drift = FOLDER.baseline_and_drift()
     threshold = max(2 * drift, levers_choose.MIN_GAIN)
     both = base / _tps("before") - 1
     counts = base / _tps("late-counts") - 1
