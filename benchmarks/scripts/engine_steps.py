@@ -11,7 +11,10 @@ for a frozen base (forward and backward to inputs of the base, the adapters' ful
     (--weighted-swiglu: the experts' SwiGLU as the engine ran it before, for attribution;
      --te-clip-scale: the clip's scale pass every step, TE's multi_tensor_scale_tensor, as it ran before;
      --late-counts: megatron-core's allgather dispatcher as it is, the counts read with .cpu() then masked_select;
-     --separate-pre-mlp-norm: the pre-MLP norm as its own chain)
+     --separate-pre-mlp-norm: the pre-MLP norm as its own chain;
+     --mcore-swiglu: the experts' SwiGLU backward as megatron-core's compiled one, not TE's dswiglu;
+     the grad buffer zeroed whole every step: the override performance.first_micro_batch_writes=false;
+     --inductor-multi-kernel: a candidate, the chains compiled with TorchInductor's multi-kernel)
 """
 
 from __future__ import annotations
@@ -36,7 +39,20 @@ def main(argv: list[str] | None = None) -> int:
                          "after the latent GEMM, then masked_select")
     ap.add_argument("--separate-pre-mlp-norm", action="store_true",
                     help="the pre-MLP norm as its own chain after the post-attention residual's")
+    ap.add_argument("--mcore-swiglu", action="store_true",
+                    help="the experts' SwiGLU backward as megatron-core's compiled one instead of TE's dswiglu")
+    ap.add_argument("--inductor-multi-kernel", action="store_true",
+                    help="a candidate, not shipped: the compiled elementwise chains with TorchInductor's multi-kernel "
+                         "(persistent row reductions up to 16,384 columns, benchmarked against looped ones)")
     args = ap.parse_args(argv)
+    if args.inductor_multi_kernel:
+        import torch._inductor.config as inductor
+
+        inductor.triton.multi_kernel = 1
+    if args.mcore_swiglu:
+        from muse_stack.engines.mcore.layers import MuseSparkExperts
+
+        MuseSparkExperts.te_swiglu_backward = False
     if args.late_counts:
         from muse_stack.engines.mcore.dispatch import EarlyCountAllGatherDispatcher
 

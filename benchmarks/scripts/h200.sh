@@ -10,6 +10,7 @@
 #                       levers5 (issue 34's engine levers: each alone against the shipped slice, one call, ~6 min)
 #                       levers6 (the clip scale that skips unclipped steps, the gated residual's compile fix; BEFORE=dir)
 #                       levers7 (the experts' counts read early, the pre-MLP norm in the residual's chain)
+#                       levers8gpu levers8 (TE's SwiGLU for the experts, the first micro-batch's gradient writes)
 #                       plansweep (the planner's refit: the shipped slice and its neighbours, one machine, one call)
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/results/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
@@ -105,6 +106,28 @@ for what in "${@:-smoke}"; do
     one $ES $W --out "$D/shipped-again.json"
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$D/profile-shipped.json"
     tar czf "$OUT/levers7.tgz" -C "$(dirname "$D")" levers7 ;;
+  levers8gpu) # the GPU tests of the first micro-batch's gradient writes and of the experts' SwiGLU, then the slice's largest
+    # memory-bound passes alone (benchmarks/scripts/kernels.py). Outputs: $OUT/levers8/{gpu-test.txt,kernels.json}
+    D=$(realpath -m "$OUT/levers8"); mkdir -p "$D"
+    one python3 -m pytest -q -p no:cacheprovider tests/test_first_write_gpu.py tests/test_dispatch_gpu.py 2>&1 \
+      | tail -25 | tee "$D/gpu-test.txt"
+    one python3 benchmarks/scripts/kernels.py --out "$D/kernels.json" > /dev/null ;;
+  levers8) # the experts' SwiGLU as TE's kernels and the first micro-batch's gradient writes, attributed on slice-1gpu
+    # (engine_steps.py, 20 steps, window 9-20, one process each): shipped; both off (the engine before them); each
+    # off alone; shipped again (the drift); a candidate (the chains under Inductor's multi-kernel). Then a profile of
+    # the shipped step. Outputs: $OUT/levers8.tgz.
+    ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
+    WHOLE="performance.first_micro_batch_writes=false"
+    D=$(realpath -m "$OUT/levers8"); mkdir -p "$D"
+    one $MS fingerprint -o "$D/fingerprint.json"
+    one $ES $W --out "$D/shipped.json"
+    one $ES $WHOLE --mcore-swiglu $W --out "$D/before.json"
+    one $ES --mcore-swiglu $W --out "$D/mcore-swiglu.json"
+    one $ES $WHOLE $W --out "$D/whole-buffer.json"
+    one $ES $W --out "$D/shipped-again.json"
+    one $ES --inductor-multi-kernel $W --out "$D/candidate-multi-kernel.json"
+    one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$D/profile-shipped.json"
+    tar czf "$OUT/levers8.tgz" -C "$(dirname "$D")" levers8 ;;
   profile2) # one step of the slice as shipped by class of GPU work, with operator shapes
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$OUT/profile-shipped.json" ;;
   levers5) # issue 34's levers on slice-1gpu, each alone as a recipe override against the shipped recipe, one process

@@ -204,11 +204,31 @@ class MegatronEngine:
             self.optimizer.step = OptimizerCudaGraphWrapper(
                 self.optimizer.step, cuda_graph_warmup_steps=self.config.cuda_graph_warmup_steps,
                 use_single_mempool=self.config.cuda_graph_use_single_mempool)
+        self._first_writes(ddp_config)
         self.config.no_sync_func = self.model.no_sync
         # the loss arrives divided by the global supervised-token count (train_step): no second pass
         self.config.finalize_model_grads_func = partial(_finalize_prescaled, finalize_model_grads)
         self._loss_scale = 1.0
         self.config.grad_scale_func = self.optimizer.scale_loss
+
+    def _first_writes(self, ddp_config) -> None:
+        """performance.first_micro_batch_writes (unset: on where it applies): the step's first
+        micro-batch writes the decoder's TE weight gradients, the rest of the buffers is zeroed
+        (:mod:`muse_stack.engines.mcore.first_write`). ``first_writes_off`` says why not."""
+        from muse_stack.engines.mcore import first_write
+
+        self.first_writes = None
+        if self.ctx.recipe.performance.first_micro_batch_writes is False:
+            self.first_writes_off = "performance.first_micro_batch_writes: false"
+            return
+        self.first_writes_off = first_write.why_not(self.config, ddp_config)
+        if self.first_writes_off is not None:
+            return
+        modules = first_write.eligible_modules(self.model.module, self.model.module.decoder)
+        if not modules:
+            self.first_writes_off = "no TE module of the decoder has a trainable weight"
+            return
+        self.first_writes = first_write.FirstMicroBatchWrites(self.model, modules)
 
     def _init_data(self) -> None:
         """This data-parallel rank's stream of micro-batches, and how many make one step."""
@@ -324,6 +344,8 @@ class MegatronEngine:
         output = model(mb["input_ids"], labels=mb["labels"], loss_mask=mb["loss_mask"],
                        packed_seq_params=mb.get("packed_seq_params"), media=mb.get("media"),
                        media_index=mb.get("media_index"))
+        if self.first_writes is not None:  # the first micro-batch's forward is done: the later ones add
+            self.first_writes.disarm()
         return output, partial(_per_token_loss, supervised_mask(mb), self._loss_scale)
 
     # -- one optimizer step ---------------------------------------------------------------
@@ -349,13 +371,20 @@ class MegatronEngine:
             self._seq_lens = [b - a for a, b in zip(cu, cu[1:])] or [width]
         micro = [self._prepare(mb) for mb in raw]
         self._loss_scale = self._inverse_supervised_tokens(micro)
-        self.model.zero_grad_buffer()
+        if self.first_writes is not None:
+            self.first_writes.zero_grad_buffer()  # all but what the first micro-batch writes
+        else:
+            self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         # THD micro-batches cross pipeline stages as [MBS x N, 1, H]
         seq, mbs = (width * recipe.batch.mbs, 1) if self.thd else (width, recipe.batch.mbs)
-        losses = get_forward_backward_func()(
-            forward_step_func=self._forward_step, data_iterator=iter(micro), model=[self.model],
-            num_microbatches=self.micro_batches, seq_length=seq, micro_batch_size=mbs, forward_only=False)
+        try:
+            losses = get_forward_backward_func()(
+                forward_step_func=self._forward_step, data_iterator=iter(micro), model=[self.model],
+                num_microbatches=self.micro_batches, seq_length=seq, micro_batch_size=mbs, forward_only=False)
+        finally:
+            if self.first_writes is not None:
+                self.first_writes.disarm()
         _, grad_norm, _ = self.optimizer.step()
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)
         for item in losses:
@@ -532,6 +561,9 @@ class MegatronEngine:
                 "optimizer_cuda_graph": graph,
                 "overlap_grad_reduce": self.model.ddp_config.overlap_grad_reduce,
                 "expert_counts": self._expert_counts_read(),
+                "experts_swiglu": self._swiglu_loaded(),
+                "grad_buffer_zeroing": self.first_writes.describe() if self.first_writes is not None
+                else f"the whole buffer, every step ({self.first_writes_off})",
                 "pre_mlp_norm": self._pre_mlp_norm_run()}
 
     def _expert_counts_read(self) -> str | None:
@@ -574,7 +606,8 @@ class MegatronEngine:
         """Which SwiGLU the expert layers run, asked of the modules themselves."""
         from muse_stack.engines.mcore.layers import MuseSparkExperts
 
-        kinds = {"unweighted (megatron-core's fused SwiGLU)" if m._plain_swiglu()
+        kinds = {("unweighted (megatron-core's fused SwiGLU; the backward by Transformer Engine's dswiglu)"
+                  if m.te_swiglu_backward else "unweighted (megatron-core's fused SwiGLU)") if m._plain_swiglu()
                  else "megatron-core's TEGroupedMLP forward (weighted SwiGLU, given ones)"
                  for m in self.model.module.modules() if isinstance(m, MuseSparkExperts)}
         return ", ".join(sorted(kinds)) or None

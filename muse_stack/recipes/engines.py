@@ -13,7 +13,8 @@ from muse_stack.errors import RecipeError
 #: the megatron engine's fusion and performance settings (recipe.fusions / recipe.performance; unset: as
 #: the engine ships): set on another engine, they are refused
 MEGATRON_SETTINGS = ("fusions.gradient_accumulation", "fusions.permute", "fusions.router",
-                     "performance.clip_on_device", "performance.optimizer_cuda_graph", "performance.overlap_grad_reduce")
+                     "performance.clip_on_device", "performance.optimizer_cuda_graph", "performance.overlap_grad_reduce",
+                     "performance.first_micro_batch_writes")
 
 
 @dataclass(frozen=True)

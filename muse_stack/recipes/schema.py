@@ -224,6 +224,13 @@ class Performance(_Strict):
         None, description="megatron-core DDP's overlap_grad_reduce: each gradient bucket is reduced while the backward "
                           "continues, instead of all at once after it. Unset: off. The same reduction of the same "
                           "buckets (no numerics change intended)")
+    first_micro_batch_writes: bool | None = Field(
+        None, description="the step's first micro-batch has Transformer Engine's weight-gradient GEMMs write the decoder "
+                          "weights' main gradients (TE's overwrite_main_grad) instead of adding them to zeros, and the "
+                          "step zeroes only the rest of megatron-core's grad buffers. Unset: on where it applies "
+                          "(gradient accumulation fusion, no recompute). The same gradients; cuBLAS may pick another "
+                          "kernel for a written output than for an added one, so the first micro-batch's weight "
+                          "gradients may differ in the last bits")
 
 
 class Numerics(_Strict):

@@ -75,6 +75,14 @@ def check_performance(recipe: Recipe) -> None:
         raise RecipeError("numerics.deterministic is verified bitwise with megatron-core's unfused routing; TE's "
                           "fused router kernel is not", field="fusions.router", value=True,
                           fix="drop fusions.router (or numerics.deterministic)")
+    if perf.first_micro_batch_writes and (recipe.recompute.granularity == "full"
+                                          or recipe.fusions.gradient_accumulation is False
+                                          or (recipe.recompute.granularity == "selective"
+                                              and "moe" in (recipe.recompute.modules or []))):
+        raise RecipeError("the first micro-batch writes the main gradients inside TE's fused weight-gradient GEMMs, "
+                          "in the forward it runs once: it needs gradient accumulation fusion and no recompute of "
+                          "whole layers or of the MoE layer", field="performance.first_micro_batch_writes", value=True,
+                          fix="drop performance.first_micro_batch_writes (it applies where it can), or the recompute")
     if not perf.optimizer_cuda_graph:
         return
     if perf.clip_on_device is False:

@@ -63,6 +63,7 @@ from muse_stack.engines.mcore.chains import (
     weighted_gain_first_norm,
 )
 from muse_stack.engines.mcore.dispatch import EarlyCountAllGatherDispatcher
+from muse_stack.engines.mcore.first_write import FLAG, module_weights, zero_unrouted
 from muse_stack.model.residual import initial_gate_value
 from muse_stack.model_config import ModelConfig
 
@@ -208,6 +209,29 @@ class MuseSparkRouter(TopKRouter):
         return torch.nn.functional.linear(input.float(), self.weight.float()) * self.output_multiplier
 
 
+class SwiGLUTEBackward(torch.autograd.Function):
+    """``silu(first half) * second half`` by megatron-core's compiled ``swiglu`` (the forward of its
+    ``bias_swiglu_impl``); the backward by Transformer Engine's ``dswiglu`` kernel (the backward of
+    its ``ops.SwiGLU``), which reads the input and the gradient once each and writes both halves'
+    gradients. Both compute in fp32 and round once to the input's dtype. Measured alone at the
+    slice's shape (benchmarks/results/levers8/kernels.json): megatron-core's forward is the faster
+    forward, TE's backward the faster backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: D102 - torch.autograd.Function
+        from megatron.core.fusions.fused_bias_swiglu import swiglu
+
+        ctx.save_for_backward(x)
+        return swiglu(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        import transformer_engine_torch as tex
+
+        (x,) = ctx.saved_tensors
+        return tex.dswiglu(grad.contiguous(), x, None)
+
+
 class MuseSparkExperts(TEGroupedMLP):
     """Grouped-GEMM SwiGLU experts; post-expert norm per slot, then the routing weight.
 
@@ -223,6 +247,11 @@ class MuseSparkExperts(TEGroupedMLP):
     #: given ones, also reduces a gradient for those ones that nothing reads. False: the weighted
     #: one with ones (the engine before; ``benchmarks/scripts/engine_steps.py --weighted-swiglu``)
     unweighted_swiglu: bool = True
+    #: that SwiGLU's backward as Transformer Engine's ``dswiglu`` kernel (:class:`SwiGLUTEBackward`;
+    #: the forward is megatron-core's either way). False: megatron-core's compiled backward, one
+    #: kernel that computes each output element's half of the concatenated gradient on its own
+    #: (``benchmarks/scripts/engine_steps.py --mcore-swiglu``)
+    te_swiglu_backward: bool = True
 
     def __init__(self, num_local_experts: int, config, submodules, pg_collection=None, name=None) -> None:
         super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection, name=name)
@@ -241,13 +270,18 @@ class MuseSparkExperts(TEGroupedMLP):
                 and c.moe_mlp_glu_interleave_size is None)
 
     def _experts(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, permuted_probs: torch.Tensor):
+        fc1_weights = module_weights(self.linear_fc1)
+        if fc1_weights and getattr(fc1_weights[0], FLAG, False):  # the step's first micro-batch writes main_grad
+            zero_unrouted(fc1_weights, module_weights(self.linear_fc2), tokens_per_expert.tolist())
         if not self._plain_swiglu():
             return super().forward(hidden, tokens_per_expert, torch.ones_like(permuted_probs))
         from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
 
         counts = tokens_per_expert.tolist()
         fc1, fc1_bias = self.linear_fc1(hidden, counts)
-        return self.linear_fc2(bias_swiglu_impl(fc1, fc1_bias), counts)
+        act = (SwiGLUTEBackward.apply(fc1) if self.te_swiglu_backward and fc1_bias is None and fc1.dim() == 2
+               else bias_swiglu_impl(fc1, fc1_bias))
+        return self.linear_fc2(act, counts)
 
     def forward(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, permuted_probs: torch.Tensor,
                 **kwargs: Any):
