@@ -50,3 +50,23 @@ class Folder:
             r = self.json(cells[0].strip("`"))
             assert cells[2:] == [f"{r['tokens_per_s_per_gpu']:,.0f}", f"{100 * r['mfu']:.2f}%",
                                  f"{r['step_time_mean_s']:.4f}", f"{r['final_loss']:.5f}"], cells[0]
+
+    def assert_both_kept(self, min_gain: float, runs: tuple[str, ...]) -> tuple[float, float, float]:
+        """The README's standard attribution of two changes kept together against `before` (both off):
+        the baseline, its drift and the gain stated as they follow from the files, the gain above
+        levers_choose.py's threshold (twice the drift and ``min_gain``); the final losses' spread over
+        ``runs`` and the largest window gradient norm (steps 9-20, all unclipped). Returns (baseline,
+        drift, threshold)."""
+        base, drift = self.baseline_and_drift()
+        threshold = max(2 * drift, min_gain)
+        both = base / self.tps("before") - 1
+        assert both > threshold
+        text = self.text()
+        assert f"**Both changes together: {100 * both:+.2f}%.**" in text
+        assert f"mean of `shipped` and `shipped-again`, {base:,.0f} tokens/s; the two differ by {100 * drift:.2f}%" in text
+        assert f"the baseline is {100 * both:+.2f}%. That is above twice the drift ({200 * drift:.2f}%)" in text
+        losses = [self.json(f"{run}.json")["final_loss"] for run in runs]
+        assert f"({max(losses) / min(losses) - 1:.1e})" in text
+        worst = max(max(s["grad_norm"] for s in self.json(f"{run}.json")["steps"][8:]) for run in runs)
+        assert f"largest gradient norm among steps 9-20: {worst:.3f}" in text and worst < 1.0
+        return base, drift, threshold

@@ -262,3 +262,22 @@ def test_the_older_runs_fit_recovers_host_and_gpu_terms_across_both_regimes(ft):
     # 1e-5 still fails on a wrong piece or factor (a percent or more)
     for u, g, want in zip(ft.UNKNOWNS, got, x):
         assert g == pytest.approx(want, rel=1e-5), u
+
+
+def test_the_sweep_readme_states_the_plan_against_the_later_sittings():
+    """The plan for the shipped slice with the committed calibration (`muse-stack plan slice-1gpu`) against
+    each side-by-side sitting the sweep README names: the runner's median tokens/s and median step."""
+    import statistics
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    text = " ".join((results / "plan-sweep" / "README.md").read_text().split())
+    plan, _ = make_plan(load_recipe("slice-1gpu"), strict=False)
+    predicted, planned_tps = plan.time.step_s, plan.time.tokens_per_s_per_gpu
+    assert f"predicts {predicted:.3f} s, {planned_tps:,.0f} tokens/s" in text
+    for sitting in ("2026-12-03c", "2026-12-03d"):
+        runs = [json.loads((results / "side-by-side" / sitting / f"runner{i}" / "results.json").read_text())
+                for i in (1, 2, 3)]
+        tps = statistics.median(r["tokens_per_s_per_gpu"] for r in runs)
+        step = statistics.median(r["step_time_median_s"] for r in runs)
+        assert f"median {tps:,.0f} tokens/s" in text and f"median step {step:.4f} s" in text, sitting
+        assert f"{100 * (planned_tps / tps - 1):+.1f}%" in text and f"{100 * (predicted / step - 1):+.1f}%" in text, sitting

@@ -15,7 +15,10 @@ Composed from megatron-core and Transformer Engine modules (see :mod:`.spec`):
   token counts before the latent GEMM where no tokens move (:mod:`.dispatch`).
 * :class:`MuseSparkExperts` -- ``TEGroupedMLP`` (grouped GEMM SwiGLU experts) whose output gets
   the post-expert norm per expert slot *before* the routing weight is applied (the norm is
-  not linear, so the weight cannot be folded into the activation as megatron-core does).
+  not linear, so the weight cannot be folded into the activation as megatron-core does). Its
+  SwiGLU is megatron-core's compiled forward with TE's ``dswiglu`` backward
+  (:class:`SwiGLUTEBackward`); under the step's first micro-batch writes
+  (:mod:`.first_write`) an expert with no token has its gradients zeroed here.
 * :class:`MuseSparkLayer` -- the decoder layer: pre-norms with centred gains, post-norms,
   gated residuals on an fp32 residual stream.
 * :class:`MuseSparkBlock` -- the layers of one pipeline stage (uneven first/last stages via
