@@ -14,7 +14,8 @@ for a frozen base (forward and backward to inputs of the base, the adapters' ful
      --separate-pre-mlp-norm: the pre-MLP norm as its own chain;
      --mcore-swiglu: the experts' SwiGLU backward as megatron-core's compiled one, not TE's dswiglu;
      the grad buffer zeroed whole every step: the override performance.first_micro_batch_writes=false;
-     --inductor-multi-kernel: a candidate, the chains compiled with TorchInductor's multi-kernel)
+     --inductor-multi-kernel: a candidate, the chains compiled with TorchInductor's multi-kernel;
+     --fused-norm-backward: a candidate, the post-expert norm's backward as one Triton pass)
 """
 
 from __future__ import annotations
@@ -41,10 +42,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="the pre-MLP norm as its own chain after the post-attention residual's")
     ap.add_argument("--mcore-swiglu", action="store_true",
                     help="the experts' SwiGLU backward as megatron-core's compiled one instead of TE's dswiglu")
+    ap.add_argument("--fused-norm-backward", action="store_true",
+                    help="a candidate, not shipped: the post-expert norm's backward as one Triton pass "
+                         "(muse_stack/engines/mcore/norm_backward.py)")
     ap.add_argument("--inductor-multi-kernel", action="store_true",
                     help="a candidate, not shipped: the compiled elementwise chains with TorchInductor's multi-kernel "
                          "(persistent row reductions up to 16,384 columns, benchmarked against looped ones)")
     args = ap.parse_args(argv)
+    if args.fused_norm_backward:
+        from muse_stack.engines.mcore.layers import MuseSparkExperts
+
+        MuseSparkExperts.fused_norm_backward = True
     if args.inductor_multi_kernel:
         import torch._inductor.config as inductor
 

@@ -11,6 +11,7 @@
 #                       levers6 (the clip scale that skips unclipped steps, the gated residual's compile fix; BEFORE=dir)
 #                       levers7 (the experts' counts read early, the pre-MLP norm in the residual's chain)
 #                       levers8gpu levers8 (TE's SwiGLU for the experts, the first micro-batch's gradient writes)
+#                       normbwd (the candidate one-pass backward of the post-expert norm, not yet measured)
 #                       plansweep (the planner's refit: the shipped slice and its neighbours, one machine, one call)
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/results/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
@@ -128,6 +129,18 @@ for what in "${@:-smoke}"; do
     one $ES --inductor-multi-kernel $W --out "$D/candidate-multi-kernel.json"
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$D/profile-shipped.json"
     tar czf "$OUT/levers8.tgz" -C "$(dirname "$D")" levers8 ;;
+  normbwd) # the candidate one-pass backward of the post-expert norm (norm_backward.py, off as shipped): its GPU test,
+    # the kernels alone, then slice-1gpu shipped / with it / shipped again (engine_steps.py, 20 steps, window 9-20)
+    # and a profile with it. Outputs: $OUT/normbwd.tgz
+    ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
+    D=$(realpath -m "$OUT/normbwd"); mkdir -p "$D"
+    one $MS fingerprint -o "$D/fingerprint.json"
+    one python3 -m pytest -q -p no:cacheprovider tests/test_norm_backward_gpu.py 2>&1 | tail -5 | tee "$D/gpu-test.txt"
+    one python3 benchmarks/scripts/kernels.py --out "$D/kernels.json" > /dev/null
+    one $ES $W --out "$D/shipped.json"
+    one $ES --fused-norm-backward $W --out "$D/fused-norm-backward.json"
+    one $ES $W --out "$D/shipped-again.json"
+    tar czf "$OUT/normbwd.tgz" -C "$(dirname "$D")" normbwd ;;
   profile2) # one step of the slice as shipped by class of GPU work, with operator shapes
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$OUT/profile-shipped.json" ;;
   levers5) # issue 34's levers on slice-1gpu, each alone as a recipe override against the shipped recipe, one process

@@ -7,7 +7,8 @@ variants that could replace them:
 * the post-expert norm and routing weight (``chains.weighted_gain_first_norm``) on [131072, 4096],
   compiled by TorchInductor as the engine compiles it, with Inductor's mix-order reduction (the
   weight-gradient column sum fused into the row pass) forced past its size checks, and with
-  Inductor's multi-kernel (persistent row passes up to 16,384 columns), with and without it;
+  Inductor's multi-kernel (persistent row passes up to 16,384 columns), with and without it, and the
+  candidate one-pass Triton backward (``muse_stack/engines/mcore/norm_backward.py``);
 * TE's multi-tensor Adam with fp32 master weights (megatron-core's precision-aware optimizer) over one
   MoE layer's expert weights (1.61 B parameters), at TE's chunk size and two larger ones;
 * zeroing a fp32 buffer of the slice's 4,328,521,728 parameters (megatron-core's ``zero_grad_buffer``).
@@ -131,6 +132,23 @@ def post_expert_norm() -> dict[str, Any]:
                 "multi-kernel": {"triton.multi_kernel": 1},
                 "multi-kernel, mix-order forced": {"triton.multi_kernel": 1, "triton.mix_order_reduction": True,
                                                    "triton.mix_order_reduction_non_strict_mode": True}}
+    from muse_stack.engines.mcore import norm_backward
+
+    def one_pass():  # the candidate: the same compiled forward, the backward in one Triton pass
+        xi, wi, pi = x.detach().requires_grad_(), w.detach().requires_grad_(), p.detach().requires_grad_()
+        y = norm_backward.weighted_gain_first_norm(xi, wi, pi, 1e-8)
+        y.backward(g, retain_graph=True)
+
+        def fwd(_):
+            with torch.no_grad():
+                norm_backward.weighted_gain_first_norm(xi, wi, pi, 1e-8)
+
+        def bwd(_):
+            xi.grad = wi.grad = pi.grad = None
+            y.backward(g, retain_graph=True)
+
+        return {"forward": _rate(_time(fwd), fwd_bytes), "backward": _rate(_time(bwd), bwd_bytes)}
+
     for name, patch in variants.items():
         torch._dynamo.reset()
         with inductor.patch(patch):
@@ -150,6 +168,7 @@ def post_expert_norm() -> dict[str, Any]:
             out[name] = {"forward": _rate(_time(fwd), fwd_bytes), "backward": _rate(_time(bwd), bwd_bytes)}
             del y
     torch._dynamo.reset()
+    out["one Triton pass (norm_backward.py), a candidate"] = one_pass()
     return out
 
 

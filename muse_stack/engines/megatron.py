@@ -532,6 +532,7 @@ class MegatronEngine:
                 "perception": self._perception_info(),
                 "attention": "TEDotProductAttention" + (" (THD packed)" if self.thd else ""), "experts": "TEGroupedMLP (grouped GEMM)",
                 "experts_swiglu": self._swiglu_loaded(),
+                "post_expert_norm_backward": self._post_expert_norm_backward(),
                 "torch_compile_elementwise": fuse.enabled(),
                 "levers": self._levers(),
                 "fp32_gemms": "torch float32, TF32 off (" + ", ".join(self.fp32_gemms) + ")" if self.fp32_gemms
@@ -562,6 +563,7 @@ class MegatronEngine:
                 "overlap_grad_reduce": self.model.ddp_config.overlap_grad_reduce,
                 "expert_counts": self._expert_counts_read(),
                 "experts_swiglu": self._swiglu_loaded(),
+                "post_expert_norm_backward": self._post_expert_norm_backward(),
                 "grad_buffer_zeroing": self.first_writes.describe() if self.first_writes is not None
                 else f"the whole buffer, every step ({self.first_writes_off})",
                 "pre_mlp_norm": self._pre_mlp_norm_run()}
@@ -601,6 +603,16 @@ class MegatronEngine:
                                  and not any(p.requires_grad for p in m.parameters())),
                 "vision_blocks_recomputed": bool(host.vision_tower.recompute),
                 "dtype": str(next(host.parameters()).dtype)}
+
+    def _post_expert_norm_backward(self) -> str | None:
+        """How the expert layers' post-expert norm runs its backward, asked of the modules."""
+        from muse_stack.engines.mcore import norm_backward
+        from muse_stack.engines.mcore.layers import MuseSparkExperts
+
+        kinds = {"one Triton pass (norm_backward.py)" if m.fused_norm_backward and norm_backward.available()
+                 else "the compiled chain's (TorchInductor)"
+                 for m in self.model.module.modules() if isinstance(m, MuseSparkExperts)}
+        return ", ".join(sorted(kinds)) or None
 
     def _swiglu_loaded(self) -> str | None:
         """Which SwiGLU the expert layers run, asked of the modules themselves."""

@@ -66,6 +66,7 @@ from muse_stack.engines.mcore.chains import (
     weighted_gain_first_norm,
 )
 from muse_stack.engines.mcore.dispatch import EarlyCountAllGatherDispatcher
+from muse_stack.engines.mcore import norm_backward
 from muse_stack.engines.mcore.first_write import FLAG, module_weights, zero_unrouted
 from muse_stack.model.residual import initial_gate_value
 from muse_stack.model_config import ModelConfig
@@ -255,6 +256,10 @@ class MuseSparkExperts(TEGroupedMLP):
     #: kernel that computes each output element's half of the concatenated gradient on its own
     #: (``benchmarks/scripts/engine_steps.py --mcore-swiglu``)
     te_swiglu_backward: bool = True
+    #: the post-expert norm's backward as one Triton pass over its input (:mod:`.norm_backward`), a
+    #: candidate not yet measured in the step: off. On: ``benchmarks/scripts/engine_steps.py
+    #: --fused-norm-backward``
+    fused_norm_backward: bool = False
 
     def __init__(self, num_local_experts: int, config, submodules, pg_collection=None, name=None) -> None:
         super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection, name=name)
@@ -295,6 +300,9 @@ class MuseSparkExperts(TEGroupedMLP):
             out = all_reduce(out, group=self.etp_group)
             permuted_probs = permuted_probs / self.etp
         norm = self.post_expert_norm
+        if self.fused_norm_backward and norm_backward.available() and out.dim() == 2:
+            return norm_backward.weighted_gain_first_norm(out.to(hidden.dtype), norm.weight, permuted_probs,
+                                                          norm.eps), bias
         return weighted_gain_first_norm(out.to(hidden.dtype), norm.weight, permuted_probs, norm.eps), bias
 
 

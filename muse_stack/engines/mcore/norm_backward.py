@@ -1,0 +1,121 @@
+"""The post-expert norm's backward in one pass over its input (a candidate: off until measured).
+
+The post-expert norm with the routing weight (:func:`.chains.weighted_gain_first_norm`) computes,
+per expert slot ``i`` (a row of the experts' output ``x``, width ``D``), with the gain ``g = 1 + w``
+and the slot's routing weight ``p``::
+
+    z = x * g;   r = 1 / sqrt(mean(z^2) + eps);   y = z * r * p
+
+Its gradients, from ``dy``, with ``zh = z * r``::
+
+    dp  = sum_j dy * zh                                   (per row)
+    dz  = r * (dy * p - zh * mean(dy * p * zh))           (per row)
+    dx  = dz * g
+    dw  = sum over rows of dz * x                          (per column)
+
+TorchInductor compiles that backward as two kernels: the row pass (``dx``, ``dp``) and the column
+sum for ``dw``, which reads ``x`` and ``dy`` a second time (on slice-1gpu: 1.28 + 0.75 ms a call,
+``benchmarks/results/levers8/kernels.json``; its mix-order reduction, which fuses the two, needs a
+persistent row pass, and at 4,096 columns Inductor's is not). :func:`weighted_gain_first_norm`
+here runs the same compiled forward and this backward: one Triton kernel in which each program
+takes a run of rows, writes their ``dx`` and ``dp``, and keeps its share of ``dw`` in registers;
+the programs' shares are then summed (a [programs, D] fp32 sum). ``x`` and ``dy`` are read once.
+
+The same function in fp32 as Inductor's, summed in another order: ``tests/test_norm_backward.py``
+(Triton's interpreter, CPU) bounds the difference from the exact values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # no Triton: the chain's own backward
+    triton = None
+
+#: programs per streaming multiprocessor on a GPU
+PROGRAMS_PER_SM = 2
+#: programs under Triton's interpreter (TRITON_INTERPRET=1), where each is run in turn on the CPU
+INTERPRETER_PROGRAMS = 3
+
+
+if triton is not None:
+
+    @triton.jit
+    def _backward(x_ptr, dy_ptr, w_ptr, p_ptr, dx_ptr, dp_ptr, dw_part_ptr, rows, width, eps, rows_per_program,
+                  BLOCK: tl.constexpr):
+        program = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        inside = cols < width
+        g = 1.0 + tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+        dw = g * 0.0  # fp32 zeros of the block's shape
+        first = program.to(tl.int64) * rows_per_program
+        for k in range(0, rows_per_program):
+            row = first + k
+            if row < rows:
+                at = row * width + cols
+                x = tl.load(x_ptr + at, mask=inside, other=0.0).to(tl.float32)
+                dy = tl.load(dy_ptr + at, mask=inside, other=0.0).to(tl.float32)
+                p = tl.load(p_ptr + row).to(tl.float32)
+                z = x * g
+                r = 1.0 / tl.sqrt(tl.sum(z * z, axis=0) / width + eps)
+                zh = z * r
+                dyp = dy * p
+                c = tl.sum(dyp * zh, axis=0) / width
+                dz = r * (dyp - zh * c)
+                tl.store(dx_ptr + at, (dz * g).to(dx_ptr.dtype.element_ty), mask=inside)
+                tl.store(dp_ptr + row, tl.sum(dy * zh, axis=0))
+                dw += dz * x
+        tl.store(dw_part_ptr + program.to(tl.int64) * width + cols, dw, mask=inside)
+
+
+def available() -> bool:
+    return triton is not None
+
+
+def backward(x: torch.Tensor, w: torch.Tensor, probs: torch.Tensor, dy: torch.Tensor, eps: float
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx in x's dtype, dw fp32, dp fp32) of the weighted gain-first norm, from ``dy`` ([rows, width])."""
+    rows, width = x.shape
+    x, dy, probs = x.contiguous(), dy.contiguous(), probs.contiguous()
+    dx = torch.empty_like(x)
+    dp = torch.empty(rows, dtype=torch.float32, device=x.device)
+    if rows == 0:
+        return dx, torch.zeros(width, dtype=torch.float32, device=x.device), dp
+    if x.is_cuda:
+        programs = torch.cuda.get_device_properties(x.device).multi_processor_count * PROGRAMS_PER_SM
+    else:
+        programs = INTERPRETER_PROGRAMS
+    programs = min(programs, rows)
+    per_program = triton.cdiv(rows, programs)
+    programs = triton.cdiv(rows, per_program)
+    parts = torch.empty(programs, width, dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(width)
+    kwargs = {"num_warps": min(16, max(4, block // 256))} if x.is_cuda else {}
+    _backward[(programs,)](x, dy, w.contiguous(), probs, dx, dp, parts, rows, width, eps, per_program,
+                           BLOCK=block, **kwargs)
+    return dx, parts.sum(0), dp
+
+
+class _WeightedGainFirstNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, probs: torch.Tensor, eps: float) -> torch.Tensor:  # noqa: D102
+        from muse_stack.engines.mcore.chains import weighted_gain_first_norm as chain
+
+        ctx.save_for_backward(x, w, probs)
+        ctx.eps = eps
+        return chain(x, w, probs, eps)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):  # noqa: D102
+        x, w, probs = ctx.saved_tensors
+        dx, dw, dp = backward(x, w, probs, dy, ctx.eps)
+        return dx, dw.to(w.dtype), dp.to(probs.dtype), None
+
+
+def weighted_gain_first_norm(x: torch.Tensor, w: torch.Tensor, probs: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`.chains.weighted_gain_first_norm` (its forward, compiled as the recipe says) with the
+    one-pass backward above; ``x`` is [rows, width]."""
+    return _WeightedGainFirstNorm.apply(x, w, probs, eps)
