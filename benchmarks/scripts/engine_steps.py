@@ -2,7 +2,8 @@
 
 This drives the engine's own ``train_step`` exactly as the runner does, with no checkpoints,
 logging or fingerprint around it, and times each step with a CUDA synchronisation: the same
-measurement for full training and for adapters on a frozen base.
+measurement for full training and for adapters on a frozen base. Python's collector runs as the
+recipe's ``training.gc`` says, as in the runner (by hand, between steps; the result's ``gc``).
 
 Model FLOPs per token: the runner's formula (:mod:`muse_stack.flops`), with the adapter form
 for a frozen base (forward and backward to inputs of the base, the adapters' full training).
@@ -20,6 +21,7 @@ for a frozen base (forward and backward to inputs of the base, the adapters' ful
 
 from __future__ import annotations
 
+import gc
 import statistics
 import sys
 import time
@@ -85,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
 
     recipe, engine = megatron_engine(args.recipe, args.overrides, args.steps)
     cfg = recipe.model_config_resolved()
+    collector = recipe.training.gc
+    if collector.manual:  # as the runner does (run/trainer.py): no automatic collection inside a step
+        gc.collect()
+        gc.freeze()
+        gc.disable()
     rows = []
     for step in range(1, args.steps + 1):
         torch.cuda.synchronize()
@@ -93,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize()
         rows.append({"step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "tokens": stats.tokens,
                      "step_time_s": time.perf_counter() - t0})
+        if collector.manual and collector.interval and step % collector.interval == 0:
+            gc.collect()  # between steps, outside the timed region, as the runner
     window = rows[args.warmup:]
     tps = sum(r["tokens"] for r in window) / sum(r["step_time_s"] for r in window)
     settings = resolve(recipe.peft, cfg) if recipe.peft is not None else None
@@ -110,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         "levers": describe["levers"],
         "method": f"{args.steps} steps, window steps {args.warmup + 1}-{args.steps}; each step bracketed by "
                   "torch.cuda.synchronize()",
+        "gc": (f"by hand as the runner (training.gc): frozen and off after setup, collected after every "
+               f"{collector.interval or 'no'} step(s), outside the timed region") if collector.manual
+        else "Python's automatic collector (training.gc.manual: false)",
         "tokens_per_s_per_gpu": tps, "step_time_mean_s": statistics.fmean(r["step_time_s"] for r in window),
         "flops_per_token": per_token, "flops_formula": formula, "adapter_active_params_per_token": adapter_active,
         "model_tflops_per_gpu": per_token * tps / 1e12, "peak_tflops": peak, "peak_source": source,
