@@ -169,6 +169,13 @@ def post_expert_norm() -> dict[str, Any]:
             del y
     torch._dynamo.reset()
     out["one Triton pass (norm_backward.py), a candidate"] = one_pass()
+    # its launch: programs per SM x warps per program, the backward alone
+    xi, wi, pi = x.detach(), w.detach(), p.detach()
+    for per_sm in (1, 2, 4):
+        for warps in (8, 16):
+            row = _rate(_time(lambda _: norm_backward.backward(xi, wi, pi, g, 1e-8, programs_per_sm=per_sm,
+                                                               num_warps=warps)), bwd_bytes)
+            out[f"one Triton pass, backward alone: {per_sm} program(s) per SM, {warps} warps"] = {"backward": row}
     return out
 
 

@@ -75,9 +75,11 @@ def available() -> bool:
     return triton is not None
 
 
-def backward(x: torch.Tensor, w: torch.Tensor, probs: torch.Tensor, dy: torch.Tensor, eps: float
+def backward(x: torch.Tensor, w: torch.Tensor, probs: torch.Tensor, dy: torch.Tensor, eps: float, *,
+             programs_per_sm: int | None = None, num_warps: int | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx in x's dtype, dw fp32, dp fp32) of the weighted gain-first norm, from ``dy`` ([rows, width])."""
+    """(dx in x's dtype, dw fp32, dp fp32) of the weighted gain-first norm, from ``dy`` ([rows, width]).
+    ``programs_per_sm`` and ``num_warps`` override the launch (``benchmarks/scripts/kernels.py`` tries a few)."""
     rows, width = x.shape
     x, dy, probs = x.contiguous(), dy.contiguous(), probs.contiguous()
     dx = torch.empty_like(x)
@@ -85,7 +87,8 @@ def backward(x: torch.Tensor, w: torch.Tensor, probs: torch.Tensor, dy: torch.Te
     if rows == 0:
         return dx, torch.zeros(width, dtype=torch.float32, device=x.device), dp
     if x.is_cuda:
-        programs = torch.cuda.get_device_properties(x.device).multi_processor_count * PROGRAMS_PER_SM
+        programs = torch.cuda.get_device_properties(x.device).multi_processor_count * (programs_per_sm or
+                                                                                       PROGRAMS_PER_SM)
     else:
         programs = INTERPRETER_PROGRAMS
     programs = min(programs, rows)
@@ -93,7 +96,7 @@ def backward(x: torch.Tensor, w: torch.Tensor, probs: torch.Tensor, dy: torch.Te
     programs = triton.cdiv(rows, per_program)
     parts = torch.empty(programs, width, dtype=torch.float32, device=x.device)
     block = triton.next_power_of_2(width)
-    kwargs = {"num_warps": min(16, max(4, block // 256))} if x.is_cuda else {}
+    kwargs = {"num_warps": num_warps or min(16, max(4, block // 256))} if x.is_cuda else {}
     _backward[(programs,)](x, dy, w.contiguous(), probs, dx, dp, parts, rows, width, eps, per_program,
                            BLOCK=block, **kwargs)
     return dx, parts.sum(0), dp
