@@ -9,19 +9,14 @@ Model FLOPs per token: the runner's formula (:mod:`muse_stack.flops`), with the 
 for a frozen base (forward and backward to inputs of the base, the adapters' full training).
 
     PYTHONPATH=. python benchmarks/scripts/engine_steps.py slice-1gpu [overrides...] --steps 30 --warmup 10 --out x.json
-    (--weighted-swiglu: the experts' SwiGLU as the engine ran it before, for attribution;
-     --te-clip-scale: the clip's scale pass every step, TE's multi_tensor_scale_tensor, as it ran before;
-     --late-counts: megatron-core's allgather dispatcher as it is, the counts read with .cpu() then masked_select;
-     --separate-pre-mlp-norm: the pre-MLP norm as its own chain;
-     --mcore-swiglu: the experts' SwiGLU backward as megatron-core's compiled one, not TE's dswiglu;
-     the grad buffer zeroed whole every step: the override performance.first_micro_batch_writes=false;
-     --inductor-multi-kernel: a candidate, the chains compiled with TorchInductor's multi-kernel;
-     --fused-norm-backward: a candidate, the post-expert norm's backward as one Triton pass)
+    (each flag of SWITCHES below runs one change as the engine ran it before, or a candidate; --help lists them.
+     The grad buffer zeroed whole every step is the override performance.first_micro_batch_writes=false)
 """
 
 from __future__ import annotations
 
 import gc
+import importlib
 import statistics
 import sys
 import time
@@ -31,54 +26,46 @@ import torch
 from muse_stack.benchio import finish, megatron_engine, recipe_args
 
 
+#: the attribution switches: (flag, what it runs, module, object.attribute, the value the flag sets there)
+SWITCHES = (
+    ("--weighted-swiglu", "the experts' SwiGLU as the engine ran it before: megatron-core's weighted one, given ones",
+     "muse_stack.engines.mcore.layers", "MuseSparkExperts.unweighted_swiglu", False),
+    ("--te-clip-scale", "the clip's scale as megatron-core runs it: TE's multi_tensor_scale_tensor every step",
+     "muse_stack.engines.mcore.clip_scale", "skip_unclipped", False),
+    ("--late-counts", "the experts' token counts as megatron-core's allgather dispatcher reads them: .cpu() after the "
+                      "latent GEMM, then masked_select",
+     "muse_stack.engines.mcore.dispatch", "EarlyCountAllGatherDispatcher.early_counts", False),
+    ("--separate-pre-mlp-norm", "the pre-MLP norm as its own chain after the post-attention residual's",
+     "muse_stack.engines.mcore.layers", "MuseSparkLayer.fused_pre_mlp_norm", False),
+    ("--mcore-swiglu", "the experts' SwiGLU backward as megatron-core's compiled one instead of TE's dswiglu",
+     "muse_stack.engines.mcore.layers", "MuseSparkExperts.te_swiglu_backward", False),
+    ("--fused-norm-backward", "a candidate, not shipped: the post-expert norm's backward as one Triton pass "
+                              "(muse_stack/engines/mcore/norm_backward.py)",
+     "muse_stack.engines.mcore.layers", "MuseSparkExperts.fused_norm_backward", True),
+    ("--inductor-multi-kernel", "a candidate, not shipped: the compiled elementwise chains with TorchInductor's "
+                                "multi-kernel (persistent row reductions up to 16,384 columns, benchmarked against "
+                                "looped ones)",
+     "torch._inductor.config", "triton.multi_kernel", 1),
+)
+
+
+def _switch(module: str, path: str, value) -> None:
+    """Set ``module.path`` (an attribute of an object in the module) to ``value`` for this process."""
+    owner = importlib.import_module(module)
+    *objects, attribute = path.split(".")
+    for name in objects:
+        owner = getattr(owner, name)
+    setattr(owner, attribute, value)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = recipe_args(steps=30, warmup=10)
-    ap.add_argument("--weighted-swiglu", action="store_true",
-                    help="the experts' SwiGLU as the engine ran it before: megatron-core's weighted one, given ones")
-    ap.add_argument("--te-clip-scale", action="store_true",
-                    help="the clip's scale as megatron-core runs it: TE's multi_tensor_scale_tensor every step")
-    ap.add_argument("--late-counts", action="store_true",
-                    help="the experts' token counts as megatron-core's allgather dispatcher reads them: .cpu() "
-                         "after the latent GEMM, then masked_select")
-    ap.add_argument("--separate-pre-mlp-norm", action="store_true",
-                    help="the pre-MLP norm as its own chain after the post-attention residual's")
-    ap.add_argument("--mcore-swiglu", action="store_true",
-                    help="the experts' SwiGLU backward as megatron-core's compiled one instead of TE's dswiglu")
-    ap.add_argument("--fused-norm-backward", action="store_true",
-                    help="a candidate, not shipped: the post-expert norm's backward as one Triton pass "
-                         "(muse_stack/engines/mcore/norm_backward.py)")
-    ap.add_argument("--inductor-multi-kernel", action="store_true",
-                    help="a candidate, not shipped: the compiled elementwise chains with TorchInductor's multi-kernel "
-                         "(persistent row reductions up to 16,384 columns, benchmarked against looped ones)")
+    for flag, what, *_ in SWITCHES:
+        ap.add_argument(flag, action="store_true", help=what)
     args = ap.parse_args(argv)
-    if args.fused_norm_backward:
-        from muse_stack.engines.mcore.layers import MuseSparkExperts
-
-        MuseSparkExperts.fused_norm_backward = True
-    if args.inductor_multi_kernel:
-        import torch._inductor.config as inductor
-
-        inductor.triton.multi_kernel = 1
-    if args.mcore_swiglu:
-        from muse_stack.engines.mcore.layers import MuseSparkExperts
-
-        MuseSparkExperts.te_swiglu_backward = False
-    if args.late_counts:
-        from muse_stack.engines.mcore.dispatch import EarlyCountAllGatherDispatcher
-
-        EarlyCountAllGatherDispatcher.early_counts = False
-    if args.separate_pre_mlp_norm:
-        from muse_stack.engines.mcore.layers import MuseSparkLayer
-
-        MuseSparkLayer.fused_pre_mlp_norm = False
-    if args.te_clip_scale:
-        from muse_stack.engines.mcore import clip_scale
-
-        clip_scale.skip_unclipped = False
-    if args.weighted_swiglu:
-        from muse_stack.engines.mcore.layers import MuseSparkExperts
-
-        MuseSparkExperts.unweighted_swiglu = False
+    for flag, _, module, path, value in SWITCHES:
+        if getattr(args, flag[2:].replace("-", "_")):
+            _switch(module, path, value)
 
     from muse_stack.flops import FORMULA, PEFT_FORMULA, training_flops_per_token
     from muse_stack.machine.devmem import cuda_memory

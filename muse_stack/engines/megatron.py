@@ -532,7 +532,6 @@ class MegatronEngine:
                 "perception": self._perception_info(),
                 "attention": "TEDotProductAttention" + (" (THD packed)" if self.thd else ""), "experts": "TEGroupedMLP (grouped GEMM)",
                 "experts_swiglu": self._swiglu_loaded(),
-                "post_expert_norm_backward": self._post_expert_norm_backward(),
                 "torch_compile_elementwise": fuse.enabled(),
                 "levers": self._levers(),
                 "fp32_gemms": "torch float32, TF32 off (" + ", ".join(self.fp32_gemms) + ")" if self.fp32_gemms

@@ -37,8 +37,7 @@ def _recipe(first_writes: bool | None):
     doc["batch"].update(mbs=1, gbs=2, seq_length=SEQ)
     doc["layout"]["dispatcher"] = "allgather"  # as slice-1gpu: the counts reach the host before the experts run
     doc["numerics"] = {"deterministic": True}
-    doc.setdefault("performance", {})
-    doc["performance"] = dict(doc["performance"] or {}, first_micro_batch_writes=first_writes)
+    doc["performance"] = dict(doc.get("performance") or {}, first_micro_batch_writes=first_writes)
     return parse_recipe(doc, "first-writes-tiny")
 
 
@@ -90,8 +89,7 @@ def run(steps: int = 2, seed: int = 1234) -> dict[str, Any]:
     assert writes.first_writes is not None, writes.first_writes_off
     written_grads: list = []
     _capture(writes, written_grads)
-    empty: list[int] = []  # experts with no token in each step's first micro-batch
-    first_counts: list[list[int]] = []
+    first_counts: list[list[int]] = []  # each MoE layer's expert token counts in a step's first micro-batch
 
     def note_counts(module, args):
         if writes.first_writes.armed:
@@ -108,7 +106,7 @@ def run(steps: int = 2, seed: int = 1234) -> dict[str, Any]:
         written_stats.append(writes.train_step(s))
     for h in hooks:
         h.remove()
-    empty = [sum(1 for n in counts if n == 0) for counts in first_counts]
+    empty = [sum(1 for n in counts if n == 0) for counts in first_counts]  # experts with no token
     compared = []
     for step, (a, b) in enumerate(zip(whole_grads, written_grads), start=1):
         for i, (x, y) in enumerate(zip(a, b)):

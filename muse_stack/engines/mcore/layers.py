@@ -67,7 +67,7 @@ from muse_stack.engines.mcore.chains import (
 )
 from muse_stack.engines.mcore.dispatch import EarlyCountAllGatherDispatcher
 from muse_stack.engines.mcore import norm_backward
-from muse_stack.engines.mcore.first_write import FLAG, module_weights, zero_unrouted
+from muse_stack.engines.mcore.first_write import module_weights, zero_unrouted
 from muse_stack.model.residual import initial_gate_value
 from muse_stack.model_config import ModelConfig
 
@@ -278,14 +278,13 @@ class MuseSparkExperts(TEGroupedMLP):
                 and c.moe_mlp_glu_interleave_size is None)
 
     def _experts(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, permuted_probs: torch.Tensor):
-        fc1_weights = module_weights(self.linear_fc1)
-        if fc1_weights and getattr(fc1_weights[0], FLAG, False):  # the step's first micro-batch writes main_grad
-            zero_unrouted(fc1_weights, module_weights(self.linear_fc2), tokens_per_expert.tolist())
+        counts = tokens_per_expert.tolist()
+        # under the step's first micro-batch writes: the experts with no token get zero gradients
+        zero_unrouted(module_weights(self.linear_fc1), module_weights(self.linear_fc2), counts)
         if not self._plain_swiglu():
             return super().forward(hidden, tokens_per_expert, torch.ones_like(permuted_probs))
         from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
 
-        counts = tokens_per_expert.tolist()
         fc1, fc1_bias = self.linear_fc1(hidden, counts)
         act = (SwiGLUTEBackward.apply(fc1) if self.te_swiglu_backward and fc1_bias is None and fc1.dim() == 2
                else bias_swiglu_impl(fc1, fc1_bias))
