@@ -16,9 +16,11 @@ from muse_stack.engines.mcore.chains import weighted_gain_first_norm  # noqa: E4
 from norm_backward_bounds import EPS, bf16_spacing as _bf16_spacing, exact as _exact, inputs as _inputs  # noqa: E402
 
 
-def gradients(rows: int, width: int) -> None:
+def gradients(rows: int, width: int, tile: int = 1) -> None:
+    """``tile`` rows per iteration: with 3 programs, a tile that does not divide a program's rows
+    has rows masked out, which must add nothing."""
     x, w, p, dy = _inputs(rows, width, seed=rows)
-    dx, dw, dp = nb.backward(x, w, p, dy, EPS)
+    dx, dw, dp = nb.backward(x, w, p, dy, EPS, rows_per_iteration=tile)
     ex, ew, ep, b = _exact(x, w, p, dy)
     assert dx.dtype == torch.bfloat16 and dw.dtype == torch.float32 and dp.dtype == torch.float32
     assert ((dx.double() - ex).abs() <= _bf16_spacing(ex) + b["dx"]).all(), "dx"
@@ -46,6 +48,16 @@ def autograd() -> None:
     assert torch.equal(xs.grad, dx) and torch.equal(ws.grad, dw) and torch.equal(ps.grad, dp)
 
 
+def not_a_power_of_two() -> None:
+    x, w, p, dy = _inputs(4, 32, seed=1)
+    try:
+        nb.backward(x, w, p, dy, EPS, rows_per_iteration=3)
+    except ValueError as e:
+        assert "rows_per_iteration" in str(e)
+    else:
+        raise AssertionError("a tile of 3 rows was taken")
+
+
 def no_rows() -> None:
     x = torch.empty(0, 32, dtype=torch.bfloat16)
     dx, dw, dp = nb.backward(x, torch.zeros(32), torch.empty(0), x.clone(), EPS)
@@ -54,7 +66,8 @@ def no_rows() -> None:
 
 def main(check: str) -> None:
     name, *dims = check.split(":")
-    {"gradients": gradients, "tight": tight, "autograd": autograd, "no_rows": no_rows}[name](*map(int, dims))
+    {"gradients": gradients, "tight": tight, "autograd": autograd, "no_rows": no_rows,
+     "not_a_power_of_two": not_a_power_of_two}[name](*map(int, dims))
     print(f"ok {check}")
 
 

@@ -21,8 +21,9 @@ pytest.importorskip("triton")
 CHECKS = Path(__file__).with_name("norm_backward_checks.py")
 
 
-@pytest.mark.parametrize("check", ["gradients:37:96", "gradients:5:128", "gradients:64:200", "tight", "autograd",
-                                   "no_rows"])
+@pytest.mark.parametrize("check", ["gradients:37:96", "gradients:5:128", "gradients:64:200", "gradients:37:96:4",
+                                   "gradients:64:200:2", "gradients:2:64:8", "tight", "autograd", "no_rows",
+                                   "not_a_power_of_two"])
 def test_norm_backward(check):
     root = str(CHECKS.parents[1])  # this checkout's muse_stack, whatever the environment has installed
     env = {**os.environ, "TRITON_INTERPRET": "1",

@@ -85,13 +85,12 @@ def test_h200_sweep_runs_are_the_ones_tested():
     block = text[text.index("  plansweep)"):]
     block = block[:block.index(";;")]
     pa = "optimizer.precision_aware=true optimizer.param_remainders=true"
+    assert 'one $ES $overrides $W --out "$D/$name.json"' in block  # each line of the list below, as NAME OVERRIDES...
+    listed = block[block.index("<<RUNS\n") + len("<<RUNS\n"):block.index("\nRUNS\n")]
     runs = {}
-    for line in block.splitlines():
-        line = line.strip()
-        if line.startswith("one $ES"):
-            words = line.split("#")[0].replace("$PA", pa).split()
-            name = words[words.index("--out") + 1].removeprefix('"$D/').removesuffix('.json"')
-            runs[name] = sorted(w for w in words[2:] if "=" in w)
+    for line in listed.splitlines():
+        name, *overrides = line.replace("$PA", pa).split()
+        runs[name] = sorted(overrides)
     assert runs == {n: sorted(ov) for n, ov in SWEEP.items()}
 
 
@@ -207,12 +206,12 @@ def test_a_sweep_of_two_machines_or_without_the_shipped_run_is_refused(ft, tmp_p
     assert ft.main(["--sweep", str(tmp_path / "missing")]) == 3 and "missing" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("sub", ["", "2026-12-02"], ids=["current", "2026-12-02"])
+@pytest.mark.parametrize("sub", ["", "2026-12-03", "2026-12-02"], ids=["current", "2026-12-03", "2026-12-02"])
 def test_the_committed_sweep_readme_prints_its_fit(sub):
     """benchmarks/results/plan-sweep/README.md's table is fit.json's, row by row, and its files are the
     layout h200.sh plansweep writes (runs/NAME.json for runs above, fingerprint.json beside), each run
     with the overrides its name stands for; a run of the list that is missing is named in the README as
-    not reached. The same for the earlier sweep in 2026-12-02/ (all eleven runs)."""
+    not reached. The same for the earlier sweeps in 2026-12-03/ (nine runs) and 2026-12-02/ (all eleven)."""
     folder = ROOT / "benchmarks" / "results" / "plan-sweep" / sub
     fit = json.loads((folder / "fit.json").read_text())
     ran = {p.stem for p in (folder / "runs").glob("*.json")}
@@ -224,7 +223,7 @@ def test_the_committed_sweep_readme_prints_its_fit(sub):
     assert json.loads((folder / "fingerprint.json").read_text())["kind"] == "muse-stack-fingerprint"
     readme = (folder / "README.md").read_text()
     flat = " ".join(readme.split())
-    if ran != set(SWEEP):  # the current sweep: its call's limit came before the last two runs
+    if ran != set(SWEEP):  # 2026-12-03/: its call's limit came before the last two runs
         assert set(SWEEP) - ran == {"plain-dist-opt", "remainders"}
         assert (f"{len(ran)} of `plansweep`'s eleven runs" in flat and "The call's limit came before megatron-core's "
                 "own optimizer layout and the int16 remainders at MBS 4" in flat)

@@ -39,8 +39,8 @@ SWITCHES = (
      "muse_stack.engines.mcore.layers", "MuseSparkLayer.fused_pre_mlp_norm", False),
     ("--mcore-swiglu", "the experts' SwiGLU backward as megatron-core's compiled one instead of TE's dswiglu",
      "muse_stack.engines.mcore.layers", "MuseSparkExperts.te_swiglu_backward", False),
-    ("--fused-norm-backward", "a candidate, not shipped: the post-expert norm's backward as one Triton pass "
-                              "(muse_stack/engines/mcore/norm_backward.py)",
+    ("--fused-norm-backward", "a candidate, measured and not kept (benchmarks/results/normbwd/): the post-expert "
+                              "norm's backward as one Triton pass (muse_stack/engines/mcore/norm_backward.py)",
      "muse_stack.engines.mcore.layers", "MuseSparkExperts.fused_norm_backward", True),
     ("--inductor-multi-kernel", "a candidate, not shipped: the compiled elementwise chains with TorchInductor's "
                                 "multi-kernel (persistent row reductions up to 16,384 columns, benchmarked against "

@@ -11,7 +11,7 @@
 #                       levers6 (the clip scale that skips unclipped steps, the gated residual's compile fix; BEFORE=dir)
 #                       levers7 (the experts' counts read early, the pre-MLP norm in the residual's chain)
 #                       levers8gpu levers8 (TE's SwiGLU for the experts, the first micro-batch's gradient writes)
-#                       normbwd (the candidate one-pass backward of the post-expert norm, not yet measured)
+#                       normbwd (the post-expert norm's one-pass backward: its launch, then kept or not by the step)
 #                       plansweep (the planner's refit: the shipped slice and its neighbours, one machine, one call)
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/results/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
@@ -129,17 +129,21 @@ for what in "${@:-smoke}"; do
     one $ES --inductor-multi-kernel $W --out "$D/candidate-multi-kernel.json"
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$D/profile-shipped.json"
     tar czf "$OUT/levers8.tgz" -C "$(dirname "$D")" levers8 ;;
-  normbwd) # the candidate one-pass backward of the post-expert norm (norm_backward.py, off as shipped): its GPU test,
-    # the kernels alone, then slice-1gpu shipped / with it / shipped again (engine_steps.py, 20 steps, window 9-20)
-    # and a profile with it. Outputs: $OUT/normbwd.tgz
+  normbwd) # the post-expert norm's one-pass backward (norm_backward.py, off as shipped): its GPU test, the norm's
+    # kernels alone (the launch grid), the fastest launch written into norm_backward.py (normbwd_choose.py launch),
+    # then slice-1gpu with it / without it (as shipped) / with it again (engine_steps.py, 20 steps, window 9-20), and
+    # the verdict by levers_choose.py's rule (normbwd_choose.py keep). Outputs: $OUT/normbwd.tgz
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
     D=$(realpath -m "$OUT/normbwd"); mkdir -p "$D"
     one $MS fingerprint -o "$D/fingerprint.json"
     one python3 -m pytest -q -p no:cacheprovider tests/test_norm_backward_gpu.py 2>&1 | tail -5 | tee "$D/gpu-test.txt"
-    one python3 benchmarks/scripts/kernels.py --out "$D/kernels.json" > /dev/null
-    one $ES $W --out "$D/shipped.json"
-    one $ES --fused-norm-backward $W --out "$D/fused-norm-backward.json"
-    one $ES $W --out "$D/shipped-again.json"
+    one python3 benchmarks/scripts/kernels.py --only post_expert_norm --out "$D/kernels.json" > /dev/null
+    python3 benchmarks/scripts/normbwd_choose.py launch "$D/kernels.json" --write muse_stack/engines/mcore/norm_backward.py \
+      | tee "$D/launch.txt"
+    one $ES --fused-norm-backward $W --out "$D/with.json"
+    one $ES $W --out "$D/without.json"
+    one $ES --fused-norm-backward $W --out "$D/with-again.json"
+    python3 benchmarks/scripts/normbwd_choose.py keep "$D" | tee "$D/verdict.txt"
     tar czf "$OUT/normbwd.tgz" -C "$(dirname "$D")" normbwd ;;
   profile2) # one step of the slice as shipped by class of GPU work, with operator shapes
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$OUT/profile-shipped.json" ;;
@@ -242,25 +246,37 @@ for what in "${@:-smoke}"; do
     one $ES $PA $W --out "$OUT/lever3-precision-aware.json"
     one $ES $PA batch.mbs=8 $W --out "$OUT/lever3-mbs8.json" ;;
   plansweep) # the planner's step-time refit (issue 34): slice-1gpu as shipped and each neighbour of its settings, on
-    # one machine in one call (~8 min): MBS 2 / 8 (8 with the int16 remainders, as lever3-mbs8 ran), sequence 2048 / 8192 (MBS 2 at 8192), full recompute, top-k 2 / 4,
-    # the alltoall dispatcher, the plain distributed optimizer and the int16 remainders; 16 steps, window 7-16.
+    # one machine (~11 min): MBS 2 / 8 (8 with the int16 remainders, as lever3-mbs8 ran), sequence 2048 / 8192 (MBS 2 at
+    # 8192), full recompute, top-k 2 / 4, the alltoall dispatcher, the plain distributed optimizer and the int16
+    # remainders; 16 steps, window 7-16. More than one device call's 10 minutes: PART=1 runs the first six, PART=2 (the
+    # next call on the same machine) the other five and the fingerprint; unset, all eleven in one call.
     # Outputs: $OUT/plan-sweep/runs/NAME.json (engine_steps.py) and the stack's $OUT/plan-sweep/fingerprint.json,
     # as benchmarks/results/plan-sweep/ keeps them; then (CPU) fit_time.py --sweep benchmarks/results/plan-sweep/runs.
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 16 --warmup 6"; D="$OUT/plan-sweep/runs"
-    mkdir -p "$D"
-    one $ES $W --out "$D/shipped.json"
-    one $ES batch.mbs=2 $W --out "$D/mbs2.json"
-    one $ES $PA batch.mbs=8 $W --out "$D/mbs8-remainders.json"  # the plain fp32 master does not fit at MBS 8
-    one $ES batch.seq_length=2048 $W --out "$D/seq2048.json"
-    one $ES batch.seq_length=8192 batch.mbs=2 $W --out "$D/seq8192-mbs2.json"
-    one $ES recompute.granularity=full $W --out "$D/recompute-full.json"
-    one $ES model.overrides.num_experts_per_tok=2 $W --out "$D/topk2.json"
-    one $ES model.overrides.num_experts_per_tok=4 $W --out "$D/topk4.json"
-    one $ES layout.dispatcher=alltoall $W --out "$D/alltoall.json"
-    one $ES optimizer.precision_aware=false optimizer.param_remainders=null $W --out "$D/plain-dist-opt.json"
-    one $ES $PA $W --out "$D/remainders.json"
-    one $MS fingerprint -o "$OUT/plan-sweep/fingerprint.json"
-    tar czf "$OUT/plan-sweep.tgz" -C "$OUT" plan-sweep ;;
+    mkdir -p "$D"; k=0
+    while read -r name overrides; do
+      k=$((k + 1))
+      [ "${PART:-}" = 1 ] && [ $k -gt 6 ] && continue
+      [ "${PART:-}" = 2 ] && [ $k -le 6 ] && continue
+      # shellcheck disable=SC2086  # the overrides are words
+      one $ES $overrides $W --out "$D/$name.json" </dev/null
+    done <<RUNS
+shipped
+mbs2 batch.mbs=2
+mbs8-remainders $PA batch.mbs=8
+seq2048 batch.seq_length=2048
+seq8192-mbs2 batch.seq_length=8192 batch.mbs=2
+recompute-full recompute.granularity=full
+topk2 model.overrides.num_experts_per_tok=2
+topk4 model.overrides.num_experts_per_tok=4
+alltoall layout.dispatcher=alltoall
+plain-dist-opt optimizer.precision_aware=false optimizer.param_remainders=null
+remainders $PA
+RUNS
+    if [ "${PART:-2}" = 2 ]; then
+      one $MS fingerprint -o "$OUT/plan-sweep/fingerprint.json"
+      tar czf "$OUT/plan-sweep.tgz" -C "$OUT" plan-sweep
+    fi ;;
   resume1) # dist-checkpoint round trip on one GPU under the precision-aware optimizer (the checkpoint holds the
     # int16 remainders): interrupted at step 3 and resumed == uninterrupted (proxy-1gpu, 8 experts, 6 steps)
     round_trip resume1 one $MS -- proxy-1gpu $SMALL $PA ;;

@@ -17,7 +17,7 @@ Each is timed with CUDA events: 3 warm-up calls, then the median of 10. Each var
 kernels of one call (torch.profiler), with their times. ``min_bytes`` is what the pass must read and
 write at least; ``gb_per_s`` divides it by the median time.
 
-    PYTHONPATH=/tmp/site:. python benchmarks/scripts/kernels.py --out kernels.json
+    PYTHONPATH=/tmp/site:. python benchmarks/scripts/kernels.py --out kernels.json [--only post_expert_norm ...]
 """
 
 from __future__ import annotations
@@ -109,6 +109,11 @@ def swiglu() -> dict[str, Any]:
     return out
 
 
+#: the one-pass backward's launches timed: (programs per SM, warps, rows per iteration); the same grid
+#: tests/test_norm_backward_gpu.py checks for correctness
+LAUNCHES = [(per_sm, warps, tile) for per_sm in (1, 2, 4) for warps in (8, 16) for tile in (1, 2, 4)]
+
+
 def post_expert_norm() -> dict[str, Any]:
     import torch._dynamo
     import torch._inductor.config as inductor
@@ -169,13 +174,14 @@ def post_expert_norm() -> dict[str, Any]:
             del y
     torch._dynamo.reset()
     out["one Triton pass (norm_backward.py), a candidate"] = one_pass()
-    # its launch: programs per SM x warps per program, the backward alone
+    # its launch: programs per SM x warps per program x rows per iteration, the backward alone
+    # (benchmarks/scripts/normbwd_choose.py takes the fastest)
     xi, wi, pi = x.detach(), w.detach(), p.detach()
-    for per_sm in (1, 2, 4):
-        for warps in (8, 16):
-            row = _rate(_time(lambda _: norm_backward.backward(xi, wi, pi, g, 1e-8, programs_per_sm=per_sm,
-                                                               num_warps=warps)), bwd_bytes)
-            out[f"one Triton pass, backward alone: {per_sm} program(s) per SM, {warps} warps"] = {"backward": row}
+    out["one Triton pass, launches (backward alone)"] = launches = []
+    for per_sm, warps, tile in LAUNCHES:
+        row = _rate(_time(lambda _: norm_backward.backward(xi, wi, pi, g, 1e-8, programs_per_sm=per_sm,
+                                                           num_warps=warps, rows_per_iteration=tile)), bwd_bytes)
+        launches.append({"programs_per_sm": per_sm, "num_warps": warps, "rows_per_iteration": tile, "backward": row})
     return out
 
 
@@ -214,9 +220,13 @@ def zero_buffer() -> dict[str, Any]:
     return row
 
 
+PASSES = {"swiglu": swiglu, "post_expert_norm": post_expert_norm, "adam": adam, "zero_grad_buffer": zero_buffer}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", action="append", choices=list(PASSES), help="time only this pass (repeatable)")
     args = ap.parse_args(argv)
     from muse_stack.engines.megatron_available import require_megatron
 
@@ -227,8 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "method": "CUDA events around each call: 3 warm-up calls, then the median of 10 (Adam and the zeroing: "
                         "2 and 5); the kernels of one more call from torch.profiler",
-              "swiglu": swiglu(), "post_expert_norm": post_expert_norm(), "adam": adam(),
-              "zero_grad_buffer": zero_buffer()}
+              **{name: PASSES[name]() for name in (args.only or PASSES)}}
     import transformer_engine
 
     result["transformer_engine"] = transformer_engine.__version__

@@ -256,9 +256,10 @@ class MuseSparkExperts(TEGroupedMLP):
     #: kernel that computes each output element's half of the concatenated gradient on its own
     #: (``benchmarks/scripts/engine_steps.py --mcore-swiglu``)
     te_swiglu_backward: bool = True
-    #: the post-expert norm's backward as one Triton pass over its input (:mod:`.norm_backward`), a
-    #: candidate not yet measured in the step: off. On: ``benchmarks/scripts/engine_steps.py
-    #: --fused-norm-backward``
+    #: the post-expert norm's backward as one Triton pass over its input (:mod:`.norm_backward`): off.
+    #: Measured in the step at +0.48%, below the 0.5% a lever must gain (``benchmarks/results/normbwd/``);
+    #: on: ``benchmarks/scripts/engine_steps.py --fused-norm-backward``. Off: the compiled chain's own
+    #: backward, TorchInductor's row pass and a column sum that reads the input again
     fused_norm_backward: bool = False
 
     def __init__(self, num_local_experts: int, config, submodules, pg_collection=None, name=None) -> None:

@@ -1,4 +1,4 @@
-"""The post-expert norm's backward in one pass over its input (a candidate: off until measured).
+"""The post-expert norm's backward in one pass over its input (a candidate: measured, and off).
 
 The post-expert norm with the routing weight (:func:`.chains.weighted_gain_first_norm`) computes,
 per expert slot ``i`` (a row of the experts' output ``x``, width ``D``), with the gain ``g = 1 + w``
@@ -23,6 +23,11 @@ the programs' shares are then summed (a [programs, D] fp32 sum). ``x`` and ``dy`
 
 The same function in fp32 as Inductor's, summed in another order: ``tests/test_norm_backward.py``
 (Triton's interpreter, CPU) bounds the difference from the exact values.
+
+Measured on an H200 (``benchmarks/results/normbwd/``): 1.25 ms a call at its fastest launch, against
+2.30 ms for Inductor's two kernels; in the step, +0.48% tokens/s, below the 0.5% a lever must gain
+(``benchmarks/scripts/levers_choose.py``), so the engine does not run it
+(``MuseSparkExperts.fused_norm_backward``).
 """
 
 from __future__ import annotations
@@ -35,8 +40,13 @@ try:
 except ImportError:  # no Triton: the chain's own backward
     triton = None
 
-#: programs per streaming multiprocessor on a GPU
+#: the launch on a GPU: programs per streaming multiprocessor, warps per program (None: from the
+#: width, 4 to 16) and rows per iteration (a power of two). ``benchmarks/scripts/kernels.py`` times a
+#: grid of them at the slice's shape; these are the fastest of that grid on an H200
+#: (``benchmarks/results/normbwd/kernels.json``, written by ``normbwd_choose.py launch``)
 PROGRAMS_PER_SM = 2
+NUM_WARPS = 8
+ROWS_PER_ITERATION = 1
 #: programs under Triton's interpreter (TRITON_INTERPRET=1), where each is run in turn on the CPU
 INTERPRETER_PROGRAMS = 3
 
@@ -45,29 +55,32 @@ if triton is not None:
 
     @triton.jit
     def _backward(x_ptr, dy_ptr, w_ptr, p_ptr, dx_ptr, dp_ptr, dw_part_ptr, rows, width, eps, rows_per_program,
-                  BLOCK: tl.constexpr):
+                  BLOCK: tl.constexpr, ROWS: tl.constexpr):
         program = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         inside = cols < width
+        tile = tl.arange(0, ROWS)
         g = 1.0 + tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)
         dw = g * 0.0  # fp32 zeros of the block's shape
         first = program.to(tl.int64) * rows_per_program
-        for k in range(0, rows_per_program):
-            row = first + k
-            if row < rows:
-                at = row * width + cols
-                x = tl.load(x_ptr + at, mask=inside, other=0.0).to(tl.float32)
-                dy = tl.load(dy_ptr + at, mask=inside, other=0.0).to(tl.float32)
-                p = tl.load(p_ptr + row).to(tl.float32)
-                z = x * g
-                r = 1.0 / tl.sqrt(tl.sum(z * z, axis=0) / width + eps)
-                zh = z * r
-                dyp = dy * p
-                c = tl.sum(dyp * zh, axis=0) / width
-                dz = r * (dyp - zh * c)
-                tl.store(dx_ptr + at, (dz * g).to(dx_ptr.dtype.element_ty), mask=inside)
-                tl.store(dp_ptr + row, tl.sum(dy * zh, axis=0))
-                dw += dz * x
+        for k in range(0, rows_per_program, ROWS):  # ROWS rows at a time: [ROWS, BLOCK] tiles
+            row = first + k + tile
+            ours = (row < rows) & (k + tile < rows_per_program)
+            at = row[:, None] * width + cols[None, :]
+            both = ours[:, None] & inside[None, :]
+            # a row outside is all zeros: its dz, dx and share of dw are zero (r is finite: eps > 0)
+            x = tl.load(x_ptr + at, mask=both, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + at, mask=both, other=0.0).to(tl.float32)
+            p = tl.load(p_ptr + row, mask=ours, other=0.0).to(tl.float32)
+            z = x * g[None, :]
+            r = 1.0 / tl.sqrt(tl.sum(z * z, axis=1) / width + eps)
+            zh = z * r[:, None]
+            dyp = dy * p[:, None]
+            c = tl.sum(dyp * zh, axis=1) / width
+            dz = r[:, None] * (dyp - zh * c[:, None])
+            tl.store(dx_ptr + at, (dz * g[None, :]).to(dx_ptr.dtype.element_ty), mask=both)
+            tl.store(dp_ptr + row, tl.sum(dy * zh, axis=1), mask=ours)
+            dw += tl.sum(dz * x, axis=0)
         tl.store(dw_part_ptr + program.to(tl.int64) * width + cols, dw, mask=inside)
 
 
@@ -76,10 +89,11 @@ def available() -> bool:
 
 
 def backward(x: torch.Tensor, w: torch.Tensor, probs: torch.Tensor, dy: torch.Tensor, eps: float, *,
-             programs_per_sm: int | None = None, num_warps: int | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             programs_per_sm: int | None = None, num_warps: int | None = None,
+             rows_per_iteration: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx in x's dtype, dw fp32, dp fp32) of the weighted gain-first norm, from ``dy`` ([rows, width]).
-    ``programs_per_sm`` and ``num_warps`` override the launch (``benchmarks/scripts/kernels.py`` tries a few)."""
+    ``programs_per_sm``, ``num_warps`` and ``rows_per_iteration`` override the launch's constants above
+    (``benchmarks/scripts/kernels.py`` tries a grid of them)."""
     rows, width = x.shape
     x, dy, probs = x.contiguous(), dy.contiguous(), probs.contiguous()
     dx = torch.empty_like(x)
@@ -96,9 +110,12 @@ def backward(x: torch.Tensor, w: torch.Tensor, probs: torch.Tensor, dy: torch.Te
     programs = triton.cdiv(rows, per_program)
     parts = torch.empty(programs, width, dtype=torch.float32, device=x.device)
     block = triton.next_power_of_2(width)
-    kwargs = {"num_warps": num_warps or min(16, max(4, block // 256))} if x.is_cuda else {}
+    tile = rows_per_iteration or ROWS_PER_ITERATION
+    if tile < 1 or tile & (tile - 1):
+        raise ValueError(f"rows_per_iteration must be a power of two, not {tile}")
+    kwargs = {"num_warps": num_warps or NUM_WARPS or min(16, max(4, block // 256))} if x.is_cuda else {}
     _backward[(programs,)](x, dy, w.contiguous(), probs, dx, dp, parts, rows, width, eps, per_program,
-                           BLOCK=block, **kwargs)
+                           BLOCK=block, ROWS=tile, **kwargs)
     return dx, parts.sum(0), dp
 
 

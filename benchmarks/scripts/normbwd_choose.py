@@ -1,0 +1,97 @@
+"""The post-expert norm's one-pass backward (``muse_stack/engines/mcore/norm_backward.py``): its launch,
+chosen from ``kernels.py``'s timings, and whether the engine runs it, chosen from the step (``h200.sh normbwd``).
+
+    python3 benchmarks/scripts/normbwd_choose.py launch KERNELS.json [--write muse_stack/engines/mcore/norm_backward.py]
+    python3 benchmarks/scripts/normbwd_choose.py keep DIR [--write FILE]
+
+``launch`` takes the fastest of the launches ``kernels.py`` timed (the backward alone, median of 10 calls)
+and with ``--write`` sets the module's ``PROGRAMS_PER_SM``, ``NUM_WARPS`` and ``ROWS_PER_ITERATION`` to it.
+
+``keep`` reads ``with.json`` and ``with-again.json`` (``engine_steps.py`` with the one-pass backward, first
+and last in one call) and ``without.json`` (the compiled chain's own backward). It applies :mod:`levers_choose`'s rule: the baseline is the mean of the two runs
+with it, their relative difference is the drift, and the one-pass backward is kept when the baseline
+beats the run without it by more than twice the drift and by at least 0.5%. ``--write`` writes ``kept``
+or ``rejected``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from levers_choose import MIN_GAIN  # noqa: E402
+
+LAUNCHES_KEY = "one Triton pass, launches (backward alone)"
+CONSTANTS = ("PROGRAMS_PER_SM", "NUM_WARPS", "ROWS_PER_ITERATION")
+
+
+def fastest(kernels: dict) -> dict:
+    """The launch with the least median time (the first of equals, in the order kernels.py timed them)."""
+    launches = kernels.get("post_expert_norm", {}).get(LAUNCHES_KEY)
+    if not launches:
+        raise SystemExit(f"no launches under post_expert_norm[{LAUNCHES_KEY!r}]: run kernels.py --only post_expert_norm")
+    return min(launches, key=lambda r: r["backward"]["median_ms"])
+
+
+def write_launch(module: pathlib.Path, launch: dict) -> str:
+    """Set the module's launch constants to ``launch``; each must be assigned once at the top level."""
+    text = module.read_text()
+    values = {"PROGRAMS_PER_SM": launch["programs_per_sm"], "NUM_WARPS": launch["num_warps"],
+              "ROWS_PER_ITERATION": launch["rows_per_iteration"]}
+    for name, value in values.items():
+        text, n = re.subn(rf"^{name} = .*$", f"{name} = {int(value)}", text, flags=re.M)
+        if n != 1:
+            raise SystemExit(f"{module}: {name} is assigned {n} times at the top level, not once")
+    module.write_text(text)
+    return text
+
+
+def keep(folder: pathlib.Path) -> dict:
+    def tps(name: str) -> float:
+        p = folder / f"{name}.json"
+        if not p.exists():
+            raise SystemExit(f"{folder}: {name}.json is missing (with, with-again and without are all needed)")
+        return json.loads(p.read_text())["tokens_per_s_per_gpu"]
+
+    a, b, without = tps("with"), tps("with-again"), tps("without")
+    base = (a + b) / 2
+    drift = abs(a - b) / base
+    threshold = max(2 * drift, MIN_GAIN)
+    gain = base / without - 1
+    return {"with": [a, b], "without": without, "drift": drift, "threshold": threshold, "gain": gain,
+            "kept": gain > threshold}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    la = sub.add_parser("launch", help="the fastest launch in a kernels.json")
+    la.add_argument("kernels", type=pathlib.Path)
+    la.add_argument("--write", type=pathlib.Path, help="norm_backward.py, whose launch constants to set")
+    ke = sub.add_parser("keep", help="kept or rejected, from with / with-again / without")
+    ke.add_argument("folder", type=pathlib.Path)
+    ke.add_argument("--write", type=pathlib.Path, help="write kept or rejected here")
+    args = ap.parse_args(argv)
+    if args.what == "launch":
+        best = fastest(json.loads(args.kernels.read_text()))
+        print(f"fastest: {best['programs_per_sm']} program(s) per SM, {best['num_warps']} warps, "
+              f"{best['rows_per_iteration']} row(s) per iteration: {best['backward']['median_ms']:.3f} ms")
+        if args.write:
+            write_launch(args.write, best)
+            print(f"written to {args.write}")
+        return 0
+    r = keep(args.folder)
+    verdict = "kept" if r["kept"] else "rejected"
+    print(f"with {r['with'][0]:,.0f} / {r['with'][1]:,.0f} tokens/s, without {r['without']:,.0f}: "
+          f"gain {r['gain']:+.2%}, drift {r['drift']:.2%}, keep when gain > {r['threshold']:.2%}: {verdict}")
+    if args.write:
+        args.write.write_text(verdict + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

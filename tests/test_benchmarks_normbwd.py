@@ -1,0 +1,80 @@
+"""The post-expert norm's one-pass backward, measured (benchmarks/results/normbwd/): every figure its README
+states, recomputed from the committed result files; each run's backward read back from what the engine recorded;
+the verdict by the rule; and the module's launch constants equal to the fastest launch of the committed timings.
+CPU only; nothing is timed."""
+
+from __future__ import annotations
+
+import statistics
+
+from bench_results import Folder, script
+
+FOLDER = Folder("normbwd")
+RUNS = ("with", "without", "with-again")
+ONE_PASS, INDUCTOR = "one Triton pass (norm_backward.py)", "the compiled chain's (TorchInductor)"
+choose = script("normbwd_choose")
+_json, _text = FOLDER.json, FOLDER.text
+
+
+def _median_step(run: str) -> float:
+    return statistics.median(s["step_time_s"] for s in _json(f"{run}.json")["steps"][8:])
+
+
+def test_each_run_ran_the_backward_it_is_named_for():
+    for run in RUNS:
+        r = _json(f"{run}.json")
+        assert r["levers"]["post_expert_norm_backward"] == (INDUCTOR if run == "without" else ONE_PASS), run
+        assert r["overrides"] == [] and r["recipe"] == "slice-1gpu"
+        assert r["method"] == "20 steps, window steps 9-20; each step bracketed by torch.cuda.synchronize()"
+    assert "1 passed" in (FOLDER.path / "gpu-test.txt").read_text()
+
+
+def test_the_verdict_is_the_rule_on_the_committed_runs():
+    r = choose.keep(FOLDER.path)
+    assert r["kept"] is False
+    text = _text()
+    assert f"**+{100 * r['gain']:.2f}% by the rule's measure:**" in text
+    assert f"{(r['with'][0] + r['with'][1]) / 2:,.0f} tokens/s" in text
+    assert f"they differ by {100 * r['drift']:.2f}%, the drift" in text
+    assert f"above twice the drift ({200 * r['drift']:.2f}%)" in text
+    assert (f"gain +{100 * r['gain']:.2f}%, drift {100 * r['drift']:.2f}%, keep when gain > "
+            f"{100 * r['threshold']:.2f}%: rejected") in (FOLDER.path / "verdict.txt").read_text()
+    median_gain = _median_step("without") / statistics.mean(_median_step(x) for x in ("with", "with-again")) - 1
+    assert f"By the median step the gain is +{100 * median_gain:.2f}%" in text
+
+
+def test_the_readme_table_restates_each_run():
+    text = (FOLDER.path / "README.md").read_text()
+    for run in RUNS:
+        r = _json(f"{run}.json")
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{run}.json` |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2:] == [f"{r['tokens_per_s_per_gpu']:,.0f}", f"{100 * r['mfu']:.2f}%",
+                             f"{r['step_time_mean_s']:.4f}", f"{_median_step(run):.4f}", f"{r['final_loss']:.5f}"], run
+
+
+def test_the_module_ships_the_fastest_committed_launch():
+    from muse_stack.engines.mcore import norm_backward
+
+    kernels = _json("kernels.json")
+    best = choose.fastest(kernels)
+    assert (norm_backward.PROGRAMS_PER_SM, norm_backward.NUM_WARPS, norm_backward.ROWS_PER_ITERATION) == (
+        best["programs_per_sm"], best["num_warps"], best["rows_per_iteration"])
+    text = _text()
+    assert f"| **one pass, the fastest launch ({best['programs_per_sm']} per SM, {best['num_warps']} warps, " \
+           f"{best['rows_per_iteration']} row)** | **{best['backward']['median_ms']:.2f}** | " \
+           f"**{best['backward']['gb_per_s']:,.0f}** |" in text
+    inductor = kernels["post_expert_norm"]["inductor default"]["backward"]
+    assert f"| {inductor['median_ms']:.2f} | {inductor['gb_per_s']:,.0f} |" in text
+    # the grid kernels.py timed is the grid the GPU test checks and the README names
+    launches = kernels["post_expert_norm"][choose.LAUNCHES_KEY]
+    grid = {(x["programs_per_sm"], x["num_warps"], x["rows_per_iteration"]) for x in launches}
+    assert grid == set(script("kernels").LAUNCHES) and len(grid) == 18
+
+
+def test_the_engine_does_not_run_it():
+    """The class switch is off (read from the source: the module needs megatron-core, which a CPU lacks)."""
+    import re
+
+    source = (FOLDER.path.parents[2] / "muse_stack" / "engines" / "mcore" / "layers.py").read_text()
+    assert re.findall(r"^    fused_norm_backward: bool = (\w+)$", source, flags=re.M) == ["False"]
