@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize()
         rows.append({"step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "tokens": stats.tokens,
                      "step_time_s": time.perf_counter() - t0})
-        if collector.manual and collector.interval and step % collector.interval == 0:
+        if collector.due(step):
             gc.collect()  # between steps, outside the timed region, as the runner
     window = rows[args.warmup:]
     tps = sum(r["tokens"] for r in window) / sum(r["step_time_s"] for r in window)

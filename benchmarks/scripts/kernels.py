@@ -139,14 +139,15 @@ def post_expert_norm() -> dict[str, Any]:
                                                    "triton.mix_order_reduction_non_strict_mode": True}}
     from muse_stack.engines.mcore import norm_backward
 
-    def one_pass():  # the candidate: the same compiled forward, the backward in one Triton pass
+    def forward_and_backward(norm) -> dict[str, Any]:
+        """``norm``'s forward alone, then its backward alone (the graph kept from one forward)."""
         xi, wi, pi = x.detach().requires_grad_(), w.detach().requires_grad_(), p.detach().requires_grad_()
-        y = norm_backward.weighted_gain_first_norm(xi, wi, pi, 1e-8)
-        y.backward(g, retain_graph=True)
+        y = norm(xi, wi, pi, 1e-8)
+        y.backward(g, retain_graph=True)  # a compiled norm compiles its backward here, under the same settings
 
         def fwd(_):
             with torch.no_grad():
-                norm_backward.weighted_gain_first_norm(xi, wi, pi, 1e-8)
+                norm(xi, wi, pi, 1e-8)
 
         def bwd(_):
             xi.grad = wi.grad = pi.grad = None
@@ -157,23 +158,10 @@ def post_expert_norm() -> dict[str, Any]:
     for name, patch in variants.items():
         torch._dynamo.reset()
         with inductor.patch(patch):
-            compiled = torch.compile(fn, dynamic=None)
-            xi, wi, pi = x.detach().requires_grad_(), w.detach().requires_grad_(), p.detach().requires_grad_()
-            y = compiled(xi, wi, pi, 1e-8)
-            y.backward(g, retain_graph=True)  # compiles the backward under the same settings
-
-            def fwd(_):
-                with torch.no_grad():
-                    compiled(xi, wi, pi, 1e-8)
-
-            def bwd(_):
-                xi.grad = wi.grad = pi.grad = None
-                y.backward(g, retain_graph=True)
-
-            out[name] = {"forward": _rate(_time(fwd), fwd_bytes), "backward": _rate(_time(bwd), bwd_bytes)}
-            del y
+            out[name] = forward_and_backward(torch.compile(fn, dynamic=None))
     torch._dynamo.reset()
-    out["one Triton pass (norm_backward.py), a candidate"] = one_pass()
+    # the candidate: the same compiled forward, the backward in one Triton pass
+    out["one Triton pass (norm_backward.py), a candidate"] = forward_and_backward(norm_backward.weighted_gain_first_norm)
     # its launch: programs per SM x warps per program x rows per iteration, the backward alone
     # (benchmarks/scripts/normbwd_choose.py takes the fastest)
     xi, wi, pi = x.detach(), w.detach(), p.detach()

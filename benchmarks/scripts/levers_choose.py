@@ -34,6 +34,14 @@ LEVERS = {
 MIN_GAIN = 0.005
 
 
+def baseline(first: float, again: float) -> tuple[float, float, float]:
+    """(baseline, drift, threshold) of the rule above from the two runs of the reference setting: their
+    mean, their relative difference, and the gain a change must beat (twice the drift, at least MIN_GAIN)."""
+    base = (first + again) / 2
+    drift = abs(first - again) / base
+    return base, drift, max(2 * drift, MIN_GAIN)
+
+
 def choose(folder: pathlib.Path) -> tuple[list[dict], list[str], float]:
     def tps(name: str) -> float | None:
         p = folder / f"{name}.json"
@@ -42,8 +50,7 @@ def choose(folder: pathlib.Path) -> tuple[list[dict], list[str], float]:
     a, b = tps("shipped"), tps("shipped-again")
     if a is None or b is None:
         raise SystemExit(f"{folder}: shipped.json and shipped-again.json are both needed (the baseline and its drift)")
-    base, drift = (a + b) / 2, abs(a - b) / ((a + b) / 2)
-    threshold = max(2 * drift, MIN_GAIN)
+    base, _, threshold = baseline(a, b)
     rows, kept = [], []
     for name, override in LEVERS.items():
         t = tps(name)

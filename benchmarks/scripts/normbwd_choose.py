@@ -23,7 +23,7 @@ import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from levers_choose import MIN_GAIN  # noqa: E402
+from levers_choose import baseline  # noqa: E402
 
 LAUNCHES_KEY = "one Triton pass, launches (backward alone)"
 CONSTANTS = ("PROGRAMS_PER_SM", "NUM_WARPS", "ROWS_PER_ITERATION")
@@ -58,9 +58,7 @@ def keep(folder: pathlib.Path) -> dict:
         return json.loads(p.read_text())["tokens_per_s_per_gpu"]
 
     a, b, without = tps("with"), tps("with-again"), tps("without")
-    base = (a + b) / 2
-    drift = abs(a - b) / base
-    threshold = max(2 * drift, MIN_GAIN)
+    base, drift, threshold = baseline(a, b)
     gain = base / without - 1
     return {"with": [a, b], "without": without, "drift": drift, "threshold": threshold, "gain": gain,
             "kept": gain > threshold}

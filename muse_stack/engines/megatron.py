@@ -605,10 +605,9 @@ class MegatronEngine:
 
     def _post_expert_norm_backward(self) -> str | None:
         """How the expert layers' post-expert norm runs its backward, asked of the modules."""
-        from muse_stack.engines.mcore import norm_backward
         from muse_stack.engines.mcore.layers import MuseSparkExperts
 
-        kinds = {"one Triton pass (norm_backward.py)" if m.fused_norm_backward and norm_backward.available()
+        kinds = {"one Triton pass (norm_backward.py)" if m.one_pass_norm_backward()
                  else "the compiled chain's (TorchInductor)"
                  for m in self.model.module.modules() if isinstance(m, MuseSparkExperts)}
         return ", ".join(sorted(kinds)) or None

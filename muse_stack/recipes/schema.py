@@ -332,6 +332,10 @@ class GarbageCollection(_Strict):
                                                                  "(0: never between steps)")
     eval: bool = Field(True, description="with manual: collect after each checkpoint save (and evaluation)")
 
+    def due(self, step: int) -> bool:
+        """Whether a manual collection is due after ``step`` (every ``interval``-th step)."""
+        return self.manual and bool(self.interval) and step % self.interval == 0
+
 
 class Training(_Strict):
     steps: int | None = Field(None, ge=1, le=MAX_STEPS)

@@ -325,8 +325,7 @@ class Trainer:
             t0 = time.perf_counter()
             stats = engine.train_step(step)
             # a collection due after this step is part of its time (as an automatic one inside it would be)
-            gc_s = self._gc_collect(step) if (self.gc.manual and self.gc.interval
-                                              and step % self.gc.interval == 0) else 0.0
+            gc_s = self._gc_collect(step) if self.gc.due(step) else 0.0
             dt = time.perf_counter() - t0
             if not (math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)):
                 self.diverged_at = step
@@ -393,7 +392,7 @@ class Trainer:
             self.stop.request("stop_after")
         if self.checkpoints.due(step, self.total):
             self._save(step)
-            if self.gc.manual and self.gc.eval and (not self.gc.interval or step % self.gc.interval):
+            if self.gc.manual and self.gc.eval and not self.gc.due(step):
                 self._gc_collect(step)  # what the save left, outside any step's time
         else:
             self.checkpoints.poll()

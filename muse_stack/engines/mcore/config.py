@@ -68,6 +68,19 @@ def fp8_kwargs(recipe: Recipe) -> dict[str, Any]:
     return {"fp8": settings.format, "fp8_recipe": settings.recipe, "moe_router_padding_for_fp8": True}
 
 
+def first_writes_blocker(gradient_accumulation_fusion: bool, recompute_granularity: str | None,
+                         recompute_modules: list[str] | None) -> str | None:
+    """Why the step's first micro-batch cannot write the main gradients under these settings (None: it
+    can): the recipe's check below and the engine (:func:`.first_write.why_not`) ask the same."""
+    if not gradient_accumulation_fusion:
+        return "gradient accumulation fusion is off: TE returns the gradients and DDP adds them"
+    if recompute_granularity == "full":
+        return "full recompute runs the layers' forward again in the backward"
+    if recompute_granularity == "selective" and "moe" in (recompute_modules or []):
+        return "selective recompute of the MoE layer runs its GEMMs' forward again in the backward"
+    return None
+
+
 def check_performance(recipe: Recipe) -> None:
     """Refuse the ``fusions`` / ``performance`` combinations megatron-core, TE or the engine cannot run."""
     perf = recipe.performance
@@ -75,10 +88,8 @@ def check_performance(recipe: Recipe) -> None:
         raise RecipeError("numerics.deterministic is verified bitwise with megatron-core's unfused routing; TE's "
                           "fused router kernel is not", field="fusions.router", value=True,
                           fix="drop fusions.router (or numerics.deterministic)")
-    if perf.first_micro_batch_writes and (recipe.recompute.granularity == "full"
-                                          or recipe.fusions.gradient_accumulation is False
-                                          or (recipe.recompute.granularity == "selective"
-                                              and "moe" in (recipe.recompute.modules or []))):
+    if perf.first_micro_batch_writes and first_writes_blocker(recipe.fusions.gradient_accumulation is not False,
+                                                              recipe.recompute.granularity, recipe.recompute.modules):
         raise RecipeError("the first micro-batch writes the main gradients inside TE's fused weight-gradient GEMMs, "
                           "in the forward it runs once: it needs gradient accumulation fusion and no recompute of "
                           "whole layers or of the MoE layer", field="performance.first_micro_batch_writes", value=True,

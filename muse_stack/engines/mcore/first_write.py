@@ -51,12 +51,12 @@ def module_weights(module: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 def why_not(config: Any, ddp_config: Any) -> str | None:
     """Why the whole buffer must be zeroed under these settings (None: the first micro-batch can write)."""
-    if not config.gradient_accumulation_fusion:
-        return "gradient accumulation fusion is off: TE returns the gradients and DDP adds them"
-    if config.recompute_granularity == "full":
-        return "full recompute runs the layers' forward again in the backward"
-    if config.recompute_granularity == "selective" and "moe" in (config.recompute_modules or []):
-        return "selective recompute of the MoE layer runs its GEMMs' forward again in the backward"
+    from muse_stack.engines.mcore.config import first_writes_blocker
+
+    reason = first_writes_blocker(config.gradient_accumulation_fusion, config.recompute_granularity,
+                                  config.recompute_modules)
+    if reason is not None:
+        return reason
     if getattr(config, "cuda_graph_impl", "none") not in (None, "none"):
         return "CUDA graphs replay the forward with the flags it was captured with"
     if getattr(ddp_config, "use_megatron_fsdp", False):

@@ -278,6 +278,10 @@ class MuseSparkExperts(TEGroupedMLP):
                 and c.gated_linear_unit and c.bias_activation_fusion and not c.use_te_activation_func
                 and c.moe_mlp_glu_interleave_size is None)
 
+    def one_pass_norm_backward(self) -> bool:
+        """Whether the post-expert norm's backward runs as one Triton pass (the switch on, Triton present)."""
+        return self.fused_norm_backward and norm_backward.available()
+
     def _experts(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, permuted_probs: torch.Tensor):
         counts = tokens_per_expert.tolist()
         # under the step's first micro-batch writes: the experts with no token get zero gradients
@@ -300,7 +304,7 @@ class MuseSparkExperts(TEGroupedMLP):
             out = all_reduce(out, group=self.etp_group)
             permuted_probs = permuted_probs / self.etp
         norm = self.post_expert_norm
-        if self.fused_norm_backward and norm_backward.available() and out.dim() == 2:
+        if self.one_pass_norm_backward() and out.dim() == 2:
             return norm_backward.weighted_gain_first_norm(out.to(hidden.dtype), norm.weight, permuted_probs,
                                                           norm.eps), bias
         return weighted_gain_first_norm(out.to(hidden.dtype), norm.weight, permuted_probs, norm.eps), bias
