@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 from pathlib import Path
 from types import ModuleType
 
@@ -50,6 +51,34 @@ class Folder:
             r = self.json(cells[0].strip("`"))
             assert cells[2:] == [f"{r['tokens_per_s_per_gpu']:,.0f}", f"{100 * r['mfu']:.2f}%",
                                  f"{r['step_time_mean_s']:.4f}", f"{r['final_loss']:.5f}"], cells[0]
+
+    def median_step(self, run: str, warmup: int = 8) -> float:
+        """The median window step of an ``engine_steps.py`` run (its steps after ``warmup``)."""
+        return statistics.median(s["step_time_s"] for s in self.json(f"{run}.json")["steps"][warmup:])
+
+    def assert_run_table_with_median(self, runs: tuple[str, ...]) -> None:
+        """Each of ``runs`` has a README row `| `NAME.json` | what | tokens/s | MFU | mean step | median step |
+        final loss |` restating its file."""
+        text = (self.path / "README.md").read_text()
+        for run in runs:
+            r = self.json(f"{run}.json")
+            row = next(line for line in text.splitlines() if line.startswith(f"| `{run}.json` |"))
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            assert cells[2:] == [f"{r['tokens_per_s_per_gpu']:,.0f}", f"{100 * r['mfu']:.2f}%",
+                                 f"{r['step_time_mean_s']:.4f}", f"{self.median_step(run):.4f}",
+                                 f"{r['final_loss']:.5f}"], run
+
+    def assert_verdict(self, r: dict, verdict: str) -> None:
+        """``normbwd_choose.keep``'s result ``r`` as the README and ``verdict.txt`` state it: the baseline, the
+        drift, twice the drift, the verdict line, and the gain by the median step."""
+        text = self.text()
+        assert f"{(r['with'][0] + r['with'][1]) / 2:,.0f} tokens/s" in text
+        assert f"they differ by {100 * r['drift']:.2f}%, the drift" in text
+        assert f"above twice the drift ({200 * r['drift']:.2f}%)" in text
+        assert (f"gain +{100 * r['gain']:.2f}%, drift {100 * r['drift']:.2f}%, keep when gain > "
+                f"{100 * r['threshold']:.2f}%: {verdict}") in (self.path / "verdict.txt").read_text()
+        with_median = (self.median_step("with") + self.median_step("with-again")) / 2
+        assert f"By the median step the gain is +{100 * (self.median_step('without') / with_median - 1):.2f}%" in text
 
     def assert_both_kept(self, min_gain: float, runs: tuple[str, ...]) -> tuple[float, float, float]:
         """The README's standard attribution of two changes kept together against `before` (both off):

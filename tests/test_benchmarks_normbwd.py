@@ -5,7 +5,6 @@ CPU only; nothing is timed."""
 
 from __future__ import annotations
 
-import statistics
 
 from bench_results import Folder, script
 
@@ -14,10 +13,6 @@ RUNS = ("with", "without", "with-again")
 ONE_PASS, INDUCTOR = "one Triton pass (norm_backward.py)", "the compiled chain's (TorchInductor)"
 choose = script("normbwd_choose")
 _json, _text = FOLDER.json, FOLDER.text
-
-
-def _median_step(run: str) -> float:
-    return statistics.median(s["step_time_s"] for s in _json(f"{run}.json")["steps"][8:])
 
 
 def test_each_run_ran_the_backward_it_is_named_for():
@@ -32,25 +27,12 @@ def test_each_run_ran_the_backward_it_is_named_for():
 def test_the_verdict_is_the_rule_on_the_committed_runs():
     r = choose.keep(FOLDER.path)
     assert r["kept"] is False
-    text = _text()
-    assert f"**+{100 * r['gain']:.2f}% by the rule's measure:**" in text
-    assert f"{(r['with'][0] + r['with'][1]) / 2:,.0f} tokens/s" in text
-    assert f"they differ by {100 * r['drift']:.2f}%, the drift" in text
-    assert f"above twice the drift ({200 * r['drift']:.2f}%)" in text
-    assert (f"gain +{100 * r['gain']:.2f}%, drift {100 * r['drift']:.2f}%, keep when gain > "
-            f"{100 * r['threshold']:.2f}%: rejected") in (FOLDER.path / "verdict.txt").read_text()
-    median_gain = _median_step("without") / statistics.mean(_median_step(x) for x in ("with", "with-again")) - 1
-    assert f"By the median step the gain is +{100 * median_gain:.2f}%" in text
+    assert f"**+{100 * r['gain']:.2f}% by the rule's measure:**" in _text()
+    FOLDER.assert_verdict(r, "rejected")
 
 
 def test_the_readme_table_restates_each_run():
-    text = (FOLDER.path / "README.md").read_text()
-    for run in RUNS:
-        r = _json(f"{run}.json")
-        row = next(line for line in text.splitlines() if line.startswith(f"| `{run}.json` |"))
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[2:] == [f"{r['tokens_per_s_per_gpu']:,.0f}", f"{100 * r['mfu']:.2f}%",
-                             f"{r['step_time_mean_s']:.4f}", f"{_median_step(run):.4f}", f"{r['final_loss']:.5f}"], run
+    FOLDER.assert_run_table_with_median(RUNS)
 
 
 def test_the_module_ships_the_fastest_committed_launch():

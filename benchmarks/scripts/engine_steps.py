@@ -39,6 +39,9 @@ SWITCHES = (
      "muse_stack.engines.mcore.layers", "MuseSparkLayer.fused_pre_mlp_norm", False),
     ("--mcore-swiglu", "the experts' SwiGLU backward as megatron-core's compiled one instead of TE's dswiglu",
      "muse_stack.engines.mcore.layers", "MuseSparkExperts.te_swiglu_backward", False),
+    ("--te-adam", "the Adam step as TE's FusedAdam runs it: multi_tensor_adam launches instead of one Triton "
+                  "launch per parameter group (muse_stack/engines/mcore/adam_step.py)",
+     "muse_stack.engines.mcore.adam_step", "enabled", False),
     ("--fused-norm-backward", "a candidate, measured and not kept (benchmarks/results/normbwd/): the post-expert "
                               "norm's backward as one Triton pass (muse_stack/engines/mcore/norm_backward.py)",
      "muse_stack.engines.mcore.layers", "MuseSparkExperts.fused_norm_backward", True),

@@ -12,6 +12,7 @@
 #                       levers7 (the experts' counts read early, the pre-MLP norm in the residual's chain)
 #                       levers8gpu levers8 (TE's SwiGLU for the experts, the first micro-batch's gradient writes)
 #                       normbwd (the post-expert norm's one-pass backward: its launch, then kept or not by the step)
+#                       adam (the Triton Adam step: its launch, then kept or not by the step)
 #                       plansweep (the planner's refit: the shipped slice and its neighbours, one machine, one call)
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/results/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
@@ -145,6 +146,28 @@ for what in "${@:-smoke}"; do
     one $ES --fused-norm-backward $W --out "$D/with-again.json"
     python3 benchmarks/scripts/normbwd_choose.py keep "$D" | tee "$D/verdict.txt"
     tar czf "$OUT/normbwd.tgz" -C "$(dirname "$D")" normbwd ;;
+  adam) # the Triton Adam step (adam_step.py, on as shipped): the GPU tests (its own, and the engine-side ones of the
+    # first writes, the norm backward and the dispatcher), TE's FusedAdam alone stepped by TE and by the Triton step
+    # over the launch grid (kernels.py --only adam), the fastest launch written into adam_step.py (adam_choose.py
+    # launch), then slice-1gpu as shipped / with TE's step (--te-adam) / as shipped again / with the one-pass norm
+    # backward too (engine_steps.py, 20 steps, window 9-20), and the verdict by levers_choose.py's rule
+    # (adam_choose.py keep). Outputs: $OUT/adam.tgz
+    ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
+    D=$(realpath -m "$OUT/adam"); mkdir -p "$D"
+    one $MS fingerprint -o "$D/fingerprint.json"
+    one python3 -m pytest -q -s -p no:cacheprovider tests/test_adam_step_gpu.py tests/test_first_write_gpu.py \
+      tests/test_norm_backward_gpu.py tests/test_dispatch_gpu.py 2>&1 | grep -E "differ from TE|passed|failed|Error" \
+      | tee "$D/gpu-test.txt"
+    one python3 benchmarks/scripts/kernels.py --only adam --out "$D/kernels.json" > /dev/null
+    python3 benchmarks/scripts/adam_choose.py launch "$D/kernels.json" --write muse_stack/engines/mcore/adam_step.py \
+      | tee "$D/launch.txt"
+    one $ES $W --out "$D/with.json"
+    one $ES --te-adam $W --out "$D/without.json"
+    one $ES $W --out "$D/with-again.json"
+    one $ES --fused-norm-backward $W --out "$D/with-norm-backward.json"
+    python3 benchmarks/scripts/adam_choose.py keep "$D" | tee "$D/verdict.txt"
+    cp muse_stack/engines/mcore/adam_step.py "$D/adam_step.py"; cp muse_stack/engines/mcore/adam_step.py /tmp/adam_step.py
+    tar czf "$OUT/adam.tgz" -C "$(dirname "$D")" adam ;;
   profile2) # one step of the slice as shipped by class of GPU work, with operator shapes
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$OUT/profile-shipped.json" ;;
   levers5) # issue 34's levers on slice-1gpu, each alone as a recipe override against the shipped recipe, one process
@@ -280,6 +303,9 @@ RUNS
   resume1) # dist-checkpoint round trip on one GPU under the precision-aware optimizer (the checkpoint holds the
     # int16 remainders): interrupted at step 3 and resumed == uninterrupted (proxy-1gpu, 8 experts, 6 steps)
     round_trip resume1 one $MS -- proxy-1gpu $SMALL $PA ;;
+  resumeadam) # the same round trip with a fp32 master (optimizer.param_remainders=false), whose FusedAdam steps
+    # through the Triton Adam step (adam_step.py): interrupted at step 3 and resumed == uninterrupted
+    round_trip resumeadam one $MS -- proxy-1gpu $SMALL optimizer.precision_aware=true optimizer.param_remainders=false ;;
   resumedrop) # an adapter run with dropout (peft.dropout=0.1) under deterministic kernels, interrupted at step 3
     # and resumed, against the uninterrupted run: every step's loss and gradient norm bitwise equal (the checkpoint's
     # CUDA and megatron-core tracker RNG states and data position; tests/test_resume_gpu.py runs the same)

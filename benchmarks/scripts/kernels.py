@@ -10,7 +10,9 @@ variants that could replace them:
   Inductor's multi-kernel (persistent row passes up to 16,384 columns), with and without it, and the
   candidate one-pass Triton backward (``muse_stack/engines/mcore/norm_backward.py``);
 * TE's multi-tensor Adam with fp32 master weights (megatron-core's precision-aware optimizer) over one
-  MoE layer's expert weights (1.61 B parameters), at TE's chunk size and two larger ones;
+  MoE layer's expert weights (1.61 B parameters), at TE's chunk size and two larger ones, and the same
+  FusedAdam stepped by the engine's one-launch Triton step (``muse_stack/engines/mcore/adam_step.py``)
+  over a grid of launches;
 * zeroing a fp32 buffer of the slice's 4,328,521,728 parameters (megatron-core's ``zero_grad_buffer``).
 
 Each is timed with CUDA events: 3 warm-up calls, then the median of 10. Each variant also lists the
@@ -173,6 +175,10 @@ def post_expert_norm() -> dict[str, Any]:
     return out
 
 
+#: the Triton Adam step's launches timed: programs per SM x warps x elements per iteration
+ADAM_LAUNCHES = [(per_sm, warps, block) for per_sm in (4, 8, 16, 32) for warps in (4, 8) for block in (512, 1024, 2048)]
+
+
 def adam() -> dict[str, Any]:
     from transformer_engine.pytorch.optimizers import FusedAdam
     from transformer_engine.pytorch.optimizers.multi_tensor_apply import multi_tensor_applier
@@ -195,6 +201,18 @@ def adam() -> dict[str, Any]:
             out[f"chunk {chunk}"] = row
     finally:
         multi_tensor_applier.chunk_size = default
+    from muse_stack.engines.mcore import adam_step
+
+    shipped = (adam_step.PROGRAMS_PER_SM, adam_step.NUM_WARPS, adam_step.BLOCK)
+    launches = out["one Triton launch, launches"] = []
+    try:
+        for per_sm, warps, block in ADAM_LAUNCHES:
+            adam_step.PROGRAMS_PER_SM, adam_step.NUM_WARPS, adam_step.BLOCK = per_sm, warps, block
+            row = _rate(_time(lambda _: adam_step.step(opt), reps=5, warmup=2), n * per_param)
+            row["slice_ms_at_this_rate"] = row["median_ms"] * SLICE_PARAMS / n
+            launches.append({"programs_per_sm": per_sm, "num_warps": warps, "block": block, "step": row})
+    finally:
+        adam_step.PROGRAMS_PER_SM, adam_step.NUM_WARPS, adam_step.BLOCK = shipped
     del opt, params
     torch.cuda.empty_cache()
     return out

@@ -37,11 +37,9 @@ def fastest(kernels: dict) -> dict:
     return min(launches, key=lambda r: r["backward"]["median_ms"])
 
 
-def write_launch(module: pathlib.Path, launch: dict) -> str:
-    """Set the module's launch constants to ``launch``; each must be assigned once at the top level."""
+def write_constants(module: pathlib.Path, values: dict[str, int]) -> str:
+    """Set top-level integer constants of ``module``; each must be assigned once at the top level."""
     text = module.read_text()
-    values = {"PROGRAMS_PER_SM": launch["programs_per_sm"], "NUM_WARPS": launch["num_warps"],
-              "ROWS_PER_ITERATION": launch["rows_per_iteration"]}
     for name, value in values.items():
         text, n = re.subn(rf"^{name} = .*$", f"{name} = {int(value)}", text, flags=re.M)
         if n != 1:
@@ -50,7 +48,14 @@ def write_launch(module: pathlib.Path, launch: dict) -> str:
     return text
 
 
+def write_launch(module: pathlib.Path, launch: dict) -> str:
+    """Set the module's launch constants to ``launch``."""
+    return write_constants(module, {"PROGRAMS_PER_SM": launch["programs_per_sm"], "NUM_WARPS": launch["num_warps"],
+                                    "ROWS_PER_ITERATION": launch["rows_per_iteration"]})
+
+
 def keep(folder: pathlib.Path) -> dict:
+    """The rule applied to ``folder``'s with / with-again / without runs."""
     def tps(name: str) -> float:
         p = folder / f"{name}.json"
         if not p.exists():
@@ -64,22 +69,21 @@ def keep(folder: pathlib.Path) -> dict:
             "kept": gain > threshold}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cli(argv: list[str] | None, description: str, module: str, launch) -> int:
+    """The two subcommands, ``launch KERNELS [--write MODULE]`` (``launch(kernels, write)`` prints and writes the
+    fastest launch) and ``keep DIR [--write FILE]`` (the rule's verdict, printed and written)."""
+    ap = argparse.ArgumentParser(description=description)
     sub = ap.add_subparsers(dest="what", required=True)
     la = sub.add_parser("launch", help="the fastest launch in a kernels.json")
     la.add_argument("kernels", type=pathlib.Path)
-    la.add_argument("--write", type=pathlib.Path, help="norm_backward.py, whose launch constants to set")
+    la.add_argument("--write", type=pathlib.Path, help=f"{module}, whose launch constants to set")
     ke = sub.add_parser("keep", help="kept or rejected, from with / with-again / without")
     ke.add_argument("folder", type=pathlib.Path)
     ke.add_argument("--write", type=pathlib.Path, help="write kept or rejected here")
     args = ap.parse_args(argv)
     if args.what == "launch":
-        best = fastest(json.loads(args.kernels.read_text()))
-        print(f"fastest: {best['programs_per_sm']} program(s) per SM, {best['num_warps']} warps, "
-              f"{best['rows_per_iteration']} row(s) per iteration: {best['backward']['median_ms']:.3f} ms")
+        launch(json.loads(args.kernels.read_text()), args.write)
         if args.write:
-            write_launch(args.write, best)
             print(f"written to {args.write}")
         return 0
     r = keep(args.folder)
@@ -89,6 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         args.write.write_text(verdict + "\n")
     return 0
+
+
+def _launch(kernels: dict, write: pathlib.Path | None) -> None:
+    best = fastest(kernels)
+    print(f"fastest: {best['programs_per_sm']} program(s) per SM, {best['num_warps']} warps, "
+          f"{best['rows_per_iteration']} row(s) per iteration: {best['backward']['median_ms']:.3f} ms")
+    if write:
+        write_launch(write, best)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli(argv, __doc__.splitlines()[0], "norm_backward.py", _launch)
 
 
 if __name__ == "__main__":

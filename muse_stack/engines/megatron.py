@@ -195,6 +195,7 @@ class MegatronEngine:
             clip_scale.install()
         else:
             self.optimizer.step = partial(_host_clip_step, self.optimizer.step)
+        self._adam_step()
         if self.opt_config.optimizer_cuda_graph:  # as megatron-core's own training loop wraps it (training.py)
             from megatron.core.optimizer.optimizer_cuda_graph import OptimizerCudaGraphWrapper
 
@@ -210,6 +211,17 @@ class MegatronEngine:
         self.config.finalize_model_grads_func = partial(_finalize_prescaled, finalize_model_grads)
         self._loss_scale = 1.0
         self.config.grad_scale_func = self.optimizer.scale_loss
+
+    def _adam_step(self) -> None:
+        """performance.triton_adam (unset: on where it applies): TE's FusedAdam steps through one
+        persistent Triton launch per parameter group (:mod:`muse_stack.engines.mcore.adam_step`);
+        ``adam_step_off`` says why not."""
+        from muse_stack.engines.mcore import adam_step
+
+        if self.ctx.recipe.performance.triton_adam is False:
+            self.adam_step_off = "performance.triton_adam: false"
+        else:
+            self.adam_step_off = adam_step.install(self.optimizer)
 
     def _first_writes(self, ddp_config) -> None:
         """performance.first_micro_batch_writes (unset: on where it applies): the step's first
@@ -563,6 +575,8 @@ class MegatronEngine:
                 "expert_counts": self._expert_counts_read(),
                 "experts_swiglu": self._swiglu_loaded(),
                 "post_expert_norm_backward": self._post_expert_norm_backward(),
+                "adam_step": "one Triton launch per parameter group (adam_step.py)" if self.adam_step_off is None
+                else f"Transformer Engine's multi_tensor_adam ({self.adam_step_off})",
                 "grad_buffer_zeroing": self.first_writes.describe() if self.first_writes is not None
                 else f"the whole buffer, every step ({self.first_writes_off})",
                 "pre_mlp_norm": self._pre_mlp_norm_run()}
@@ -625,6 +639,8 @@ class MegatronEngine:
     def _adam_loaded(self) -> list[str]:
         """The Adam implementation(s) megatron-core built, read off the objects: class, and where
         the master weights live (TE's FusedAdam under the precision-aware optimizer)."""
+        from muse_stack.engines.mcore import adam_step
+
         out = set()
         for opt in getattr(self.optimizer, "chained_optimizers", None) or [self.optimizer]:
             adam = getattr(opt, "optimizer", None)
@@ -634,6 +650,8 @@ class MegatronEngine:
             if getattr(adam, "master_weights", False):
                 kept = "bf16 weight + int16 remainder" if getattr(adam, "store_param_remainders", False) else "fp32"
                 name += f" (holds the master weights: {kept})"
+                if adam_step.installed(adam):
+                    name += ", stepped by one Triton launch per parameter group (adam_step.py)"
             else:
                 name += " (megatron-core keeps the fp32 shards it updates)"
             out.add(name)

@@ -231,6 +231,12 @@ class Performance(_Strict):
                           "(gradient accumulation fusion, no recompute). The same gradients; cuBLAS may pick another "
                           "kernel for a written output than for an added one, so the first micro-batch's weight "
                           "gradients may differ in the last bits")
+    triton_adam: bool | None = Field(
+        None, description="Transformer Engine's FusedAdam (optimizer.precision_aware, fp32 master weights) steps through "
+                          "one persistent Triton launch per parameter group instead of TE's multi_tensor_adam "
+                          "launches. Unset: on where it applies (not with optimizer.param_remainders or "
+                          "performance.optimizer_cuda_graph). TE's arithmetic in the same order; where nvcc contracted "
+                          "a multiply-add otherwise, the update may differ in the last bit of fp32")
 
 
 class Numerics(_Strict):

@@ -81,6 +81,19 @@ def first_writes_blocker(gradient_accumulation_fusion: bool, recompute_granulari
     return None
 
 
+def triton_adam_blocker(recipe: Recipe) -> str | None:
+    """Why the recipe's optimizer cannot step through :mod:`.adam_step` (None: it can): the step is
+    TE's FusedAdam's with fp32 master weights, stepped eagerly."""
+    opt = recipe.optimizer
+    if not opt.precision_aware:
+        return "it steps TE's FusedAdam, which holds the master weights only under optimizer.precision_aware"
+    if opt.param_remainders:
+        return "it keeps fp32 master weights, not optimizer.param_remainders"
+    if recipe.performance.optimizer_cuda_graph:
+        return "performance.optimizer_cuda_graph captures TE's capturable step instead"
+    return None
+
+
 def check_performance(recipe: Recipe) -> None:
     """Refuse the ``fusions`` / ``performance`` combinations megatron-core, TE or the engine cannot run."""
     perf = recipe.performance
@@ -94,6 +107,9 @@ def check_performance(recipe: Recipe) -> None:
                           "in the forward it runs once: it needs gradient accumulation fusion and no recompute of "
                           "whole layers or of the MoE layer", field="performance.first_micro_batch_writes", value=True,
                           fix="drop performance.first_micro_batch_writes (it applies where it can), or the recompute")
+    if perf.triton_adam and (why := triton_adam_blocker(recipe)) is not None:
+        raise RecipeError(f"the Triton Adam step cannot run: {why}", field="performance.triton_adam", value=True,
+                          fix="drop performance.triton_adam (it applies where it can)")
     if not perf.optimizer_cuda_graph:
         return
     if perf.clip_on_device is False:
