@@ -14,7 +14,7 @@ from bench_results import RESULTS, Folder, script
 
 LEVERS = RESULTS / "levers5"
 SBS = RESULTS / "side-by-side"
-SITTINGS = ("2026-12-02", "2026-12-03", "2026-12-03b", "2026-12-03c", "2026-12-03d", "2026-12-03e")
+SITTINGS = ("2026-12-02", "2026-12-03", "2026-12-03b", "2026-12-03c", "2026-12-03d", "2026-12-03e", "2026-12-04")
 levers_choose = script("levers_choose")
 _tps = Folder("levers5").tps
 
@@ -136,12 +136,21 @@ def test_the_profile_figures_are_the_profile():
     norm = next(v for k, v in optimizer.items() if "L2NormFunctor" in k)
     assert f"`multi_tensor_l2norm`, {1e3 * norm:.2f} ms a step" in text
     runner = [_json(SBS / SITTINGS[-1] / f"runner{i}" / "results.json") for i in (1, 2, 3)]
-    assert f"The median MFU, {100 * statistics.median(r['mfu'] for r in runner):.2f}%, is still short of 53%" in text
+    median_mfu = statistics.median(r["mfu"] for r in runner)
+    assert median_mfu >= 0.53
+    assert f"The median MFU, {100 * median_mfu:.2f}%, is above the 53% the issue asks, as shipped" in text
     step = statistics.median(r["step_time_median_s"] for r in runner)
     target = 0.53 * runner[0]["peak_tflops"] * 1e12 / runner[0]["flops_per_token"]["training"]  # tokens/s at 53% MFU
-    assert f"53% MFU is {target:,.0f} tokens/s, a {32768 / target:.3f} s step" in text
-    assert f"{1e3 * (step - 32768 / target):.0f} ms ({100 * (1 - 32768 / target / step):.1f}%) less" in text
-    assert f"median step ({step:.4f} s)" in text
+    flat = " ".join(text.split())
+    assert f"53% MFU is {target:,.0f} tokens/s, a {32768 / target:.3f} s step: the median step ({step:.4f} s) is " \
+           f"{1e3 * (32768 / target - step):.0f} ms ({100 * (1 - step / (32768 / target)):.1f}%) under it" in flat
+    for r in runner:  # as shipped: no override in the run's recipe
+        assert r["recipe"] == "slice-1gpu"
+    sixth = [_json(SBS / "2026-12-03e" / f"runner{i}" / "results.json") for i in (1, 2, 3)]
+    step6 = statistics.median(r["step_time_median_s"] for r in sixth)
+    assert (f"The sixth sitting's median MFU, {100 * statistics.median(r['mfu'] for r in sixth):.2f}%, was short of "
+            f"53%: its median step ({step6:.4f} s) was {1e3 * (step6 - 32768 / target):.0f} ms "
+            f"({100 * (step6 / (32768 / target) - 1):.1f}%) longer") in flat
 
 
 def test_the_project_readme_states_the_sittings():
@@ -154,3 +163,5 @@ def test_the_project_readme_states_the_sittings():
     fifth, sixth = ([_json(SBS / s / f"runner{i}" / "results.json")["mfu"] for i in (1, 2, 3)] for s in SITTINGS[4:6])
     assert f"{ratios[4]:.3f}x ({100 * statistics.median(fifth):.2f}% MFU) in a fifth" in readme
     assert f"{ratios[5]:.3f}x ({100 * statistics.median(sixth):.2f}% MFU) in a sixth" in readme
+    seventh = [_json(SBS / SITTINGS[6] / f"runner{i}" / "results.json")["mfu"] for i in (1, 2, 3)]
+    assert f"{ratios[6]:.3f}x ({100 * statistics.median(seventh):.2f}% MFU) in a seventh" in readme

@@ -54,9 +54,13 @@ def test_the_module_ships_the_fastest_committed_launch():
     assert grid == set(script("kernels").LAUNCHES) and len(grid) == 18
 
 
-def test_the_engine_does_not_run_it():
-    """The class switch is off (read from the source: the module needs megatron-core, which a CPU lacks)."""
+def test_the_engine_runs_it_since_the_embedding_measurement():
+    """Off by this folder's verdict; on since benchmarks/results/embedgrad/, where it was kept with the embedding's
+    change (its test checks the switch against that verdict). Read from the source: the module needs megatron-core,
+    which a CPU lacks."""
     import re
 
     source = (FOLDER.path.parents[2] / "muse_stack" / "engines" / "mcore" / "layers.py").read_text()
-    assert re.findall(r"^    fused_norm_backward: bool = (\w+)$", source, flags=re.M) == ["False"]
+    assert re.findall(r"^    fused_norm_backward: bool = (\w+)$", source, flags=re.M) == ["True"]
+    assert "it is on since `embedgrad/`" in " ".join(
+        (FOLDER.path.parents[2] / "docs" / "gpu-engine.md").read_text().split())

@@ -138,6 +138,19 @@ def test_parity_determinism_and_the_round_trip():
     assert (part.precision_aware, part.param_remainders) == (True, False)
     assert _json("resume-1gpu-precision-aware/fp32-master-part/results.json")["engine_info"]["optimizer"] == \
         ["transformer_engine.pytorch.optimizers.fused_adam.FusedAdam (holds the master weights: fp32)"]
+    # the same with the Triton Adam step, against its own uninterrupted run
+    triton = _json("resume-1gpu-precision-aware/resumeadam-compare.json")
+    assert triton["passed"] is True and triton["candidate"] == "runs/resumeadam-part"
+    assert int((BENCH / "resume-1gpu-precision-aware" / "resumeadam-sizes.txt").read_text().split()[0]) > size
+    for run in ("resumeadam-full", "resumeadam-part"):
+        info = _json(f"resume-1gpu-precision-aware/{run}/results.json")["engine_info"]
+        assert info["levers"]["adam_step"] == "one Triton launch per parameter group (adam_step.py)", run
+        assert info["levers"]["embedding_grad"].startswith("each token's gradient added into"), run
+    text = " ".join((BENCH / "slice-1gpu-mbs4-precision-aware" / "README.md").read_text().split())
+    checks = {c["name"]: c["value"] for c in triton["convergence"]["checks"]}
+    assert f"passed, r = {checks['correlation']:.7f}, final loss " \
+           f"{checks['final loss']:.1e} apart".replace("e-04", "e-4") in text
+    assert f"the checkpoint is {size32 / 1e9:.2f} GB, the fp32 master's size" in text
 
 
 def test_remeasured_regressions_are_stated():

@@ -273,7 +273,7 @@ def test_the_sweep_readme_states_the_plan_against_the_later_sittings():
     plan, _ = make_plan(load_recipe("slice-1gpu"), strict=False)
     predicted, planned_tps = plan.time.step_s, plan.time.tokens_per_s_per_gpu
     assert f"predicts {predicted:.3f} s, {planned_tps:,.0f} tokens/s" in text
-    for sitting in ("2026-12-03c", "2026-12-03d", "2026-12-03e"):
+    for sitting in ("2026-12-03c", "2026-12-03d", "2026-12-03e", "2026-12-04"):
         runs = [json.loads((results / "side-by-side" / sitting / f"runner{i}" / "results.json").read_text())
                 for i in (1, 2, 3)]
         tps = statistics.median(r["tokens_per_s_per_gpu"] for r in runs)

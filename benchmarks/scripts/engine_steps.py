@@ -42,8 +42,14 @@ SWITCHES = (
     ("--te-adam", "the Adam step as TE's FusedAdam runs it: multi_tensor_adam launches instead of one Triton "
                   "launch per parameter group (muse_stack/engines/mcore/adam_step.py)",
      "muse_stack.engines.mcore.adam_step", "enabled", False),
-    ("--fused-norm-backward", "a candidate, measured and not kept (benchmarks/results/normbwd/): the post-expert "
-                              "norm's backward as one Triton pass (muse_stack/engines/mcore/norm_backward.py)",
+    ("--dense-embedding-grad", "the word embedding's backward as megatron-core's: a dense bf16 gradient of the table, "
+                               "added into main_grad by DDP (muse_stack/engines/mcore/embedding_grad.py)",
+     "muse_stack.engines.mcore.embedding_grad", "enabled", False),
+    ("--compiled-norm-backward", "the post-expert norm's backward as the compiled chain's (TorchInductor) instead of "
+                                 "one Triton pass (muse_stack/engines/mcore/norm_backward.py)",
+     "muse_stack.engines.mcore.layers", "MuseSparkExperts.fused_norm_backward", False),
+    ("--fused-norm-backward", "the post-expert norm's backward as one Triton pass, as shipped since "
+                              "benchmarks/results/embedgrad/ (the runs in normbwd/, adam/ and embedgrad/ name it)",
      "muse_stack.engines.mcore.layers", "MuseSparkExperts.fused_norm_backward", True),
     ("--inductor-multi-kernel", "a candidate, not shipped: the compiled elementwise chains with TorchInductor's "
                                 "multi-kernel (persistent row reductions up to 16,384 columns, benchmarked against "

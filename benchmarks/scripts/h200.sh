@@ -13,6 +13,7 @@
 #                       levers8gpu levers8 (TE's SwiGLU for the experts, the first micro-batch's gradient writes)
 #                       normbwd (the post-expert norm's one-pass backward: its launch, then kept or not by the step)
 #                       adam (the Triton Adam step: its launch, then kept or not by the step)
+#                       embedgrad (the word embedding's gradient into main_grad, with and without the norm backward)
 #                       plansweep (the planner's refit: the shipped slice and its neighbours, one machine, one call)
 #   (resume-ep2 / resume-pp2: one layout of resume; the planner's calibration: benchmarks/results/plan/run.sh, CPU)
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
@@ -168,6 +169,25 @@ for what in "${@:-smoke}"; do
     python3 benchmarks/scripts/adam_choose.py keep "$D" | tee "$D/verdict.txt"
     cp muse_stack/engines/mcore/adam_step.py "$D/adam_step.py"; cp muse_stack/engines/mcore/adam_step.py /tmp/adam_step.py
     tar czf "$OUT/adam.tgz" -C "$(dirname "$D")" adam ;;
+  embedgrad) # the word embedding's gradient added into main_grad (embedding_grad.py): the GPU tests (its own and
+    # the norm backward's), then slice-1gpu with it / with megatron-core's dense lookup (--dense-embedding-grad) /
+    # with it again, each with the norm backward as the compiled chain's (--compiled-norm-backward), then with both
+    # (engine_steps.py, 20 steps, window 9-20), and the verdict (embedgrad_choose.py: the embedding alone, the pair,
+    # the norm backward on top), which sets the norm backward's class attribute in layers.py; the folder also stays
+    # in /tmp/embedgrad for a side-by-side sitting in the next call. Outputs: $OUT/embedgrad.tgz
+    ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"; C=--compiled-norm-backward
+    D=$(realpath -m "$OUT/embedgrad"); mkdir -p "$D"
+    one $MS fingerprint -o "$D/fingerprint.json"
+    one python3 -m pytest -q -p no:cacheprovider tests/test_embedding_grad_gpu.py tests/test_norm_backward_gpu.py 2>&1 \
+      | tail -3 | tee "$D/gpu-test.txt"
+    one $ES $C $W --out "$D/with.json"
+    one $ES $C --dense-embedding-grad $W --out "$D/without.json"
+    one $ES $C $W --out "$D/with-again.json"
+    one $ES --fused-norm-backward $W --out "$D/both.json"
+    python3 benchmarks/scripts/embedgrad_choose.py "$D" --write "$D/verdict.json" \
+      --ship muse_stack/engines/mcore/layers.py | tee "$D/verdict.txt"
+    rm -rf /tmp/embedgrad && cp -r "$D" /tmp/embedgrad
+    tar czf "$OUT/embedgrad.tgz" -C "$(dirname "$D")" embedgrad ;;
   profile2) # one step of the slice as shipped by class of GPU work, with operator shapes
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$OUT/profile-shipped.json" ;;
   levers5) # issue 34's levers on slice-1gpu, each alone as a recipe override against the shipped recipe, one process

@@ -17,6 +17,7 @@ identity (:mod:`muse_stack.engines.mcore.peft_checkpoint`).
 from __future__ import annotations
 
 import os
+import socket
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,13 +33,25 @@ from muse_stack.engines.schedule import lr_at
 GIB = 2**30
 
 
+def rendezvous(world_size: int) -> dict[str, str]:
+    """``init_process_group``'s ``init_method`` for this process. Under torchrun (or with ``MASTER_PORT`` set)
+    the environment's address and port. A single process without them (``muse-stack run`` on one GPU) takes a
+    free port of its own and leaves the environment alone, so single-GPU runs side by side on one host, or a
+    process that starts another, never meet on one port."""
+    if world_size == 1 and "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return {"init_method": f"tcp://127.0.0.1:{s.getsockname()[1]}"}
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    return {"init_method": "env://"}
+
+
 def _init_process_group(ctx: TrainContext) -> None:
     if tdist.is_initialized():
         return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
     tdist.init_process_group("nccl", rank=ctx.rank, world_size=ctx.world_size,
-                             device_id=torch.device("cuda", ctx.local_rank))
+                             device_id=torch.device("cuda", ctx.local_rank), **rendezvous(ctx.world_size))
 
 
 class MegatronEngine:
@@ -196,6 +209,7 @@ class MegatronEngine:
         else:
             self.optimizer.step = partial(_host_clip_step, self.optimizer.step)
         self._adam_step()
+        self._embedding_grad()
         if self.opt_config.optimizer_cuda_graph:  # as megatron-core's own training loop wraps it (training.py)
             from megatron.core.optimizer.optimizer_cuda_graph import OptimizerCudaGraphWrapper
 
@@ -222,6 +236,21 @@ class MegatronEngine:
             self.adam_step_off = "performance.triton_adam: false"
         else:
             self.adam_step_off = adam_step.install(self.optimizer)
+
+    def _embedding_grad(self) -> None:
+        """performance.embedding_into_main_grad (unset: on where it applies): the word embedding's
+        backward adds each token's gradient into its fp32 main gradient, with no dense gradient
+        (:mod:`muse_stack.engines.mcore.embedding_grad`); ``embedding_grad_off`` says why not."""
+        from muse_stack.engines.mcore import embedding_grad
+
+        module = self.model.module
+        if self.ctx.recipe.performance.embedding_into_main_grad is False:
+            self.embedding_grad_off = "performance.embedding_into_main_grad: false"
+        elif not module.pre_process:
+            self.embedding_grad_off = "the embedding is on the first pipeline stage"
+        else:
+            self.embedding_grad_off = embedding_grad.install(module.embedding.word_embeddings, module.padding_hook,
+                                                             module.pad_row)
 
     def _first_writes(self, ddp_config) -> None:
         """performance.first_micro_batch_writes (unset: on where it applies): the step's first
@@ -577,6 +606,9 @@ class MegatronEngine:
                 "post_expert_norm_backward": self._post_expert_norm_backward(),
                 "adam_step": "one Triton launch per parameter group (adam_step.py)" if self.adam_step_off is None
                 else f"Transformer Engine's multi_tensor_adam ({self.adam_step_off})",
+                "embedding_grad": "each token's gradient added into the fp32 main gradient (embedding_grad.py)"
+                if self.embedding_grad_off is None
+                else f"a dense bf16 gradient added by megatron-core's DDP ({self.embedding_grad_off})",
                 "grad_buffer_zeroing": self.first_writes.describe() if self.first_writes is not None
                 else f"the whole buffer, every step ({self.first_writes_off})",
                 "pre_mlp_norm": self._pre_mlp_norm_run()}

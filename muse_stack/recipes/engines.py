@@ -14,7 +14,8 @@ from muse_stack.errors import RecipeError
 #: the engine ships): set on another engine, they are refused
 MEGATRON_SETTINGS = ("fusions.gradient_accumulation", "fusions.permute", "fusions.router",
                      "performance.clip_on_device", "performance.optimizer_cuda_graph", "performance.overlap_grad_reduce",
-                     "performance.first_micro_batch_writes", "performance.triton_adam")
+                     "performance.first_micro_batch_writes", "performance.triton_adam",
+                     "performance.embedding_into_main_grad")
 
 
 @dataclass(frozen=True)

@@ -237,6 +237,12 @@ class Performance(_Strict):
                           "launches. Unset: on where it applies (not with optimizer.param_remainders or "
                           "performance.optimizer_cuda_graph). TE's arithmetic in the same order; where nvcc contracted "
                           "a multiply-add otherwise, the update may differ in the last bit of fp32")
+    embedding_into_main_grad: bool | None = Field(
+        None, description="The word embedding's backward adds each token's gradient, in fp32, into the table's main "
+                          "gradient instead of building a dense bf16 gradient of the whole table for megatron-core's DDP "
+                          "to add. Unset: on where it applies (layout.tp 1, the embedding trains). A row's sum over a "
+                          "micro-batch is no longer rounded to bf16 before it is added: the embedding's gradient may "
+                          "differ by that rounding")
 
 
 class Numerics(_Strict):

@@ -11,3 +11,7 @@ muse-stack run proxy-1gpu $SMALL optimizer.precision_aware=true optimizer.param_
   --stop-after 3 --out runs/r2-part --no-progress; du -sb runs/r2-part/checkpoints/*/ > fp32-master-sizes.txt
 muse-stack run --resume runs/r2-part --no-progress
 muse-stack compare benchmarks/results/resume-1gpu-precision-aware/resume1-full benchmarks/results/resume-1gpu-precision-aware/fp32-master-part --json --no-plot > benchmarks/results/resume-1gpu-precision-aware/fp32-master-compare.json
+# the same round trip with the fp32 master stepped by the Triton Adam step (the engine as of benchmarks/results/adam/
+# and embedgrad/), its own uninterrupted run in the same call (resumeadam-full, resumeadam-part, resumeadam-sizes.txt,
+# resumeadam-compare.json):
+OUT=/tmp/x bash benchmarks/scripts/h200.sh resumeadam

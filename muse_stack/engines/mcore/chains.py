@@ -111,13 +111,13 @@ def stored_gain_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tens
     return (_rms(x, eps) * w).to(_Matmul.dtype)
 
 
-def hold_padding_row(weight: torch.nn.Parameter, pad_token_id: int | None, vocab_start: int, vocab_end: int) -> bool:
+def hold_padding_row(weight: torch.nn.Parameter, pad_token_id: int | None, vocab_start: int, vocab_end: int):
     """Give the embedding row of ``pad_token_id`` a zero gradient, as ``nn.Embedding(padding_idx=...)``
     does in transformers' model (``pad_token_id`` is its embedding's ``padding_idx``). ``weight``
-    holds rows ``[vocab_start, vocab_end)`` of the vocabulary (this TP rank's part). Returns
-    whether the row is here."""
+    holds rows ``[vocab_start, vocab_end)`` of the vocabulary (this TP rank's part). Returns the
+    hook's handle (None: the row is not here)."""
     if pad_token_id is None or not vocab_start <= pad_token_id < vocab_end:
-        return False
+        return None
     row = pad_token_id - vocab_start
 
     def zero_row(grad: torch.Tensor) -> torch.Tensor:
@@ -125,5 +125,4 @@ def hold_padding_row(weight: torch.nn.Parameter, pad_token_id: int | None, vocab
         grad[row] = 0
         return grad
 
-    weight.register_hook(zero_row)
-    return True
+    return weight.register_hook(zero_row)

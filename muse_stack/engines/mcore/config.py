@@ -94,6 +94,16 @@ def triton_adam_blocker(recipe: Recipe) -> str | None:
     return None
 
 
+def embedding_into_main_grad_blocker(recipe: Recipe) -> str | None:
+    """Why the word embedding keeps megatron-core's dense lookup under this recipe (None: its backward can
+    add into main_grad, :mod:`.embedding_grad`)."""
+    if recipe.peft is not None:
+        return "the embedding is frozen under peft"
+    if recipe.layout.tp > 1:
+        return "the table is split over layout.tp: megatron-core masks the other ranks' ids around its lookup"
+    return None
+
+
 def check_performance(recipe: Recipe) -> None:
     """Refuse the ``fusions`` / ``performance`` combinations megatron-core, TE or the engine cannot run."""
     perf = recipe.performance
@@ -110,6 +120,10 @@ def check_performance(recipe: Recipe) -> None:
     if perf.triton_adam and (why := triton_adam_blocker(recipe)) is not None:
         raise RecipeError(f"the Triton Adam step cannot run: {why}", field="performance.triton_adam", value=True,
                           fix="drop performance.triton_adam (it applies where it can)")
+    if perf.embedding_into_main_grad and (why := embedding_into_main_grad_blocker(recipe)) is not None:
+        raise RecipeError(f"the embedding's gradient cannot go into main_grad: {why}",
+                          field="performance.embedding_into_main_grad", value=True,
+                          fix="drop performance.embedding_into_main_grad (it applies where it can)")
     if not perf.optimizer_cuda_graph:
         return
     if perf.clip_on_device is False:

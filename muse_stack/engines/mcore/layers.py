@@ -256,11 +256,12 @@ class MuseSparkExperts(TEGroupedMLP):
     #: kernel that computes each output element's half of the concatenated gradient on its own
     #: (``benchmarks/scripts/engine_steps.py --mcore-swiglu``)
     te_swiglu_backward: bool = True
-    #: the post-expert norm's backward as one Triton pass over its input (:mod:`.norm_backward`): off.
-    #: Measured in the step at +0.48%, below the 0.5% a lever must gain (``benchmarks/results/normbwd/``);
-    #: on: ``benchmarks/scripts/engine_steps.py --fused-norm-backward``. Off: the compiled chain's own
-    #: backward, TorchInductor's row pass and a column sum that reads the input again
-    fused_norm_backward: bool = False
+    #: the post-expert norm's backward as one Triton pass over its input (:mod:`.norm_backward`): on.
+    #: Kept with the word embedding's gradient into main_grad, the pair chosen together (+1.16% in the
+    #: step, ``benchmarks/results/embedgrad/``; alone it measured +0.48%, ``benchmarks/results/normbwd/``).
+    #: Off: the compiled chain's own backward, TorchInductor's row pass and a column sum that reads the
+    #: input again (``benchmarks/scripts/engine_steps.py --compiled-norm-backward``)
+    fused_norm_backward: bool = True
 
     def __init__(self, num_local_experts: int, config, submodules, pg_collection=None, name=None) -> None:
         super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection, name=name)

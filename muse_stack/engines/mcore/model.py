@@ -54,7 +54,10 @@ class MuseSparkMCore(MegatronModule):
             self.embedding = LanguageModelEmbedding(config, muse.vocab_size, seq_length, position_embedding_type="rope",
                                                     tp_group=pg_collection.tp if pg_collection else None)
             words = self.embedding.word_embeddings  # the pad row learns nothing, as transformers' padding_idx
-            hold_padding_row(words.weight, muse.pad_token_id, words.vocab_start_index, words.vocab_end_index)
+            #: the pad row's gradient hook (None: the row is not on this rank) and its row in this rank's part
+            self.padding_hook = hold_padding_row(words.weight, muse.pad_token_id, words.vocab_start_index,
+                                                 words.vocab_end_index)
+            self.pad_row = muse.pad_token_id - words.vocab_start_index if self.padding_hook is not None else None
         #: the towers' config (None: a text model); the modules sit on the first stage only
         self.towers = towers
         self.perception = None

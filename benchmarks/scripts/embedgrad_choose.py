@@ -1,0 +1,86 @@
+"""The word embedding's gradient added into main_grad (``muse_stack/engines/mcore/embedding_grad.py``) and, with it,
+the post-expert norm's one-pass backward (``norm_backward.py``): whether the engine runs them, chosen from the
+step (``h200.sh embedgrad``).
+
+    python3 benchmarks/scripts/embedgrad_choose.py DIR [--write FILE] [--ship muse_stack/engines/mcore/layers.py]
+
+Reads ``with.json`` and ``with-again.json`` (``engine_steps.py`` as shipped: the embedding's lookup adds into
+main_grad; first and last in one call), ``without.json`` (``--dense-embedding-grad``) and ``both.json`` (as
+shipped with ``--fused-norm-backward``). :mod:`levers_choose`'s rule (the mean of with and with-again is the
+baseline, their relative difference the drift; a change is kept when it gains more than twice the drift and at
+least 0.5%) decides, with that drift:
+
+* **the embedding alone:** the baseline against ``without``;
+* **the pair** (stated before the measurement, as ``levers7/`` and ``levers8/`` measured theirs): ``both`` against
+  ``without``. Where the embedding alone falls short and the pair clears the rule, both are kept;
+* **the norm backward on top:** ``both`` against the baseline, where the embedding alone is kept.
+
+``--write`` writes the verdict as JSON; ``--ship`` sets ``MuseSparkExperts.fused_norm_backward`` in ``layers.py``
+to whether the norm backward is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from levers_choose import baseline  # noqa: E402
+
+RUNS = ("with", "with-again", "without", "both")
+ATTRIBUTE = re.compile(r"^(    fused_norm_backward: bool = )(True|False)$", re.M)
+
+
+def verdict(folder: pathlib.Path) -> dict:
+    tps = {}
+    for name in RUNS:
+        p = folder / f"{name}.json"
+        if not p.exists():
+            raise SystemExit(f"{folder}: {name}.json is missing ({', '.join(RUNS)} are all needed)")
+        tps[name] = json.loads(p.read_text())["tokens_per_s_per_gpu"]
+    base, drift, threshold = baseline(tps["with"], tps["with-again"])
+    alone = base / tps["without"] - 1
+    pair = tps["both"] / tps["without"] - 1
+    on_top = tps["both"] / base - 1
+    embedding = alone > threshold or pair > threshold
+    norm_backward = pair > threshold if alone <= threshold else on_top > threshold
+    return {"tokens_per_s": tps, "baseline": base, "drift": drift, "threshold": threshold,
+            "embedding_alone": alone, "pair": pair, "norm_backward_on_top": on_top,
+            "embedding_into_main_grad_kept": embedding, "one_pass_norm_backward_kept": norm_backward}
+
+
+def ship(layers: pathlib.Path, on: bool) -> None:
+    """Set the experts' ``fused_norm_backward`` class attribute in ``layers`` (assigned once) to ``on``."""
+    text, n = ATTRIBUTE.subn(lambda m: m.group(1) + str(on), layers.read_text())
+    if n != 1:
+        raise SystemExit(f"{layers}: fused_norm_backward is assigned {n} times as a class attribute, not once")
+    layers.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=pathlib.Path)
+    ap.add_argument("--write", type=pathlib.Path, help="write the verdict here (JSON)")
+    ap.add_argument("--ship", type=pathlib.Path, help="layers.py, whose fused_norm_backward to set to the verdict")
+    args = ap.parse_args(argv)
+    r = verdict(args.folder)
+    t = r["tokens_per_s"]
+    print(f"with {t['with']:,.0f} / {t['with-again']:,.0f}, without {t['without']:,.0f}, both {t['both']:,.0f} "
+          f"tokens/s; drift {r['drift']:.2%}, keep when gain > {r['threshold']:.2%}: the embedding alone "
+          f"{r['embedding_alone']:+.2%}, the pair {r['pair']:+.2%}, the norm backward on top "
+          f"{r['norm_backward_on_top']:+.2%}; the embedding's gradient into main_grad "
+          f"{'kept' if r['embedding_into_main_grad_kept'] else 'rejected'}, the one-pass norm backward "
+          f"{'kept' if r['one_pass_norm_backward_kept'] else 'rejected'}")
+    if args.write:
+        args.write.write_text(json.dumps(r, indent=1) + "\n")
+    if args.ship:
+        ship(args.ship, r["one_pass_norm_backward_kept"])
+        print(f"{args.ship}: fused_norm_backward = {r['one_pass_norm_backward_kept']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

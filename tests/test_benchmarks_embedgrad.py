@@ -1,0 +1,113 @@
+"""The word embedding's gradient into main_grad and the norm backward with it, measured
+(benchmarks/results/embedgrad/): embedgrad_choose.py's rule on made-up runs, the committed verdict recomputed from the
+committed runs, the switch in layers.py equal to it, each run's levers read back from what the engine recorded, and
+every figure the README states. CPU only; nothing is timed."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+
+import pytest
+from bench_results import RESULTS, Folder, script
+
+FOLDER = Folder("embedgrad")
+choose = script("embedgrad_choose")
+_json, _text = FOLDER.json, FOLDER.text
+INTO, DENSE = "each token's gradient added into the fp32 main gradient (embedding_grad.py)", "a dense bf16 gradient"
+ONE_PASS, INDUCTOR = "one Triton pass (norm_backward.py)", "the compiled chain's (TorchInductor)"
+LAYERS = RESULTS.parents[1] / "muse_stack" / "engines" / "mcore" / "layers.py"
+
+
+def _runs(tmp_path, **tps):
+    for name, value in tps.items():
+        (tmp_path / f"{name.rstrip('_').replace('_', '-')}.json").write_text(json.dumps({"tokens_per_s_per_gpu": value}))
+    return choose.verdict(tmp_path)
+
+
+def test_the_rule_on_made_up_runs(tmp_path):
+    # drift 0.1% (threshold 0.5%): the embedding alone +1%, kept; the norm backward on top +0.3%, not
+    r = _runs(tmp_path, with_=100.0, with_again=100.1, without=99.05, both=100.35)
+    assert r["embedding_into_main_grad_kept"] and not r["one_pass_norm_backward_kept"]
+    assert r["embedding_alone"] == pytest.approx(100.05 / 99.05 - 1)
+    # the embedding alone +0.3% and the pair +1%: both kept (the pair was named before the measurement)
+    r = _runs(tmp_path, with_=100.0, with_again=100.0, without=99.7, both=100.7)
+    assert r["embedding_into_main_grad_kept"] and r["one_pass_norm_backward_kept"]
+    # neither: the pair +0.4%
+    r = _runs(tmp_path, with_=100.0, with_again=100.0, without=99.7, both=100.1)
+    assert not r["embedding_into_main_grad_kept"] and not r["one_pass_norm_backward_kept"]
+    # a drift of 1% raises the bar to 2%: a pair at +1.5% is not kept
+    r = _runs(tmp_path, with_=100.0, with_again=101.0, without=99.5, both=101.0)
+    assert r["threshold"] == pytest.approx(2 / 100.5) and not r["embedding_into_main_grad_kept"]
+    (tmp_path / "both.json").unlink()
+    with pytest.raises(SystemExit, match="both.json is missing"):
+        choose.verdict(tmp_path)
+
+
+def test_ship_sets_the_one_switch(tmp_path):
+    layers = tmp_path / "layers.py"
+    layers.write_text("class A:\n    fused_norm_backward: bool = False\n")
+    choose.ship(layers, True)
+    assert layers.read_text() == "class A:\n    fused_norm_backward: bool = True\n"
+    layers.write_text("class A:\n    fused_norm_backward: bool = False\n    fused_norm_backward: bool = False\n")
+    with pytest.raises(SystemExit, match="assigned 2 times"):
+        choose.ship(layers, True)
+
+
+def test_each_run_ran_what_it_is_named_for():
+    for run in ("with", "without", "with-again", "both"):
+        levers = _json(f"{run}.json")["levers"]
+        assert levers["embedding_grad"].startswith(DENSE if run == "without" else INTO), run
+        assert levers["post_expert_norm_backward"] == (ONE_PASS if run == "both" else INDUCTOR), run
+        r = _json(f"{run}.json")
+        assert r["overrides"] == [] and r["recipe"] == "slice-1gpu"
+        assert r["method"] == "20 steps, window steps 9-20; each step bracketed by torch.cuda.synchronize()"
+    gpu = (FOLDER.path / "gpu-test.txt").read_text()
+    assert "4 passed" in gpu and "failed" not in gpu
+
+
+def test_the_committed_verdict_is_the_rule_and_the_engine_ships_it(capsys):
+    r = choose.verdict(FOLDER.path)
+    assert r == _json("verdict.json")
+    assert r["embedding_into_main_grad_kept"] and r["one_pass_norm_backward_kept"]
+    assert choose.main([str(FOLDER.path)]) == 0
+    printed = capsys.readouterr().out
+    assert printed in (FOLDER.path / "verdict.txt").read_text()
+    # the switch in layers.py (read from the source: the module needs megatron-core, which a CPU lacks)
+    assert re.findall(r"^    fused_norm_backward: bool = (\w+)$", LAYERS.read_text(), flags=re.M) == \
+        [str(r["one_pass_norm_backward_kept"])]
+
+
+def test_the_readme_restates_the_runs_and_the_verdict():
+    FOLDER.assert_run_table_with_median(("with", "without", "with-again", "both"))
+    r = choose.verdict(FOLDER.path)
+    text = _text()
+    assert f"The baseline is the mean of `with` and `with-again`, {r['baseline']:,.0f} tokens/s; they differ by " \
+           f"{100 * r['drift']:.2f}%, the drift" in text
+    assert f"**The embedding alone: +{100 * r['embedding_alone']:.2f}%.**" in text
+    assert f"above twice the drift ({200 * r['drift']:.2f}%) but below 0.5%" in text
+    assert f"**The pair: +{100 * r['pair']:.2f}%, kept.**" in text
+    assert f"is +{100 * r['norm_backward_on_top']:.2f}% (`embedgrad_choose.py`" in text
+    med = {run: FOLDER.median_step(run) for run in ("with", "without", "with-again", "both")}
+    base = (med["with"] + med["with-again"]) / 2
+    assert f"the embedding alone gains +{100 * (med['without'] / base - 1):.2f}%, the pair " \
+           f"+{100 * (med['without'] / med['both'] - 1):.2f}%" in text
+    peak = {run: _json(f"{run}.json")["peak_memory_gib"] for run in ("with", "without")}
+    assert f"{peak['with'] - peak['without']:.2f} GiB higher" in text
+    assert f"({peak['with']:.2f} against {peak['without']:.2f} GiB)" in text
+    assert 16_384 * 8_192 * 4 == pytest.approx((peak["with"] - peak["without"]) * 2**30, rel=1e-3)
+    losses = [_json(f"{run}.json")["final_loss"] for run in ("with", "without", "with-again", "both")]
+    assert f"agree to {max(losses) / min(losses) - 1:.0e} relative".replace("e-04", "e-4") in text
+    norms = [s["grad_norm"] for run in ("with", "without", "with-again", "both") for s in _json(f"{run}.json")["steps"][8:]]
+    assert f"(largest gradient norm {max(norms):.3f})" in text
+
+
+def test_the_sitting_with_them_is_the_one_the_readme_names():
+    runner = [json.loads((RESULTS / "side-by-side" / "2026-12-04" / f"runner{i}" / "results.json").read_text())
+              for i in (1, 2, 3)]
+    for r in runner:
+        assert r["engine_info"]["levers"]["embedding_grad"] == INTO
+        assert r["engine_info"]["levers"]["post_expert_norm_backward"] == ONE_PASS
+    s = json.loads((RESULTS / "side-by-side" / "2026-12-04" / "summary.json").read_text())
+    assert f"{100 * statistics.median(r['mfu'] for r in runner):.2f}% MFU, {s['ratio_of_medians']:.3f}x" in _text()
