@@ -28,19 +28,14 @@ import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from levers_choose import baseline  # noqa: E402
+from levers_choose import baseline, runs_tps  # noqa: E402
 
 RUNS = ("with", "with-again", "without", "both")
 ATTRIBUTE = re.compile(r"^(    fused_norm_backward: bool = )(True|False)$", re.M)
 
 
 def verdict(folder: pathlib.Path) -> dict:
-    tps = {}
-    for name in RUNS:
-        p = folder / f"{name}.json"
-        if not p.exists():
-            raise SystemExit(f"{folder}: {name}.json is missing ({', '.join(RUNS)} are all needed)")
-        tps[name] = json.loads(p.read_text())["tokens_per_s_per_gpu"]
+    tps = runs_tps(folder, RUNS)
     base, drift, threshold = baseline(tps["with"], tps["with-again"])
     alone = base / tps["without"] - 1
     pair = tps["both"] / tps["without"] - 1

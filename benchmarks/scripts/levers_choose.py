@@ -42,6 +42,14 @@ def baseline(first: float, again: float) -> tuple[float, float, float]:
     return base, drift, max(2 * drift, MIN_GAIN)
 
 
+def runs_tps(folder: pathlib.Path, names: tuple[str, ...]) -> dict[str, float]:
+    """Each named ``engine_steps.py`` run's tokens/s per GPU in ``folder`` (``NAME.json``); every one is needed."""
+    missing = [n for n in names if not (folder / f"{n}.json").exists()]
+    if missing:
+        raise SystemExit(f"{folder}: {missing[0]}.json is missing ({', '.join(names)} are all needed)")
+    return {n: json.loads((folder / f"{n}.json").read_text())["tokens_per_s_per_gpu"] for n in names}
+
+
 def choose(folder: pathlib.Path) -> tuple[list[dict], list[str], float]:
     def tps(name: str) -> float | None:
         p = folder / f"{name}.json"

@@ -23,7 +23,7 @@ import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from levers_choose import baseline  # noqa: E402
+from levers_choose import baseline, runs_tps  # noqa: E402
 
 LAUNCHES_KEY = "one Triton pass, launches (backward alone)"
 CONSTANTS = ("PROGRAMS_PER_SM", "NUM_WARPS", "ROWS_PER_ITERATION")
@@ -56,13 +56,8 @@ def write_launch(module: pathlib.Path, launch: dict) -> str:
 
 def keep(folder: pathlib.Path) -> dict:
     """The rule applied to ``folder``'s with / with-again / without runs."""
-    def tps(name: str) -> float:
-        p = folder / f"{name}.json"
-        if not p.exists():
-            raise SystemExit(f"{folder}: {name}.json is missing (with, with-again and without are all needed)")
-        return json.loads(p.read_text())["tokens_per_s_per_gpu"]
-
-    a, b, without = tps("with"), tps("with-again"), tps("without")
+    tps = runs_tps(folder, ("with", "with-again", "without"))
+    a, b, without = tps["with"], tps["with-again"], tps["without"]
     base, drift, threshold = baseline(a, b)
     gain = base / without - 1
     return {"with": [a, b], "without": without, "drift": drift, "threshold": threshold, "gain": gain,
