@@ -107,7 +107,9 @@ def is_secret_key(name: str) -> bool:
 
 def looks_random(token: str) -> bool:
     """A run of 20+ letters, digits and ``+/=_-`` that reads as random text: split at ``/+=_-``
-    and with the hex-only parts (hashes, UUIDs) left out, at least 16 letters and digits of at
+    and with the hex-only parts (hashes, UUIDs) left out, at least 16 letters and digits outside
+    the parts that are one word-like run (``tmp``, ``run``, ``12``: a path's folders, so that
+    ``/tmp/tmp4go0z3ol/run``, a temporary folder's 11 characters, is not a credential), of at
     least two kinds (lower case, upper case, digits), less than 60% of them in word-like runs
     (a capitalised or lower-case run of 3+ letters, 2-5 capitals, 2+ digits: names such as
     ``MuseSparkOpenForCausalLM``, dates and versions are), and a high spread of characters
@@ -115,7 +117,8 @@ def looks_random(token: str) -> bool:
     entropy of at least 4.4 bits (words and names repeat their letters more: 4.0-4.3)."""
     parts = [p for p in _SPLIT.split(token) if p and not _HEX.fullmatch(p)]
     text = "".join(parts)
-    if len(text) < 16 or sum(bool(k.search(text)) for k in _KINDS) < 2:
+    unworded = sum(len(p) for p in parts if not _WORDLIKE.fullmatch(p))
+    if unworded < 16 or sum(bool(k.search(text)) for k in _KINDS) < 2:
         return False
     worded = sum(len(m) for p in parts for m in _WORDLIKE.findall(p))
     entropy = _entropy(text)
