@@ -99,7 +99,8 @@ def test_install_steps_every_fused_adam_or_none(monkeypatch):
     (["performance.optimizer_cuda_graph=true"], "optimizer_cuda_graph"),
 ])
 def test_the_recipe_refuses_triton_adam_where_it_cannot_run(overrides, why):
-    from muse_stack.engines.mcore.config import check_performance, triton_adam_blocker
+    from muse_stack.engines.mcore.config import check_performance
+    from muse_stack.recipes.engines import triton_adam_blocker
 
     recipe = load_recipe("slice-1gpu", overrides)
     assert why in triton_adam_blocker(recipe)
@@ -110,7 +111,8 @@ def test_the_recipe_refuses_triton_adam_where_it_cannot_run(overrides, why):
 
 
 def test_the_shipped_slice_can_step_through_it():
-    from muse_stack.engines.mcore.config import check_performance, triton_adam_blocker
+    from muse_stack.engines.mcore.config import check_performance
+    from muse_stack.recipes.engines import triton_adam_blocker
 
     recipe = load_recipe("slice-1gpu", ["performance.triton_adam=true"])
     assert triton_adam_blocker(recipe) is None

@@ -79,7 +79,8 @@ def test_the_switch_keeps_the_dense_lookup(monkeypatch):
     ("lora-64", [], "frozen under peft"),
 ])
 def test_the_recipe_refuses_it_where_it_cannot_run(recipe, overrides, why):
-    from muse_stack.engines.mcore.config import check_performance, embedding_into_main_grad_blocker
+    from muse_stack.engines.mcore.config import check_performance
+    from muse_stack.recipes.engines import embedding_into_main_grad_blocker
 
     assert why in embedding_into_main_grad_blocker(load_recipe(recipe, overrides))
     with pytest.raises(RecipeError) as err:
@@ -88,7 +89,8 @@ def test_the_recipe_refuses_it_where_it_cannot_run(recipe, overrides, why):
 
 
 def test_the_shipped_slice_adds_into_main_grad():
-    from muse_stack.engines.mcore.config import check_performance, embedding_into_main_grad_blocker
+    from muse_stack.engines.mcore.config import check_performance
+    from muse_stack.recipes.engines import embedding_into_main_grad_blocker
 
     recipe = load_recipe("slice-1gpu", ["performance.embedding_into_main_grad=true"])
     assert embedding_into_main_grad_blocker(recipe) is None

@@ -132,11 +132,20 @@ def test_parallel_terms_vanish_without_their_parallelism():
 
 
 def test_compiled_fusions_cut_the_elementwise_term():
+    """The passes over the activations scale by compiled / eager passes; the engine's own kernels in the
+    same term (the one-pass norm backward, the embedding's gradient) run either way."""
     _, eager = _time("slice-1gpu", ["fusions.compile_elementwise=false"])
     _, fused = _time("slice-1gpu")
     cal = TimeCalibration()
-    assert fused.terms_s["elementwise"] == pytest.approx(
-        eager.terms_s["elementwise"] * cal.elementwise_passes_compiled / cal.elementwise_passes, rel=REL, abs=1e-15)
+    no_passes = cal.model_copy(update={"elementwise_passes": 0.0, "elementwise_passes_compiled": 0.0})
+    kernels = {}
+    for name, ov in (("eager", ["fusions.compile_elementwise=false"]), ("fused", [])):
+        plan, _ = make_plan(load_recipe("slice-1gpu", ov), strict=False, time_calibration=no_passes)
+        kernels[name] = plan.time.terms_s["elementwise"]
+    assert kernels["eager"] == pytest.approx(kernels["fused"], rel=REL) and kernels["fused"] > 0
+    assert fused.terms_s["elementwise"] - kernels["fused"] == pytest.approx(
+        (eager.terms_s["elementwise"] - kernels["eager"]) * cal.elementwise_passes_compiled / cal.elementwise_passes,
+        rel=REL, abs=1e-15)
 
 
 def test_sliding_attention_costs_less_than_full_at_long_sequences():
@@ -225,18 +234,32 @@ def test_time_defaults_are_the_committed_sweep_fit():
 
 
 def test_the_planner_predicts_the_shipped_slice_within_the_target():
-    """Issue 34's target: `plan slice-1gpu` within 5% of the sweep's shipped run (in sample), and the
-    shipped run left out of the fit within 5% too."""
+    """Issue 34's target: `plan slice-1gpu` within 5% of the slice as it ships, measured: the latest
+    side-by-side sitting's runner median (the engine as shipped; the sweep ran the engine before its own
+    Adam, embedding and norm kernels). The sweep's shipped run, priced with the kernels it ran, is within
+    5% in sample and left out."""
+    import statistics
+
+    ft = _module("fit_time")
     fit = json.loads((SWEEP / "fit.json").read_text())
     shipped = json.loads((SWEEP / "runs" / "shipped.json").read_text())
     assert shipped["overrides"] == [] and shipped["recipe"] == "slice-1gpu"
-    plan, _ = make_plan(load_recipe("slice-1gpu"))
-    target = _module("fit_time").TARGET
-    assert abs(plan.time.step_s / shipped["step_time_mean_s"] - 1) <= target
-    assert abs(plan.time.tokens_per_s_per_gpu / shipped["tokens_per_s_per_gpu"] - 1) <= target
+    recipe = load_recipe("slice-1gpu")
+    as_run, _ = make_plan(recipe, kernels=ft.kernels_of(recipe, shipped["levers"]))
+    # the committed (rounded) defaults give the fit's own prediction to the rounding of 4 digits
+    assert as_run.time.step_s == pytest.approx(fit["shipped"]["predicted_s"], rel=5e-4)
     assert fit["shipped"]["within_target"] and fit["shipped"]["leave_one_out_within_target"]
-    # the committed (rounded) defaults give the fit's own prediction to the rounding above
-    assert plan.time.step_s == pytest.approx(fit["shipped"]["predicted_s"], rel=5e-4)
+    sittings = sorted(p for p in (ROOT / "benchmarks" / "results" / "side-by-side").iterdir()
+                      if p.is_dir() and re.fullmatch(r"\d{4}-\d{2}-\d{2}[a-z]?", p.name))
+    runs = [json.loads((sittings[-1] / f"runner{i}" / "results.json").read_text()) for i in (1, 2, 3)]
+    levers = {json.dumps(r["engine_info"]["levers"], sort_keys=True) for r in runs}
+    assert len(levers) == 1
+    plan, _ = make_plan(recipe)
+    assert plan.time.kernels == ft.kernels_of(recipe, json.loads(levers.pop()))  # the sitting ran the shipped kernels
+    step = statistics.median(r["step_time_median_s"] for r in runs)
+    tps = statistics.median(r["tokens_per_s_per_gpu"] for r in runs)
+    assert abs(plan.time.step_s / step - 1) <= ft.TARGET
+    assert abs(plan.time.tokens_per_s_per_gpu / tps - 1) <= ft.TARGET
 
 
 def test_the_older_runs_are_checked_with_the_adopted_calibration():
@@ -246,7 +269,7 @@ def test_the_older_runs_are_checked_with_the_adopted_calibration():
     cal = TimeCalibration()
     assert fit["adopted"]["source"] == cal.source
     ft = _module("fit_time")
-    points = {**ft.runs(), **ft.CHECKS}
+    points = {**ft.runs(), **ft.checks()}
     for p in fit["points"]:
         assert p["adopted_error"] == pytest.approx(p["adopted_predicted_s"] / p["measured_s"] - 1, rel=REL)
     for p in fit["points"][:3] + fit["points"][-3:]:

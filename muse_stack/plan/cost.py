@@ -68,7 +68,9 @@ and drain pass every stage once (uneven first and last stages enter through ``t_
 come the distributed optimizer's gradient reduce-scatter (fp32) and parameter all-gather (bf16)
 over the DP group, one of each per DDP bucket, counted exposed (no overlap is configured by the
 recipes), and the optimizer step: 30 bytes of HBM traffic per sharded parameter (fp32 master,
-two moments read and written, gradient read, bf16 weight written), plus by optimizer layout:
+two moments read and written, gradient read, bf16 weight written) at the share of the HBM bandwidth
+its kernel measured alone (TE's ``multi_tensor_adam`` or the engine's Triton step, :class:`StepKernels`),
+plus by optimizer layout:
 
 * megatron-core's own layout (``optimizer.precision_aware`` off): after the update the fp32 master
   shards are copied into the bf16 weights, 6 bytes per sharded parameter (fp32 read, bf16
@@ -78,6 +80,14 @@ two moments read and written, gradient read, bf16 weight written), plus by optim
   its remainder and split back in the kernel, priced as the remainders' 4 bytes per sharded
   parameter (read and written) moved ``remainder_passes`` times at HBM bandwidth.
 
+Where the engine runs a kernel of its own in place of the stack's (:func:`step_kernels`, the same
+checks as the engine's), the model prices the one that runs: the Adam update above; the post-expert
+norm's backward (6 bytes an element of the routed slots at the latent width, one call a layer and
+micro-batch, at its kernel's measured share: TorchInductor's compiled chain or the engine's one
+pass; an eager chain's is inside the eager passes); and the word embedding's gradient on the first
+stage at the HBM bandwidth (megatron-core's dense table gradient and DDP's add, or the engine's adds
+into main_grad; none for a frozen table).
+
 The passes of the dispatcher and the optimizer layouts are fitted by ``fit_time.py --sweep`` to a
 sweep of one machine that varies them (``h200.sh plansweep``), with the efficiency and the fixed
 times; a pass fitted to 0 makes its term vanish.
@@ -86,6 +96,7 @@ times; a pass fitted to 0 makes its term vanish.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -94,6 +105,7 @@ from muse_stack.hardware import GpuSpec
 from muse_stack.model_config import ModelConfig
 from muse_stack.plan.fabrics import Fabric, Figure, Links, machine_links
 from muse_stack.plan.memory import layer_activation_bytes_per_token
+from muse_stack.recipes.engines import embedding_into_main_grad_blocker, triton_adam_blocker
 from muse_stack.recipes.schema import Recipe
 
 #: bytes of HBM traffic per sharded parameter in one Adam step of the distributed optimizer
@@ -122,16 +134,16 @@ class TimeCalibration(BaseModel):
 
     # one efficiency for dense GEMMs, expert GEMMs and attention: fitted apart, the H200 runs do
     # not identify them (fit_time.py); the roofline in gemm_time still tells the shapes apart
-    gemm_efficiency_dense: float = 0.5356
-    gemm_efficiency_expert: float = 0.5356
-    attention_efficiency: float = 0.5356
-    elementwise_passes: float = 6.307  # HBM passes over the activation bytes, eager (the older runs': the sweep is compiled)
+    gemm_efficiency_dense: float = 0.5583
+    gemm_efficiency_expert: float = 0.5583
+    attention_efficiency: float = 0.5583
+    elementwise_passes: float = 6.600  # HBM passes over the activation bytes, eager (the older runs': the sweep is compiled)
     elementwise_passes_compiled: float = 0  # the same with fusions.compile_elementwise (fitted to 0)
     # host time (launches and host work; it overlaps the GPU work, see estimate_step), fitted to the
     # older runs (the sweep is GPU-bound): per decoder layer and forward pass (backward counts 2)
-    layer_overhead_s: float = 0.006206
-    microbatch_overhead_s: float = 0.02514  # per micro-batch and stage, forward and backward together
-    expert_overhead_s: float = 6.222e-05  # per local expert, decoder layer and forward pass (grouped GEMM launches)
+    layer_overhead_s: float = 0.006172
+    microbatch_overhead_s: float = 0.02506  # per micro-batch and stage, forward and backward together
+    expert_overhead_s: float = 6.240e-05  # per local expert, decoder layer and forward pass (grouped GEMM launches)
     # HBM passes over the routed slots' latent bytes per layer and forward pass, by dispatcher
     # (permute and unpermute; fit_time.py --sweep)
     dispatch_passes_allgather: float = 0  # fitted to 0 (its bound)
@@ -141,6 +153,14 @@ class TimeCalibration(BaseModel):
     # its run at MBS 8 with the remainders is faster than the shipped one)
     optimizer_copy_passes: float = 0  # megatron-core's fp32 master -> bf16 weight copy (6 B), precision_aware off
     remainder_passes: float = 0  # int16 remainders read and written (4 B), param_remainders on
+    # Measured, not fitted: the share of the HBM bandwidth a kernel the engine chooses between reached
+    # alone on an H200 (its minimum bytes over its median time, over the datasheet's 4,800 GB/s; held
+    # on other GPUs). The Adam update over 1.61 B parameters (benchmarks/results/adam/kernels.json):
+    adam_bandwidth_te: float = 0.6490  # TE's multi_tensor_adam, 65,536-element chunks: 3,115 GB/s
+    adam_bandwidth_triton: float = 0.8102  # the engine's Triton step (performance.triton_adam): 3,889 GB/s
+    # the post-expert norm's backward over [131,072, 4,096] (benchmarks/results/normbwd/kernels.json):
+    norm_backward_bandwidth_compiled: float = 0.2913  # TorchInductor's row pass and column sum: 1,398 GB/s
+    norm_backward_bandwidth_one_pass: float = 0.5356  # the engine's one Triton pass: 2,571 GB/s
     # Not fitted (no measurement in benchmarks/ resolves it): collectives run at the published bus
     # bandwidth of the fabric they cross (plan/fabrics.py), times this factor.
     link_efficiency: float = 1.0
@@ -203,6 +223,7 @@ class StepTime(BaseModel):
     microbatches: int
     assumptions: list[str]
     calibration: TimeCalibration
+    kernels: StepKernels | None = None  #: the engine's kernel choices priced
     communication: list[CommTerm] = []  #: the communication terms of terms_s, each with its fabric
 
 
@@ -283,6 +304,20 @@ def group_links(span: int, links: Links) -> Fabric:
     """The fabric of a ring over ranks that cover ``span`` consecutive ranks: NVLink inside one
     domain, else the scale-out network (its slowest hop sets a ring's pace)."""
     return links.crossing(span)
+
+
+def embedding_grad_time(kind: str, model: ModelConfig, spec: GpuSpec, tokens: float, tp: int) -> float:
+    """Seconds per micro-batch of the word embedding's gradient on the first stage, at the HBM
+    bandwidth (no measurement of it alone): megatron-core's dense table gradient and DDP's add
+    (``dense``), or the engine's adds into main_grad (``main_grad``); none for a frozen table."""
+    width = model.hidden_size
+    if kind == "dense":
+        bytes_ = (model.vocab_size / tp * EMBEDDING_DENSE_TABLE_BYTES + tokens * EMBEDDING_DENSE_TOKEN_BYTES) * width
+    elif kind == "main_grad":
+        bytes_ = tokens * EMBEDDING_MAIN_GRAD_TOKEN_BYTES * width
+    else:
+        return 0.0
+    return bytes_ / (spec.hbm_gbps * 1e9)
 
 
 def layer_terms(model: ModelConfig, spec: GpuSpec, cal: TimeCalibration, *, tokens: int, tp: int, cp: int, ep: int,
@@ -442,14 +477,73 @@ def layout_bytes_per_param(cal: TimeCalibration, precision_aware: bool, remainde
     return cal.remainder_passes * REMAINDER_BYTES if remainders else 0.0
 
 
+#: bytes of HBM traffic per element of the post-expert norm's backward: its input and the incoming
+#: gradient read, the input's gradient written (bf16; the routing weight's and the gain's gradients are
+#: a row's and a column's worth)
+NORM_BACKWARD_BYTES = 3 * BF16
+#: megatron-core's dense lookup gradient, per table element and micro-batch: the bf16 gradient zeroed,
+#: then read by DDP's add, which reads and writes the fp32 main gradient; and per token element: the
+#: incoming bf16 gradient read and its row of the table written
+EMBEDDING_DENSE_TABLE_BYTES = BF16 + BF16 + 4 + 4
+EMBEDDING_DENSE_TOKEN_BYTES = BF16 + BF16
+#: the engine's lookup that adds into main_grad, per token element: the bf16 gradient read, its fp32
+#: copy written and read, the main gradient's row read and written (at most one row per token)
+EMBEDDING_MAIN_GRAD_TOKEN_BYTES = BF16 + 4 + 4 + 4 + 4
+
+
+class StepKernels(BaseModel):
+    """The kernels of a megatron step where the engine runs one of its own in place of the stack's:
+    the Adam update, the word embedding's gradient and the post-expert norm's backward. The planner
+    prices each by its bytes at the bandwidth share it measured (``TimeCalibration``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    adam: Literal["te", "triton"]  #: TE's multi_tensor_adam, or the engine's Triton step
+    #: megatron-core's dense table gradient, the engine's adds into main_grad, or none (a frozen table)
+    embedding_grad: Literal["dense", "main_grad", "frozen"]
+    #: the compiled chain's (TorchInductor; eager: inside the eager passes), or the engine's one Triton pass
+    post_expert_norm_backward: Literal["compiled", "one_pass"]
+
+    def describe(self) -> str:
+        adam = {"te": "TE's multi_tensor_adam", "triton": "the engine's Triton step"}[self.adam]
+        emb = {"dense": "megatron-core's dense table gradient", "main_grad": "added into main_grad by the engine",
+               "frozen": "none (frozen)"}[self.embedding_grad]
+        norm = {"compiled": "the compiled chain's", "one_pass": "the engine's one Triton pass"}[
+            self.post_expert_norm_backward]
+        return f"Adam update: {adam}; word embedding's gradient: {emb}; post-expert norm's backward: {norm}"
+
+
+#: the engine's post-expert norm backward as shipped (``MuseSparkExperts.fused_norm_backward`` in
+#: muse_stack/engines/mcore/layers.py, which imports megatron-core: a test keeps the two the same)
+ONE_PASS_NORM_BACKWARD = True
+
+
+def step_kernels(recipe: Recipe) -> StepKernels:
+    """The kernels the megatron engine runs for ``recipe``: its own where it applies them (unset: on
+    where they apply; the same checks as the engine's, :mod:`muse_stack.recipes.engines`)."""
+    perf = recipe.performance
+    adam = "triton" if perf.triton_adam is not False and triton_adam_blocker(recipe) is None else "te"
+    if recipe.peft is not None:
+        emb = "frozen"
+    elif perf.embedding_into_main_grad is not False and embedding_into_main_grad_blocker(recipe) is None:
+        emb = "main_grad"
+    else:
+        emb = "dense"
+    return StepKernels(adam=adam, embedding_grad=emb,
+                       post_expert_norm_backward="one_pass" if ONE_PASS_NORM_BACKWARD else "compiled")
+
+
 def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int, stages: list[int], dp: int,
                   edp: int | None, microbatches: int, stage_params: list[tuple[int, int]],
                   cal: TimeCalibration | None = None, seq_lens: Sequence[int] | None = None,
-                  links: Links | None = None) -> StepTime:
+                  links: Links | None = None, kernels: StepKernels | None = None) -> StepTime:
     """Step time of ``recipe`` on ``world`` GPUs of ``spec``. ``stage_params``: (dense, expert)
     trainable parameters held by one GPU of each stage (the memory plan's figures). ``links``:
-    the fabrics, by default those of the recipe's GPU and instance (:func:`spec_links`)."""
+    the fabrics, by default those of the recipe's GPU and instance (:func:`spec_links`).
+    ``kernels``: the engine's kernel choices, by default those it makes for the recipe
+    (:func:`step_kernels`; a fit to runs of an older engine gives the kernels they ran)."""
     cal = cal or TimeCalibration()
+    kernels = kernels or step_kernels(recipe)
     lay, batch = recipe.layout, recipe.batch
     tp, pp, cp, ep, etp = lay.tp, lay.pp, lay.cp or 1, lay.ep or 1, lay.etp
     vpp = lay.vpp or 1
@@ -488,6 +582,14 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     per_layer = {key: fwd[key] * (1 + backward[key]) + 3 * adapters.get(key, 0.0) for key in fwd}
     per_layer["recompute"] = sum((fwd[key] + adapters.get(key, 0.0)) * share for key, share in rec.items()
                                  if key not in HOST)
+    # the post-expert norm's backward over the routed slots at the latent width (one call a layer and
+    # micro-batch), at its kernel's measured bandwidth; an eager chain's is inside the eager passes
+    norm_bw = (cal.norm_backward_bandwidth_one_pass if kernels.post_expert_norm_backward == "one_pass"
+               else cal.norm_backward_bandwidth_compiled if compiled else 0.0)
+    if norm_bw > 0:
+        slots = model.num_experts_per_tok * (tokens / tp) * etp
+        per_layer["elementwise"] += NORM_BACKWARD_BYTES * slots * model.moe_hidden_size / (
+            spec.hbm_gbps * 1e9 * norm_bw)
     # host time of a layer: its forward, backward and recomputed forward's launches
     host_layer = sum(per_layer.pop(key) + fwd[key] * rec.get(key, 0.0) for key in HOST)
     # pipeline boundary: the hidden states forward, their gradient back, in megatron-core's
@@ -511,6 +613,7 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
         terms = {key: n * val for key, val in per_layer.items()}
         if s == 0:
             terms["towers"] = towers_s
+            terms["elementwise"] += embedding_grad_time(kernels.embedding_grad, model, spec, tokens, tp)
         if s == len(stages) - 1:
             terms["dense_gemm"] += out_gemm
         terms["pp_p2p"] = p2p if pp > 1 else 0.0
@@ -568,7 +671,12 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     opt_params = dense_p / (dp * cp) + expert_p / edp_ if dist_opt else dense_p + expert_p
     opt = recipe.optimizer
     opt_bytes = ADAM_BYTES_PER_PARAM + layout_bytes_per_param(cal, bool(opt.precision_aware), bool(opt.param_remainders))
+    adam_bw = cal.adam_bandwidth_triton if kernels.adam == "triton" else cal.adam_bandwidth_te
+    opt_bytes = ADAM_BYTES_PER_PARAM / adam_bw + opt_bytes - ADAM_BYTES_PER_PARAM
     optimizer = opt_params * opt_bytes / (spec.hbm_gbps * 1e9) if not recipe.offload.optimizer else 0.0
+    assumptions.append(f"kernels: {kernels.describe()}; the Adam update and the norm's backward at the share of "
+                       "the HBM bandwidth each measured alone on an H200, the embedding's gradient at the full "
+                       "bandwidth")
     if lay.dispatcher == "flex" and cal.dispatch_passes_alltoall:
         assumptions.append("dispatch: the flex dispatcher's permutation priced as the alltoall dispatcher's")
     step = pipeline + dp_comm + optimizer
@@ -620,4 +728,5 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
         usd_per_million_tokens=price / (tps * 3600) * 1e6 if price else None,
         terms_s=terms_s, dominant=max(terms_s, key=lambda key: terms_s[key]), stage_s=stage_s,
         stage_gpu_s=stage_gpu, stage_host_s=stage_host, microbatches=microbatches, assumptions=assumptions, calibration=cal,
+        kernels=kernels,
         communication=[c for c in comm if c.seconds > 0])

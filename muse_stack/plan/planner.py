@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from muse_stack.errors import LayoutError
 from muse_stack.hardware import gpu_spec
-from muse_stack.plan.cost import StepTime, TimeCalibration, estimate_step
+from muse_stack.plan.cost import StepKernels, StepTime, TimeCalibration, estimate_step
 from muse_stack.plan.fabrics import Links
 from muse_stack.plan.layout import data_parallel, expert_data_parallel, pack_alignment, stage_layers
 from muse_stack.plan.memory import Calibration, StageMemory, estimate
@@ -71,9 +71,11 @@ class Plan(BaseModel):
 
 def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration | None = None,
               strict: bool = True, time_calibration: TimeCalibration | None = None,
-              seq_lens: list[int] | None = None, links: Links | None = None) -> tuple[Plan, RuleReport]:
+              seq_lens: list[int] | None = None, links: Links | None = None,
+              kernels: StepKernels | None = None) -> tuple[Plan, RuleReport]:
     """Validate and plan. With ``strict`` a broken layout raises the first :class:`LayoutError`
-    (all of them are in its message)."""
+    (all of them are in its message). ``kernels``: the engine's kernel choices the step time prices
+    (default: those the engine makes for the recipe, :func:`muse_stack.plan.cost.step_kernels`)."""
     from muse_stack.recipes.schema import MAX_GPUS
 
     if gpus is not None and not (isinstance(gpus, int) and 1 <= gpus <= MAX_GPUS):
@@ -144,13 +146,14 @@ def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration 
     if peak is not None and dp and edp:
         plan.used = used_memory(peak, tp=lay.tp, pp=lay.pp, cp=lay.cp or 1, ep=lay.ep or 1, etp=lay.etp, dp=dp, edp=edp)
     plan.time, plan.time_unavailable = _step_time(recipe, model, world, stages, dp, edp, micro, memory,
-                                                  time_calibration, seq_lens, links)
+                                                  time_calibration, seq_lens, links, kernels)
     return plan, report
 
 
 def _step_time(recipe: Recipe, model, world: int, stages: list[int] | None, dp: int | None, edp: int | None,
                micro: int | None, memory: list[StageMemory], cal: TimeCalibration | None,
-               seq_lens: list[int] | None, links: Links | None = None) -> tuple[StepTime | None, str | None]:
+               seq_lens: list[int] | None, links: Links | None = None,
+               kernels: StepKernels | None = None) -> tuple[StepTime | None, str | None]:
     spec = gpu_spec(recipe.hardware.gpu)
     if spec is None or spec.hbm_gbps is None or spec.peak_bf16_tflops is None:
         return None, f"no datasheet figures for {recipe.hardware.gpu} in muse_stack/hardware.py"
@@ -167,4 +170,5 @@ def _step_time(recipe: Recipe, model, world: int, stages: list[int] | None, dp: 
     for m in memory:
         share = m.trainable_params / m.params if m.params else 0.0
         params.append((int(m.dense_params * share), int(m.expert_params * share)))
-    return estimate_step(recipe, model, spec, world, stages, dp, edp, micro, params, cal, seq_lens, links), None
+    return estimate_step(recipe, model, spec, world, stages, dp, edp, micro, params, cal, seq_lens, links,
+                         kernels), None

@@ -6,8 +6,12 @@ torch and megatron-core, is :mod:`muse_stack.engines.spec`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from muse_stack.errors import RecipeError
+
+if TYPE_CHECKING:
+    from muse_stack.recipes.schema import Recipe
 
 
 #: the megatron engine's fusion and performance settings (recipe.fusions / recipe.performance; unset: as
@@ -76,3 +80,29 @@ def refuse_fields_of_other_engines(recipe) -> None:
 def _value(recipe, field: str):
     section, key = field.split(".")
     return getattr(getattr(recipe, section), key)
+
+
+def triton_adam_blocker(recipe: Recipe) -> str | None:
+    """Why the megatron engine steps the recipe's optimizer with TE's FusedAdam and not its Triton step
+    (``muse_stack/engines/mcore/adam_step.py``; None: it can): the Triton step is TE's FusedAdam's with
+    fp32 master weights, stepped eagerly. The engine refuses ``performance.triton_adam: true`` for these
+    reasons, and the planner prices the step by the kernel this chooses."""
+    opt = recipe.optimizer
+    if not opt.precision_aware:
+        return "it steps TE's FusedAdam, which holds the master weights only under optimizer.precision_aware"
+    if opt.param_remainders:
+        return "it keeps fp32 master weights, not optimizer.param_remainders"
+    if recipe.performance.optimizer_cuda_graph:
+        return "performance.optimizer_cuda_graph captures TE's capturable step instead"
+    return None
+
+
+def embedding_into_main_grad_blocker(recipe: Recipe) -> str | None:
+    """Why the megatron engine's word embedding keeps megatron-core's dense lookup under this recipe
+    (None: its backward can add into main_grad, ``muse_stack/engines/mcore/embedding_grad.py``); read by
+    the engine's check and by the planner alike."""
+    if recipe.peft is not None:
+        return "the embedding is frozen under peft"
+    if recipe.layout.tp > 1:
+        return "the table is split over layout.tp: megatron-core masks the other ranks' ids around its lookup"
+    return None

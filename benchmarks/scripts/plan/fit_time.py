@@ -11,7 +11,9 @@ runs the memory calibration uses, less those that measured fewer than 20 steps) 
     1 / matmul efficiency (dense GEMMs, expert GEMMs, attention), elementwise HBM passes (eager),
     elementwise HBM passes (compiled), and the host times: per layer pass, per micro-batch, per local expert,
 
-beside terms that need no fitting (collectives at datasheet bandwidth, the optimizer step). A
+beside terms that need no fitting (collectives at datasheet bandwidth, the optimizer step, the
+engine's kernels at their measured bandwidth: each run is priced with the kernels it ran, read from
+its recorded ``levers`` by ``kernels_of``; the older runs record none and ran the stack's). A
 stage's GPU work and its host time are each linear in them, so each unknown's coefficient is read
 off the model with that unknown set to 1 and the others to 0. The model (muse_stack/plan/cost.py)
 prices a stage's micro-batch at ``max(GPU work, host time)`` (the host's launches run ahead of the
@@ -68,9 +70,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit import COMPILED, POINTS, SLICE_AS_MEASURED  # noqa: E402
 
 from muse_stack.errors import InputError, MuseStackError  # noqa: E402
-from muse_stack.plan.cost import TimeCalibration  # noqa: E402
+from muse_stack.plan.cost import StepKernels, TimeCalibration  # noqa: E402
 from muse_stack.plan.planner import make_plan  # noqa: E402
 from muse_stack.recipes.catalogue import load_recipe  # noqa: E402
+from muse_stack.recipes.schema import Recipe  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[2] / "results"
 #: the sweep the committed calibration is fitted to
@@ -114,9 +117,9 @@ START = TimeCalibration(gemm_efficiency_dense=0.7246, gemm_efficiency_expert=0.7
 #: dispatch and optimizer-layout passes unfitted (0). A sweep holds at these what its runs (or, left
 #: out, the remaining runs) do not separate: the host times, which a GPU-bound sweep hides, and the
 #: eager passes
-PRIOR = TimeCalibration(gemm_efficiency_dense=0.4401, gemm_efficiency_expert=0.4401, attention_efficiency=0.4401,
-                        elementwise_passes=6.307, elementwise_passes_compiled=0.0, layer_overhead_s=0.006206,
-                        microbatch_overhead_s=0.02514, expert_overhead_s=6.222e-05, dispatch_passes_allgather=0.0,
+PRIOR = TimeCalibration(gemm_efficiency_dense=0.4566, gemm_efficiency_expert=0.4566, attention_efficiency=0.4566,
+                        elementwise_passes=6.600, elementwise_passes_compiled=0.0, layer_overhead_s=0.006172,
+                        microbatch_overhead_s=0.02506, expert_overhead_s=6.240e-05, dispatch_passes_allgather=0.0,
                         dispatch_passes_alltoall=0.0, optimizer_copy_passes=0.0, remainder_passes=0.0)
 #: fields only a sweep fits (the default mode holds them at their defaults and does not list them)
 SWEEP_ONLY = [f for u, fs in SWEEP_UNKNOWNS.items() if u not in UNKNOWNS for f in fs]
@@ -153,26 +156,65 @@ CHECKS: dict[str, tuple[str, list[str]]] = {
 }
 
 
-def runs() -> dict[str, tuple[str, list[str]]]:
+def runs() -> dict[str, tuple[str, list[str], None]]:
+    """The fitted older runs: (recipe, overrides, levers) with no levers recorded (see ``kernels_of``)."""
     fitted = {**POINTS, **COMPILED}
-    return {n: v for n, v in fitted.items() if n not in CHECKS}
+    return {n: (*v, None) for n, v in fitted.items() if n not in CHECKS}
+
+
+def checks() -> dict[str, tuple[str, list[str], None]]:
+    """The checked older runs, as ``runs``."""
+    return {n: (*v, None) for n, v in CHECKS.items()}
+
+
+#: what each ``levers`` entry of an engine_steps.py result reads for each kernel the planner prices
+#: (``muse_stack/engines/megatron.py``, ``levers``)
+RECORDED = {"adam_step": {"one Triton launch": "triton", "Transformer Engine's multi_tensor_adam": "te"},
+            "embedding_grad": {"each token's gradient added into the fp32 main gradient": "main_grad",
+                               "a dense bf16 gradient": "dense"},
+            "post_expert_norm_backward": {"one Triton pass": "one_pass", "the compiled chain's": "compiled"}}
+
+
+def kernels_of(recipe: Recipe, levers: dict | None) -> StepKernels:
+    """The kernels a run ran, from its recorded ``levers``. An entry the run does not record predates
+    the engine's own kernel (the older runs of benchmarks/ record no levers; the sweep of 3 Dec no
+    ``adam_step`` or ``embedding_grad``): TE's Adam update, megatron-core's dense embedding gradient
+    (none where the table is frozen), the compiled chain's norm backward."""
+    levers = levers or {}
+    found = {}
+    for key, kinds in RECORDED.items():
+        text = levers.get(key)
+        if text is None:
+            continue
+        kind = next((k for prefix, k in kinds.items() if str(text).startswith(prefix)), None)
+        if kind is None:
+            raise InputError(f"levers.{key} reads {text!r}, which names no kernel the planner prices", field=key,
+                             value=text, fix=f"one of: {', '.join(kinds)} (muse_stack/engines/megatron.py)")
+        found[key] = kind
+    frozen = recipe.peft is not None
+    return StepKernels(adam=found.get("adam_step", "te"),
+                       embedding_grad="frozen" if frozen else found.get("embedding_grad", "dense"),
+                       post_expert_norm_backward=found.get("post_expert_norm_backward", "compiled"))
 
 
 def results(folder: str) -> dict:
     return json.loads((BENCH / folder / "results.json").read_text())
 
 
-def step_time(name: str, overrides: list[str], cal: TimeCalibration) -> float:
-    plan, _ = make_plan(load_recipe(name, overrides), strict=False, time_calibration=cal)
+def step_time(name: str, overrides: list[str], levers: dict | None, cal: TimeCalibration) -> float:
+    recipe = load_recipe(name, overrides)
+    plan, _ = make_plan(recipe, strict=False, time_calibration=cal, kernels=kernels_of(recipe, levers))
     assert plan.time is not None, (name, overrides, plan.time_unavailable)
     return plan.time.step_s
 
 
-def parts(name: str, overrides: list[str], cal: TimeCalibration) -> tuple[np.ndarray, np.ndarray, float, int, int]:
+def parts(name: str, overrides: list[str], levers: dict | None,
+          cal: TimeCalibration) -> tuple[np.ndarray, np.ndarray, float, int, int]:
     """(GPU work per stage, host time per stage (per micro-batch), the time after the pipeline (DP
-    collectives and the optimizer), micro-batches, virtual stages) of one run's plan."""
+    collectives and the optimizer), micro-batches, virtual stages) of one run's plan, priced with the
+    kernels it ran (``levers``: its record, ``kernels_of``)."""
     recipe = load_recipe(name, overrides)
-    plan, _ = make_plan(recipe, strict=False, time_calibration=cal)
+    plan, _ = make_plan(recipe, strict=False, time_calibration=cal, kernels=kernels_of(recipe, levers))
     t = plan.time
     assert t is not None, (name, overrides, plan.time_unavailable)
     return (np.array(t.stage_gpu_s), np.array(t.stage_host_s), t.terms_s["dp_comm"] + t.terms_s["optimizer"],
@@ -197,7 +239,8 @@ class Design:
     optimizer (linear). So the step is piecewise linear in ``x``: linear where each stage's regime
     (GPU- or host-bound) and the slowest stage are fixed (``piece``)."""
 
-    def __init__(self, points: dict[str, tuple[str, list[str]]], unknowns: dict[str, list[str]] = UNKNOWNS):
+    def __init__(self, points: dict[str, tuple[str, list[str], dict | None]],
+                 unknowns: dict[str, list[str]] = UNKNOWNS):
         zero = {u: 0.0 for u in unknowns}
         base = [parts(*points[n], calibration(zero, unknowns)) for n in points]
         ones = [[parts(*points[n], calibration({**zero, u: 1.0}, unknowns)) for n in points] for u in unknowns]
@@ -347,7 +390,7 @@ def check_defaults(values: dict[str, float]) -> list[str]:
             if abs(getattr(cur, f) - v) > max(5e-4 * abs(v), 1e-12)]
 
 
-def family(points: dict[str, tuple[str, list[str]]], name: str) -> str:
+def family(points: dict[str, tuple], name: str) -> str:
     """The model a run trains: "proxy" (proxy-1gpu / proxy-2gpu: 4 layers, hidden 2,048, 64 experts)
     or "slice" (slice-1gpu: 2 layers, hidden 8,192, 32 experts)."""
     return "proxy" if points[name][0].startswith("proxy") else "slice"
@@ -384,7 +427,7 @@ def fit(sweep: Path | None = None) -> dict:
     sweep = sweep or SWEEP_RUNS
     recipe, sw, _ = load_sweep(sweep)
     sw_names = sorted(sw, key=lambda n: (bool(sw[n][0]), n))
-    sd = Design({n: (recipe, sw[n][0]) for n in sw_names}, SWEEP_UNKNOWNS)
+    sd = Design({n: (recipe, sw[n][0], sw[n][2]) for n in sw_names}, SWEEP_UNKNOWNS)
     sm = np.array([sw[n][1] for n in sw_names])
     adopted_loo = {}
     for j, n in enumerate(names):
@@ -405,12 +448,12 @@ def fit(sweep: Path | None = None) -> dict:
                       "regime": regime[j], "leave_one_out_error": loo.get(n),
                       "adopted_predicted_s": ad, "adopted_error": ad / measured[j] - 1,
                       "adopted_leave_one_out_error": float(adopted_loo[n])})
-    checks = Design(CHECKS)
-    check_regime = checks.regimes(x)
-    for (n, (name, ov)), reg in zip(CHECKS.items(), check_regime):
+    checked = checks()
+    check_regime = Design(checked).regimes(x)
+    for (n, point), reg in zip(checked.items(), check_regime):
         r = results(n)
-        pred = step_time(name, ov, cal)
-        ad = step_time(name, ov, adopted)
+        pred = step_time(*point, cal)
+        ad = step_time(*point, adopted)
         table.append({"benchmark": n, "set": "checked", "family": family(CHECKS, n), "gpus": r["world_size"],
                       "measured_s": r["step_time_mean_s"], "predicted_s": pred, "error": pred / r["step_time_mean_s"] - 1,
                       "regime": reg, "leave_one_out_error": None,
@@ -450,9 +493,9 @@ def _field(path: Path, run: dict, key: str, ok, want: str):
     return run[key]
 
 
-def load_sweep(folder: Path) -> tuple[str, dict[str, tuple[list[str], float]], str]:
-    """(recipe, {run: (overrides, measured step s)}, device) of every ``*.json`` in ``folder``;
-    InputError naming the file for one that is not an engine_steps.py result."""
+def load_sweep(folder: Path) -> tuple[str, dict[str, tuple[list[str], float, dict | None]], str]:
+    """(recipe, {run: (overrides, measured step s, recorded levers)}, device) of every ``*.json`` in
+    ``folder``; InputError naming the file for one that is not an engine_steps.py result."""
     if not folder.is_dir():
         raise InputError(f"{folder} is not a folder", field="--sweep", value=str(folder),
                          fix="give the folder h200.sh plansweep wrote ($OUT/plan-sweep)")
@@ -476,22 +519,26 @@ def load_sweep(folder: Path) -> tuple[str, dict[str, tuple[list[str], float]], s
                            "a list of key=value strings")
         measured = _field(path, run, "step_time_mean_s", lambda v: isinstance(v, (int, float))
                           and not isinstance(v, bool) and np.isfinite(v) and v > 0, "a positive number of seconds")
-        runs_[path.stem] = (list(overrides), float(measured))
+        levers = run.get("levers")
+        if levers is not None and not isinstance(levers, dict):
+            raise InputError(f"{path}: levers is not an object", field="levers", value=levers,
+                             fix="give engine_steps.py results only")
+        runs_[path.stem] = (list(overrides), float(measured), levers)
     for what, seen in (("recipe", recipes), ("device", devices)):
         if len(set(seen.values())) > 1:
             listed = ", ".join(f"{p.name}: {v}" for p, v in seen.items())
             raise InputError(f"the sweep's runs name more than one {what} ({listed}); a refit takes one recipe's "
                              "runs from one machine", field=what, value=sorted(set(seen.values())),
                              fix="keep the runs of one h200.sh plansweep call in the folder")
-    shipped = [n for n, (ov, _) in runs_.items() if not ov]
+    shipped = [n for n, (ov, _, _) in runs_.items() if not ov]
     if len(shipped) != 1:
         raise InputError(f"{folder}: {len(shipped)} runs without overrides ({', '.join(shipped) or 'none'}); the "
                          "sweep needs exactly one run of the recipe as shipped", field="overrides",
                          value=shipped, fix="keep one shipped run (h200.sh plansweep: shipped.json)")
     recipe = next(iter(recipes.values()))
-    for name, (ov, _) in runs_.items():
+    for name, (ov, _, levers) in runs_.items():
         try:
-            load_recipe(recipe, ov)
+            kernels_of(load_recipe(recipe, ov), levers)
         except MuseStackError as e:
             raise InputError(f"{folder / (name + '.json')}: its overrides do not apply to {recipe}: {e.message}",
                              field="overrides", value=ov, fix="run the fit at the commit the sweep ran") from None
@@ -555,7 +602,7 @@ def fit_sweep(folder: Path, prior: TimeCalibration | None = None) -> dict:
     prior = prior or PRIOR
     recipe, sweep, device = load_sweep(folder)
     names = sorted(sweep, key=lambda n: (bool(sweep[n][0]), n))  # the shipped run first
-    points = {n: (recipe, sweep[n][0]) for n in names}
+    points = {n: (recipe, sweep[n][0], sweep[n][2]) for n in names}
     unknowns = SWEEP_UNKNOWNS
     d = Design(points, unknowns)
     measured = np.array([sweep[n][1] for n in names])

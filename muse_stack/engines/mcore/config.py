@@ -19,6 +19,7 @@ from typing import Any
 
 from muse_stack.errors import RecipeError
 from muse_stack.model_config import ModelConfig
+from muse_stack.recipes.engines import embedding_into_main_grad_blocker, triton_adam_blocker
 from muse_stack.recipes.schema import Recipe
 
 
@@ -78,29 +79,6 @@ def first_writes_blocker(gradient_accumulation_fusion: bool, recompute_granulari
         return "full recompute runs the layers' forward again in the backward"
     if recompute_granularity == "selective" and "moe" in (recompute_modules or []):
         return "selective recompute of the MoE layer runs its GEMMs' forward again in the backward"
-    return None
-
-
-def triton_adam_blocker(recipe: Recipe) -> str | None:
-    """Why the recipe's optimizer cannot step through :mod:`.adam_step` (None: it can): the step is
-    TE's FusedAdam's with fp32 master weights, stepped eagerly."""
-    opt = recipe.optimizer
-    if not opt.precision_aware:
-        return "it steps TE's FusedAdam, which holds the master weights only under optimizer.precision_aware"
-    if opt.param_remainders:
-        return "it keeps fp32 master weights, not optimizer.param_remainders"
-    if recipe.performance.optimizer_cuda_graph:
-        return "performance.optimizer_cuda_graph captures TE's capturable step instead"
-    return None
-
-
-def embedding_into_main_grad_blocker(recipe: Recipe) -> str | None:
-    """Why the word embedding keeps megatron-core's dense lookup under this recipe (None: its backward can
-    add into main_grad, :mod:`.embedding_grad`)."""
-    if recipe.peft is not None:
-        return "the embedding is frozen under peft"
-    if recipe.layout.tp > 1:
-        return "the table is split over layout.tp: megatron-core masks the other ranks' ids around its lookup"
     return None
 
 
