@@ -670,9 +670,10 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     dp_comm = reduce_s + gather_s
     opt_params = dense_p / (dp * cp) + expert_p / edp_ if dist_opt else dense_p + expert_p
     opt = recipe.optimizer
-    opt_bytes = ADAM_BYTES_PER_PARAM + layout_bytes_per_param(cal, bool(opt.precision_aware), bool(opt.param_remainders))
+    # the Adam update's bytes at its kernel's share of the bandwidth, the layout's own at the full bandwidth
     adam_bw = cal.adam_bandwidth_triton if kernels.adam == "triton" else cal.adam_bandwidth_te
-    opt_bytes = ADAM_BYTES_PER_PARAM / adam_bw + opt_bytes - ADAM_BYTES_PER_PARAM
+    opt_bytes = ADAM_BYTES_PER_PARAM / adam_bw + layout_bytes_per_param(cal, bool(opt.precision_aware),
+                                                                         bool(opt.param_remainders))
     optimizer = opt_params * opt_bytes / (spec.hbm_gbps * 1e9) if not recipe.offload.optimizer else 0.0
     assumptions.append(f"kernels: {kernels.describe()}; the Adam update and the norm's backward at the share of "
                        "the HBM bandwidth each measured alone on an H200, the embedding's gradient at the full "

@@ -70,7 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit import COMPILED, POINTS, SLICE_AS_MEASURED  # noqa: E402
 
 from muse_stack.errors import InputError, MuseStackError  # noqa: E402
-from muse_stack.plan.cost import StepKernels, TimeCalibration  # noqa: E402
+from muse_stack.plan.cost import StepKernels, TimeCalibration, step_kernels  # noqa: E402
 from muse_stack.plan.planner import make_plan  # noqa: E402
 from muse_stack.recipes.catalogue import load_recipe  # noqa: E402
 from muse_stack.recipes.schema import Recipe  # noqa: E402
@@ -191,7 +191,7 @@ def kernels_of(recipe: Recipe, levers: dict | None) -> StepKernels:
             raise InputError(f"levers.{key} reads {text!r}, which names no kernel the planner prices", field=key,
                              value=text, fix=f"one of: {', '.join(kinds)} (muse_stack/engines/megatron.py)")
         found[key] = kind
-    frozen = recipe.peft is not None
+    frozen = step_kernels(recipe).embedding_grad == "frozen"  # no gradient at all, whichever engine
     return StepKernels(adam=found.get("adam_step", "te"),
                        embedding_grad="frozen" if frozen else found.get("embedding_grad", "dense"),
                        post_expert_norm_backward=found.get("post_expert_norm_backward", "compiled"))
