@@ -5,12 +5,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # PyTorch for the CPU reference engine; pip takes a local CPU wheel when one is on its find-links
 TORCH_SPEC ?= torch==2.13.0
-PYTEST_ARGS ?= -m "not image"
+# registry: what the locks' loose requirements resolve to today, a report for review (make locks-check)
+PYTEST_ARGS ?= -m "not image and not registry"
 
 .PHONY: help setup demo test unit build-check clean
 help:
 	@echo "make demo   # set up, then run the tiny-cpu recipe end to end on this CPU"
 	@echo "make test   # set up, then run the test suite and the cpu image test"
+	@echo "make locks-check   # drift report: would the locks resolve to their committed sets against the registry today?"
 	@echo "make build-check   # only the build checks: a flash-attn kernel and a TE torch-extension unit compiled against the b200 lock's torch"
 	@echo "make image gpu=gb200|b200|h200|cpu   # build a pinned image (see docs/images.md)"
 
@@ -41,6 +43,14 @@ clean:
 	rm -rf $(VENV) runs .pytest_cache
 
 include containers/image.mk
+
+# drift for review, never a verdict on the code: would each lock's requirements resolve to its
+# committed set against the registry as it lists packages today? (make test checks what the committed
+# sets promise instead: tests/test_stack_wheelset.py)
+.PHONY: locks-check
+locks-check: setup
+	$(VENV)/bin/muse-stack stack resolve --check
+	$(PY) -m pytest -q -m registry
 
 # the hash-pinned wheel set of every lock (containers/locks/pylock.<target>.toml), resolved with uv
 .PHONY: wheelsets

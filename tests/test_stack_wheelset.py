@@ -1,6 +1,9 @@
 """Hash-pinned wheel sets: each lock's pylock.<target>.toml is what uv resolves from the lock, pins
 every component at the locked version with the declared overrides, hashes every file, and still
-resolves against the package registry (the `registry` tests need PyPI; they are part of make test)."""
+is still served by the package registry as committed (needs PyPI, not the day: a later upload
+changes nothing it checks). Whether the lock's loose requirements would resolve differently today is
+drift for review, not a verdict on this code: the `registry` tests, run by `make locks-check` and
+left out of `make test`."""
 
 from __future__ import annotations
 
@@ -108,7 +111,43 @@ def test_pylock_cli_prints_requirements(capsys):
     assert pylock.main(["requirements", str(path), "--bogus", "x"]) == 2
 
 
-# --- against the registry ------------------------------------------------------------------------
+# --- the committed sets as the registry serves them (any day) -------------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_committed_set_resolves_to_itself_from_its_pins(target):
+    """Every package of the set pinned (name==version) with the lock's overrides resolves, for the
+    target's Python and platform, to exactly the set, and every committed file is served with its
+    committed sha256: what the Dockerfile and the flake install exists and installs together."""
+    assert wheelset.verify_pinned(load(target)) == []
+
+
+def test_a_hash_the_registry_does_not_serve_is_named(tmp_path):
+    lk = load("cpu")
+    text = wheelset.set_path(lk).read_text()
+    pkgs = wheelset.check(lk).packages
+    wheel = pkgs["pyyaml"].wheels[0]
+    p = tmp_path / "pylock.cpu.toml"
+    p.write_text(text.replace(wheel.sha256, "0" * 64))
+    assert wheelset.verify_pinned(lk, p) == [
+        f"pyyaml {pkgs['pyyaml'].version}: {wheel.filename} is not served with its committed sha256"
+    ]
+
+
+def test_a_package_missing_from_the_set_is_named(tmp_path):
+    """A set that lost a dependency (idna, which requests needs) no longer resolves to itself."""
+    lk = load("cpu")
+    text = wheelset.set_path(lk).read_text()
+    idna = wheelset.check(lk).packages["idna"]
+    blocks = text.split("\n[[packages]]\n")
+    kept = [b for b in blocks if not b.startswith('name = "idna"\n')]
+    assert len(kept) == len(blocks) - 1
+    p = tmp_path / "pylock.cpu.toml"
+    p.write_text("\n[[packages]]\n".join(kept))
+    assert wheelset.verify_pinned(lk, p) == [f"idna {idna.version}: needed by the pinned set but not in it"]
+
+
+# --- drift: what the lock's loose requirements resolve to today (make locks-check) ---------------
 
 
 @pytest.mark.registry

@@ -157,12 +157,13 @@ class ResolveError(LockError):
     pass
 
 
-def resolve_text(loaded: LoadedLock) -> str:
-    """Run the resolver and return the set's text, with the muse-stack header and tool table."""
+def _uv_compile(loaded: LoadedLock, requirements: list[str]) -> str:
+    """uv's pylock.toml for `requirements` with the lock's overrides, Python, platform, index and
+    cut-off date (the registry as it answers now, never a stale local cache)."""
     inp = inputs(loaded)
     with tempfile.TemporaryDirectory(prefix="muse-stack-resolve-") as tmp:
         t = Path(tmp)
-        (t / "requirements.in").write_text("\n".join(inp["requirements"]) + "\n")  # type: ignore[arg-type]
+        (t / "requirements.in").write_text("\n".join(requirements) + "\n")
         (t / "overrides.txt").write_text("\n".join(inp["overrides"]) + "\n")  # type: ignore[arg-type]
         out = t / f"pylock.{loaded.name}.toml"
         cmd = [
@@ -190,7 +191,13 @@ def resolve_text(loaded: LoadedLock) -> str:
                 fix="change the pin the resolver names, or state a deliberate difference as an [[overrides]] entry",
                 exit_code=1,
             )
-        body = out.read_text()
+        return out.read_text()
+
+
+def resolve_text(loaded: LoadedLock) -> str:
+    """Run the resolver and return the set's text, with the muse-stack header and tool table."""
+    inp = inputs(loaded)
+    body = _uv_compile(loaded, list(inp["requirements"]))  # type: ignore[arg-type]
     header = (
         f"# The hash-pinned wheel set of containers/locks/{loaded.name}.toml, resolved by uv for\n"
         f"# Python {inp['python']} on {inp['platform']} from {inp['index_url']} as of {inp['exclude_newer']}.\n"
@@ -277,6 +284,41 @@ def differences(committed: dict[str, pylock.Package], fresh: dict[str, pylock.Pa
             if ha != hb:
                 out.append(f"{a.name} {a.version}: the registry's files differ from the committed hashes")
     return out
+
+
+def served_as_committed(committed: dict[str, pylock.Package], fresh: dict[str, pylock.Package]) -> list[str]:
+    """What the committed set promises and the registry no longer keeps: the same packages at the
+    same versions, and every committed file served with its committed hash. A file the registry
+    added to a release since (a new platform's wheel) breaks no promise and is not listed."""
+    out = []
+    for key in sorted(set(committed) | set(fresh)):
+        a, b = committed.get(key), fresh.get(key)
+        if a is None:
+            out.append(f"{b.name} {b.version}: needed by the pinned set but not in it")
+        elif b is None:
+            out.append(f"{a.name} {a.version}: in the set but no longer resolved from its own pins")
+        elif a.version != b.version:
+            out.append(f"{a.name}: {a.version} committed, {b.version} resolved from the set's own pins")
+        else:
+            served = {x.sha256 for x in b.wheels} | ({b.sdist.sha256} if b.sdist else set())
+            for f in list(a.wheels) + ([a.sdist] if a.sdist else []):
+                if f.sha256 not in served:
+                    out.append(f"{a.name} {a.version}: {f.filename} is not served with its committed sha256")
+    return out
+
+
+def verify_pinned(loaded: LoadedLock, path: Path | None = None) -> list[str]:
+    """The promise of the committed set, which no later upload can change: resolved from its own
+    pins (every package `name==version`, the lock's overrides, Python, platform, index and cut-off),
+    it resolves to itself (nothing missing, no conflict) and the registry serves every committed
+    file with its committed hash. Unlike `resolve_and_compare`, which asks what the lock's loose
+    requirements resolve to today, the answer depends on no day's listing of newer releases."""
+    res = check(loaded, path)
+    if not res.packages:
+        return res.problems
+    pins = [f"{p.name}=={p.version}" + (f" ; {p.marker}" if p.marker else "") for p in res.packages.values()]
+    fresh = pylock.parse(tomllib.loads(_uv_compile(loaded, pins)), f"pinned {loaded.name}")
+    return res.problems + served_as_committed(res.packages, fresh)
 
 
 def resolve_and_compare(loaded: LoadedLock) -> list[str]:
