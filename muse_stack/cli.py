@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from muse_stack import __version__
-from muse_stack.errors import INTERNAL_ERROR, MuseStackError
+from muse_stack.util.errors import INTERNAL_ERROR, MuseStackError
 
 app = typer.Typer(
     name="muse-stack",
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         if callable(show) and hasattr(exc, "exit_code"):
             import io
 
-            from muse_stack.credentials import redact_text
+            from muse_stack.util.credentials import redact_text
 
             buf = io.StringIO()  # the parser's message may quote what was typed: credentials redacted
             show(file=buf)
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(exc.exit_code)
         if os.environ.get("MUSE_STACK_DEBUG"):
             raise
-        from muse_stack.safeio import short_repr
+        from muse_stack.util.safeio import short_repr
 
         err_console.print(f"[bold red]internal error:[/] {escape(type(exc).__name__)}: {escape(short_repr(str(exc)))}\n"
                           "  this is a defect in muse-stack, not in your input: rerun with MUSE_STACK_DEBUG=1 for "

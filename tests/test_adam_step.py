@@ -14,7 +14,7 @@ import pytest
 import torch
 from adam_bounds import bias_corrections as te_bias_corrections
 
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 
 pytest.importorskip("triton")

@@ -26,7 +26,7 @@ def test_without_bridge_the_script_says_how_to_install_it():
 
 
 def test_the_bridge_model_flops_differ_only_by_what_it_leaves_out():
-    from muse_stack.flops import training_flops_per_token
+    from muse_stack.models.muse_spark.flops import training_flops_per_token
     from muse_stack.recipes.catalogue import load_recipe
 
     cfg = load_recipe("slice-1gpu").model_config_resolved()

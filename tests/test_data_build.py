@@ -12,7 +12,7 @@ import yaml
 import muse_stack.data.build as build_mod
 from muse_stack.cli import main
 from muse_stack.data.build import BuiltData, build_for_recipe
-from muse_stack.errors import InputError
+from muse_stack.util.errors import InputError
 from muse_stack.recipes.catalogue import parse_recipe
 
 ROOT = Path(__file__).resolve().parents[1]

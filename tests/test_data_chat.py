@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from muse_stack.data.chat import ChatTokenizer
-from muse_stack.errors import InputError
+from muse_stack.util.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 TOK = ROOT / "data" / "tiny-tokenizer"

@@ -25,7 +25,7 @@ from muse_stack.data.chat import ChatTokenizer
 from muse_stack.data.images import ImageSpec, image_grid, open_rgb, patchify, pixel_values, smart_resize
 from muse_stack.data.multimodal import json2token
 from muse_stack.data.rows import read_parquet, rows_sha256
-from muse_stack.errors import InputError, RecipeError
+from muse_stack.util.errors import InputError, RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]

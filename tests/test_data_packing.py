@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from muse_stack.data.builders import build_packed
 from muse_stack.data.chat import Tokenized
 from muse_stack.data.packing import align_up, first_fit_decreasing, pack_alignment
-from muse_stack.errors import LayoutError
+from muse_stack.util.errors import LayoutError
 from muse_stack.recipes.schema import Batch, Layout
 
 

@@ -8,7 +8,7 @@ from embedding_grad_checks import check_add_rows, check_dense_without_main_grad,
 
 from muse_stack.engines.mcore import embedding_grad
 from muse_stack.engines.mcore.chains import hold_padding_row
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from muse_stack.engines.mcore import chains, fuse
-from muse_stack.model.norms import CenteredRMSNorm, GainFirstRMSNorm
+from muse_stack.models.muse_spark.norms import CenteredRMSNorm, GainFirstRMSNorm
 
 
 class Capture:
@@ -115,7 +115,7 @@ def test_softcap_cross_entropy_gradient_is_softmax_minus_one_hot(mode):
 
 def test_weightless_and_final_norms_are_the_reference_norms(mode):
     x, w, _ = _slots(seed=6)
-    from muse_stack.model.norms import StoredGainRMSNorm, rms_norm
+    from muse_stack.models.muse_spark.norms import StoredGainRMSNorm, rms_norm
 
     assert torch.equal(chains.weightless_norm(x, 1e-5), rms_norm(x, 1e-5))
     ref = StoredGainRMSNorm(64, 1e-5)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from muse_stack.engines.mcore import fuse
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 
 

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from muse_stack.engines.mcore.load import CheckpointSlices, StateDictSlices, read_part, read_rank_weights
 from muse_stack.engines.mcore.weights import hf_to_mcore, mcore_to_hf, rank_names, shard
-from muse_stack.hf_config import full_config
+from muse_stack.models.muse_spark.hf_config import full_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def _bench():
 
 @pytest.mark.parametrize("tp, etp", [(1, 1), (2, 1), (1, 2), (2, 4)])
 def test_a_sliced_read_equals_the_shard_of_the_whole_tensor(tmp_path, tp, etp):
-    from muse_stack.model import MuseSparkForCausalLM
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM
     from muse_stack.recipes.catalogue import load_recipe
 
     cfg = load_recipe("tiny-cpu").model_config_resolved()
@@ -74,7 +74,7 @@ def test_each_expert_parallel_rank_reads_only_its_part_at_the_real_width(tmp_pat
 
 
 def test_the_reference_loader_reads_every_tensor_once_and_skips_towers(tmp_path):
-    from muse_stack.model import MuseSparkForCausalLM, load_weights_into
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM, load_weights_into
     from muse_stack.recipes.catalogue import load_recipe
 
     cfg = load_recipe("tiny-cpu").model_config_resolved()

@@ -16,7 +16,7 @@ from muse_stack.engines.mcore.config import (
     transformer_config_kwargs,
 )
 from muse_stack.engines.megatron_available import missing
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 from muse_stack.recipes.engines import MEGATRON_SETTINGS
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from muse_stack.engines.mcore.config import pipeline_split, transformer_config_kwargs
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 
 

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from muse_stack.engines.megatron_available import missing
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark.config import ModelConfig
 from muse_stack.results.summary import summarise
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "results"

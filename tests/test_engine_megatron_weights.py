@@ -12,8 +12,8 @@ from muse_stack.engines.mcore.weights import (
     mcore_to_hf,
     shard,
 )
-from muse_stack.model import MuseSparkForCausalLM
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark import MuseSparkForCausalLM
+from muse_stack.models.muse_spark.config import ModelConfig
 
 TINY = ModelConfig(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                    head_dim=8, moe_hidden_size=16, num_local_experts=4, num_experts_per_tok=2,

@@ -12,7 +12,7 @@ from muse_stack.data.batches import collate
 from muse_stack.data.builders import build_packed
 from muse_stack.data.chat import Tokenized
 from muse_stack.engines.mcore.packed import packed_stream
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 
 
 def rows_for(lengths, alignment, size=64):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from muse_stack.engines.spec import check_recipe
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 
 RUNNABLE = ["attune-b200", "pretrain-192", "pretrain-256", "sft-192", "sft-256", "sft-192-32k",

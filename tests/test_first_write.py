@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from muse_stack.engines.mcore import first_write as fw
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 
 

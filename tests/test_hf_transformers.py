@@ -25,11 +25,11 @@ from transformers import MuseSparkConfig, MuseSparkForConditionalGeneration, Mus
 
 from muse_stack.engines.mcore.chains import hold_padding_row  # noqa: E402
 from muse_stack.engines.mcore.weights import dist_key_to_hf, hf_to_mcore, mcore_to_hf  # noqa: E402
-from muse_stack.errors import RecipeError  # noqa: E402
-from muse_stack.hf_config import full_config  # noqa: E402
-from muse_stack.model_config import TEXT_FIELDS  # noqa: E402
-from muse_stack.model import MuseSparkForCausalLM, load_checkpoint  # noqa: E402
-from muse_stack.model_config import ModelConfig  # noqa: E402
+from muse_stack.util.errors import RecipeError  # noqa: E402
+from muse_stack.models.muse_spark.hf_config import full_config  # noqa: E402
+from muse_stack.models.muse_spark.config import TEXT_FIELDS  # noqa: E402
+from muse_stack.models.muse_spark import MuseSparkForCausalLM, load_checkpoint  # noqa: E402
+from muse_stack.models.muse_spark.config import ModelConfig  # noqa: E402
 from muse_stack.run.pipeline import run  # noqa: E402
 from tiny_model import float64_throughout, logits_rounding_chain  # noqa: E402
 

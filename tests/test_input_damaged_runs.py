@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from muse_stack.errors import INTERNAL_ERROR
+from muse_stack.util.errors import INTERNAL_ERROR
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_export_under_a_file_is_a_clear_error(cli, run_dir, tmp_path):
 def test_export_while_the_run_prunes_its_checkpoint(cli, run_dir, tmp_path, monkeypatch):
     """The job saves step 3 and prunes step 2 after export read checkpoints/latest: the export
     takes step 3; if the job keeps pruning under it, it says so instead of crashing."""
-    import muse_stack.model.checkpoint as ckpt
+    import muse_stack.models.muse_spark.checkpoint as ckpt
 
     copy = _copy(run_dir, tmp_path)
     root = copy / "checkpoints"

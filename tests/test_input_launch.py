@@ -16,8 +16,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from muse_stack.errors import MuseStackError, UsageError
-from muse_stack import quoting
+from muse_stack.util.errors import MuseStackError, UsageError
+from muse_stack.util import quoting
 from muse_stack.launch import k8s, slurm
 from muse_stack.launch.spec import resolve
 

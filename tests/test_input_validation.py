@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from muse_stack import atomic
-from muse_stack.errors import INTERNAL_ERROR, InputError, MuseStackError, RecipeError
-from muse_stack.safeio import load_yaml
+from muse_stack.util import atomic
+from muse_stack.util.errors import INTERNAL_ERROR, InputError, MuseStackError, RecipeError
+from muse_stack.util.safeio import load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes" / "tiny-cpu.yaml"

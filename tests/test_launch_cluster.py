@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from muse_stack.errors import MuseStackError, UsageError
-from muse_stack import quoting
+from muse_stack.util.errors import MuseStackError, UsageError
+from muse_stack.util import quoting
 from muse_stack.launch import k8s, slurm
 from muse_stack.launch.image import parse
 from muse_stack.launch.spec import default_run_name, resolve

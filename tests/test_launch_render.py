@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from muse_stack import quoting
+from muse_stack.util import quoting
 from muse_stack.launch import k8s
 from muse_stack.launch.spec import resolve
 
@@ -96,7 +96,7 @@ def test_validation_rejects_unknown_fields_and_wrong_types():
     docs = k8s.manifests(resolve("attune-b200", STATED["attune-b200"], image="img:1", kubernetes=True,
                                  pretrained_checkpoint="/checkpoints/x"))
     k8s.validate(docs)
-    from muse_stack.errors import InputError
+    from muse_stack.util.errors import InputError
 
     bad = yaml.safe_load(yaml.safe_dump(docs[1]))
     bad["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resource"] = {}

@@ -13,7 +13,7 @@ import torch
 
 from muse_stack.engines.mcore.peft_checkpoint import (ADAPTER_BASE, FORMAT, adapter_keys, base_identity, check_resume,
                                                       placement, safetensors_headers_sha256, same_base)
-from muse_stack.errors import InputError, RecipeError
+from muse_stack.util.errors import InputError, RecipeError
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe
 from muse_stack.run import checkpoints
 
@@ -186,8 +186,8 @@ def _settings():
 
 def _trained_adapters(seed: int = 3):
     """A reference model with adapters whose B factors are non-zero (as after training)."""
-    from muse_stack.model import MuseSparkForCausalLM
-    from muse_stack.model.peft import adapter_state_dict, apply_peft
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM
+    from muse_stack.models.muse_spark.peft import adapter_state_dict, apply_peft
 
     settings, raw = _settings()
     model = MuseSparkForCausalLM(_tiny().model_config_resolved(), seed=11)
@@ -206,7 +206,7 @@ def _megatron_adapter_run(tmp_path: Path, model, settings, raw, base: dict) -> P
     adapter_base.json."""
     import torch.distributed.checkpoint as dcp
 
-    from muse_stack.model.peft import adapter_state_dict
+    from muse_stack.models.muse_spark.peft import adapter_state_dict
     from muse_stack.recipes.catalogue import recipe_yaml
 
     run_dir = tmp_path / "mrun"
@@ -231,7 +231,7 @@ def _logits(model):
 def test_export_adapters_only_from_a_megatron_adapter_checkpoint(tmp_path):
     from safetensors.torch import load_file
 
-    from muse_stack.model.peft import adapter_state_dict
+    from muse_stack.models.muse_spark.peft import adapter_state_dict
     from muse_stack.publish.hf import export_run
 
     model, settings, raw = _trained_adapters()
@@ -242,7 +242,7 @@ def test_export_adapters_only_from_a_megatron_adapter_checkpoint(tmp_path):
     assert config["r"] == 4 and config["lora_alpha"] == 8 and config["base_model_name_or_path"] == "org/m"
     written = load_file(str(out / "adapter_model.safetensors"))
     ref = tmp_path / "ref"
-    from muse_stack.model.peft_io import export_adapters_hf_peft
+    from muse_stack.models.muse_spark.peft_io import export_adapters_hf_peft
 
     export_adapters_hf_peft(model, ref, settings, base_model_name_or_path="org/m", revision="r1")
     expected = load_file(str(ref / "adapter_model.safetensors"))
@@ -265,12 +265,12 @@ def test_export_merge_of_a_megatron_run_on_a_pretrained_base(tmp_path):
     the merged export's logits equal the adapted model's within float32 summation order (the merged
     weight W + s B A is rounded once to float32, so logits of O(1) differ by a few float32 ulps of
     the sums, ~1e-5 here at hidden size 64 and 2 layers; measured 1e-6; bound 1e-4)."""
-    from muse_stack.model import load_checkpoint, save_checkpoint
+    from muse_stack.models.muse_spark import load_checkpoint, save_checkpoint
     from muse_stack.publish.hf import export_run
 
     model, settings, raw = _trained_adapters()
     base_dir = tmp_path / "base"
-    from muse_stack.model import MuseSparkForCausalLM
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM
 
     save_checkpoint(MuseSparkForCausalLM(_tiny().model_config_resolved(), seed=11), base_dir)
     run_dir = _megatron_adapter_run(tmp_path, model, settings, raw, _ident(pretrained_checkpoint=str(base_dir)))

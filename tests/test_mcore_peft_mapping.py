@@ -15,8 +15,8 @@ from torch import nn
 from muse_stack.engines.mcore.peft import (MCORE_MODULES, attach_adapters, load_reference_adapters,
                                            mcore_to_reference, parallel_mode, reference_to_mcore,
                                            replicated_over_tp, shard_factor)
-from muse_stack.model import MuseSparkForCausalLM
-from muse_stack.model.peft import adapter_modules, adapter_state_dict, apply_peft
+from muse_stack.models.muse_spark import MuseSparkForCausalLM
+from muse_stack.models.muse_spark.peft import adapter_modules, adapter_state_dict, apply_peft
 from muse_stack.recipes.peft import ATTENTION_TARGETS, EXPERT_TARGETS, TARGETS, PeftSettings
 from tiny_model import tiny_config
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from muse_stack.errors import InputError
-from muse_stack.model.perception import (MEDIA_ORDER, MuseSparkPerception, feature_rows, media_features, media_index,
+from muse_stack.util.errors import InputError
+from muse_stack.models.muse_spark.perception import (MEDIA_ORDER, MuseSparkPerception, feature_rows, media_features, media_index,
                                          media_token_ids, place_media, scatter_media)
 from muse_stack.recipes.catalogue import load_recipe
 
@@ -179,7 +179,7 @@ def test_the_towers_map_one_to_one_onto_transformers_names():
 @given(ids=st.lists(st.integers(0, 6), min_size=1, max_size=60))
 def test_attention_groups_cover_every_patch_once_bucketed_by_size(ids):
     """Each row of a bucket is one group's patches in order; every patch is in exactly one row."""
-    from muse_stack.model.vision import attention_groups
+    from muse_stack.models.muse_spark.vision import attention_groups
 
     group = torch.tensor(ids)
     buckets = attention_groups(group)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from muse_stack.errors import InputError
-from muse_stack.model import MuseSparkForCausalLM, load_checkpoint, load_weights_into, save_checkpoint
+from muse_stack.util.errors import InputError
+from muse_stack.models.muse_spark import MuseSparkForCausalLM, load_checkpoint, load_weights_into, save_checkpoint
 from tiny_model import tiny_config
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muse_stack.model import MuseSparkForCausalLM, load_checkpoint, save_checkpoint, shift_labels
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark import MuseSparkForCausalLM, load_checkpoint, save_checkpoint, shift_labels
+from muse_stack.models.muse_spark.config import ModelConfig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

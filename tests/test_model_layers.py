@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from muse_stack.model import MuseSparkForCausalLM, init_weights
-from muse_stack.model.norms import rms_norm
-from muse_stack.model.residual import GatedResidual, initial_gate_value, residual_gate_coefficients
-from muse_stack.model.router import select_top_k
+from muse_stack.models.muse_spark import MuseSparkForCausalLM, init_weights
+from muse_stack.models.muse_spark.norms import rms_norm
+from muse_stack.models.muse_spark.residual import GatedResidual, initial_gate_value, residual_gate_coefficients
+from muse_stack.models.muse_spark.router import select_top_k
 from tiny_model import attention_output_bound, fp32_sum_bound, tiny_config
 
 

@@ -31,13 +31,13 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import MuseSparkConfig, MuseSparkForConditionalGeneration  # noqa: E402
 
-from muse_stack.errors import InputError  # noqa: E402
-from muse_stack.hf_config import full_config  # noqa: E402
-from muse_stack.model import MuseSparkForCausalLM, load_checkpoint, load_weights_into, save_checkpoint  # noqa: E402
-from muse_stack.model import perception as perception_mod  # noqa: E402
-from muse_stack.model.checkpoint import is_text_tensor, keeps_fp32  # noqa: E402
-from muse_stack.model_config import ModelConfig  # noqa: E402
-from muse_stack.tower_config import AudioConfig, TowersConfig, VisionConfig  # noqa: E402
+from muse_stack.util.errors import InputError  # noqa: E402
+from muse_stack.models.muse_spark.hf_config import full_config  # noqa: E402
+from muse_stack.models.muse_spark import MuseSparkForCausalLM, load_checkpoint, load_weights_into, save_checkpoint  # noqa: E402
+from muse_stack.models.muse_spark import perception as perception_mod  # noqa: E402
+from muse_stack.models.muse_spark.checkpoint import is_text_tensor, keeps_fp32  # noqa: E402
+from muse_stack.models.muse_spark.config import ModelConfig  # noqa: E402
+from muse_stack.models.muse_spark.tower_config import AudioConfig, TowersConfig, VisionConfig  # noqa: E402
 from test_model_towers import (  # noqa: E402
     AUDIO,
     GROWTH_PER_BLOCK,
@@ -236,7 +236,7 @@ def test_tower_init_is_deterministic_per_name():
     # each tensor from its own generator, seeded by its state-dict name: two same-shaped tensors differ
     q, k = "model.vision_tower.layers.0.attn.q_proj.weight", "model.vision_tower.layers.0.attn.k_proj.weight"
     assert a[q].shape == a[k].shape and not torch.equal(a[q], a[k])
-    from muse_stack.model.init import _generator
+    from muse_stack.models.muse_spark.init import _generator
 
     std = text_config().initializer_range
     for name in (q, "model.audio_tower.proj.weight", "model.vision_projection.weight"):

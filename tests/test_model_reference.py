@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from muse_stack.model import MuseSparkForCausalLM, segment_ids_from_cu_seqlens
+from muse_stack.models.muse_spark import MuseSparkForCausalLM, segment_ids_from_cu_seqlens
 from tiny_model import logits_tolerance, tiny_config
 
 

@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 import torch
 
-from muse_stack.model import MuseSparkForCausalLM
-from muse_stack.model_config import MUSE_SPARK_OPEN
+from muse_stack.models.muse_spark import MuseSparkForCausalLM
+from muse_stack.models.muse_spark.config import MUSE_SPARK_OPEN
 
 
 def category(name: str) -> str:

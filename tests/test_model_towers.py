@@ -53,18 +53,18 @@ from transformers import (
 from transformers.models.muse_spark import modeling_muse_spark as hf_modeling
 from transformers.utils.constants import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD
 
-from muse_stack.errors import InputError
-from muse_stack.model import audio as audio_mod
-from muse_stack.model import perception as perception_mod
-from muse_stack.model import vision as vision_mod
-from muse_stack.model.norms import rms_norm as rms
-from muse_stack.model.perception import (
+from muse_stack.util.errors import InputError
+from muse_stack.models.muse_spark import audio as audio_mod
+from muse_stack.models.muse_spark import perception as perception_mod
+from muse_stack.models.muse_spark import vision as vision_mod
+from muse_stack.models.muse_spark.norms import rms_norm as rms
+from muse_stack.models.muse_spark.perception import (
     MuseSparkPerception,
     scatter_media,
     text_input_ids,
 )
-from muse_stack.model.vision import MuseSparkVisionModel
-from muse_stack.tower_config import AudioConfig, TowersConfig, VisionConfig
+from muse_stack.models.muse_spark.vision import MuseSparkVisionModel
+from muse_stack.models.muse_spark.tower_config import AudioConfig, TowersConfig, VisionConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -607,7 +607,7 @@ def test_processor_functions_match_the_processor_class():
 
 
 def test_init_is_deterministic_and_follows_transformers_policy():
-    from muse_stack.model.perception import init_perception_weights
+    from muse_stack.models.muse_spark.perception import init_perception_weights
 
     def build(seed):
         model = MuseSparkPerception(towers_config(), text_hidden_size=40, text_rms_norm_eps=1e-5)
@@ -630,7 +630,7 @@ def test_bf16_weights_compute_in_fp32():
     """With bf16 weights the matmuls run in bf16 and everything between them (norms, RoPE, GELU,
     residuals, the position table) in fp32; the outputs are fp32."""
     ours = MuseSparkPerception(towers_config(), text_hidden_size=40, text_rms_norm_eps=1e-5)
-    from muse_stack.model.perception import init_perception_weights
+    from muse_stack.models.muse_spark.perception import init_perception_weights
 
     init_perception_weights(ours, 0)
     ours = ours.to(torch.bfloat16)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muse_stack.errors import RecipeError
-from muse_stack.model import (
+from muse_stack.util.errors import RecipeError
+from muse_stack.models.muse_spark import (
     IGNORE_INDEX,
     MuseSparkForCausalLM,
     causal_lm_loss,

@@ -10,8 +10,8 @@ import torch
 
 from muse_stack.verify import parity_strict as ps
 from muse_stack.engines.megatron_available import missing
-from muse_stack.model import MuseSparkForCausalLM
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark import MuseSparkForCausalLM
+from muse_stack.models.muse_spark.config import ModelConfig
 from tiny_model import FP32_U, logits_rounding_chain
 
 #: a small model with every feature (S F S S layers, GQA, latent MoE top-2 of 8) and a window

@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from muse_stack.errors import InputError, RecipeError
-from muse_stack.model import MuseSparkForCausalLM, load_checkpoint
-from muse_stack.model.peft import DoRA, adapter_modules, adapter_state_dict, apply_peft, is_adapter_key, merge_adapters
-from muse_stack.model.peft_io import (export_adapters_hf_peft, export_merged, load_adapters, save_adapters,
+from muse_stack.util.errors import InputError, RecipeError
+from muse_stack.models.muse_spark import MuseSparkForCausalLM, load_checkpoint
+from muse_stack.models.muse_spark.peft import DoRA, adapter_modules, adapter_state_dict, apply_peft, is_adapter_key, merge_adapters
+from muse_stack.models.muse_spark.peft_io import (export_adapters_hf_peft, export_merged, load_adapters, save_adapters,
                                       base_identity)
 from muse_stack.recipes.catalogue import load_recipe
 from muse_stack.recipes.peft import ATTENTION_TARGETS, TARGETS, PeftSettings, resolve

@@ -8,7 +8,7 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from muse_stack.model.peft import is_adapter_key
+from muse_stack.models.muse_spark.peft import is_adapter_key
 
 PEFT = ["peft.scheme=lora", "peft.targets=[self_attn.q_proj,self_attn.v_proj,mlp.pre_expert_proj,"
         "mlp.experts.gate_up_proj,mlp.experts.down_proj]", "peft.per_expert=true", "peft.rank=4", "peft.alpha=8",

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from muse_stack.hardware import GPUS
+from muse_stack.machine.hardware import GPUS
 from muse_stack.plan.cost import (
     PIPELINE_BYTES,
     alltoall_split,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from muse_stack.hardware import GPUS
+from muse_stack.machine.hardware import GPUS
 from muse_stack.plan.cost import BACKWARD, HOST, TimeCalibration, gemm_time, ring_time
 from muse_stack.plan.planner import make_plan
 from muse_stack.plan.used import UsedCalibration, nccl_groups, ring_communicator_bytes, used_memory

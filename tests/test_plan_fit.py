@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from muse_stack.hardware import GPUS
+from muse_stack.machine.hardware import GPUS
 from muse_stack.plan.cost import MASTER_COPY_BYTES, REMAINDER_BYTES, StepKernels, TimeCalibration, step_kernels
 from muse_stack.plan.planner import make_plan
 from muse_stack.recipes.catalogue import load_recipe

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from muse_stack.errors import InputError
-from muse_stack.hardware import GPUS
+from muse_stack.util.errors import InputError
+from muse_stack.machine.hardware import GPUS
 from muse_stack.plan.cost import (EMBEDDING_DENSE_TABLE_BYTES, EMBEDDING_DENSE_TOKEN_BYTES,
                                   EMBEDDING_MAIN_GRAD_TOKEN_BYTES, NORM_BACKWARD_BYTES, ONE_PASS_NORM_BACKWARD,
                                   StepKernels, TimeCalibration, step_kernels)

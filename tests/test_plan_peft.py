@@ -48,7 +48,7 @@ def test_adapter_flops_count_the_frozen_base_without_weight_gradients():
     """2 x 2N + 3 x attention + 6 x N_adapter, N_adapter the adapter parameters a token passes
     through: k of E per-expert adapters, k passes through one shared adapter (exact integers:
     every term is a product of integers below 2^53, so the float sums are exact)."""
-    from muse_stack.flops import training_flops_per_token
+    from muse_stack.models.muse_spark.flops import training_flops_per_token
     from muse_stack.recipes.catalogue import load_recipe
     from muse_stack.recipes.peft import adapter_params_per_layer, resolve
 
@@ -107,7 +107,7 @@ def test_lora_64_scaled_to_one_gpu_is_the_measured_slice_run():
 def test_step_time_of_a_frozen_base_drops_the_weight_gradients():
     """With adapters the base GEMMs' backward is data gradients only: per micro-batch, the base
     GEMM terms are 2x their forward instead of 3x, plus the adapters' GEMMs 3x theirs."""
-    from muse_stack.hardware import gpu_spec
+    from muse_stack.machine.hardware import gpu_spec
     from muse_stack.plan.cost import TimeCalibration, adapter_terms
 
     full_recipe = load_recipe("slice-1gpu", LORA64_ON_SLICE[:2])  # the same micro-batching

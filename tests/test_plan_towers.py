@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muse_stack.flops import tower_flops_per_sequence, training_flops_per_token, vision_forward_flops_per_patch
-from muse_stack.hardware import gpu_spec
-from muse_stack.model.vision import MuseSparkVisionModel
+from muse_stack.models.muse_spark.flops import tower_flops_per_sequence, training_flops_per_token, vision_forward_flops_per_patch
+from muse_stack.machine.hardware import gpu_spec
+from muse_stack.models.muse_spark.vision import MuseSparkVisionModel
 from muse_stack.plan.memory import GIB
 from muse_stack.plan.planner import make_plan
 from muse_stack.plan.towers import tower_plan
 from muse_stack.recipes.catalogue import load_recipe
-from muse_stack.tower_config import TowersConfig, VisionConfig
+from muse_stack.models.muse_spark.tower_config import TowersConfig, VisionConfig
 
 BATCH = ["batch.mbs=1", "batch.gbs=384", "batch.seq_length=4096"]
 VISION = 1_852_639_744
@@ -106,7 +106,7 @@ def test_the_step_time_and_the_mfu_count_the_towers():
     # a stated image size is used as stated
     stated = tower_plan(load_recipe("sft-192-mm", [*BATCH, "data.details.image_tokens_per_sequence=1200"]))
     assert stated.image_tokens_per_sequence == 1200
-    from muse_stack.errors import RecipeError
+    from muse_stack.util.errors import RecipeError
 
     with pytest.raises(RecipeError) as exc:
         tower_plan(load_recipe("sft-192-mm", [*BATCH, "data.details.image_tokens_per_sequence=0"]))
@@ -124,7 +124,7 @@ def test_planning_md_prints_the_towers_stage():
 def test_the_counts_are_the_reference_models_own():
     """tiny-cpu-mm's towers as the reference engine builds and freezes them: the plan counts the
     parameters the model holds and, of them, the ones that train."""
-    from muse_stack.model import MuseSparkForCausalLM, freeze
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM, freeze
 
     recipe = load_recipe("tiny-cpu-mm")
     plan = tower_plan(recipe)

@@ -9,7 +9,7 @@ import pytest
 from muse_stack.engines.mcore.config import optimizer_config_kwargs
 from muse_stack.engines.spec import check_recipe
 from muse_stack.engines.support import check_precision_aware
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.plan.planner import make_plan
 from muse_stack.recipes.catalogue import load_recipe, recipe_yaml
 

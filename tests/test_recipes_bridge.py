@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from muse_stack.cli import main
-from muse_stack.errors import RecipeError
-from muse_stack.model_config import ModelConfig
+from muse_stack.util.errors import RecipeError
+from muse_stack.models.muse_spark.config import ModelConfig
 from muse_stack.recipes.bridge import BRIDGE_KEYS, _recipe_fields
 from muse_stack.recipes.catalogue import load_recipe, recipe_yaml
 

@@ -5,8 +5,8 @@ import json
 import pytest
 import yaml
 
-from muse_stack.errors import RecipeError
-from muse_stack.model_config import MUSE_SPARK_OPEN, ModelConfig
+from muse_stack.util.errors import RecipeError
+from muse_stack.models.muse_spark.config import MUSE_SPARK_OPEN, ModelConfig
 from muse_stack.recipes.catalogue import load_recipe, recipe_names, recipe_yaml
 from muse_stack.recipes.openrecipes import import_record, read_record_file, recipe_to_record
 

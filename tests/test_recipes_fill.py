@@ -14,7 +14,7 @@ import muse_stack.machine.availability as availability
 from muse_stack.compare.classify import INFORMATIONAL, NUMERICS, classify
 from muse_stack.compare.diff import diff_documents
 from muse_stack.engines.spec import check_recipe
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.bridge_defaults import KINDS, WHEEL
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe, recipe_yaml
 

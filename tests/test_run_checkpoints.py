@@ -85,7 +85,7 @@ def test_a_recipe_that_starts_from_a_user_supplied_checkpoint_refuses_to_start_w
     # the record states no clipping or epsilon: given here, so the start checkpoint is what is missing
     # on a GPU machine the start checkpoint is what is missing; on this CPU machine `run` first says
     # the recipe needs the megatron engine, so the refusal itself is checked on the resolved recipe
-    from muse_stack.errors import RecipeError
+    from muse_stack.util.errors import RecipeError
     from muse_stack.recipes.catalogue import load_recipe
     from muse_stack.run.pipeline import _with_start
 

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from muse_stack.tower_config import TowersConfig
+from muse_stack.models.muse_spark.tower_config import TowersConfig
 
 from muse_stack.engines.mcore.weights import EXPERT_NAMES, LAYER_NAMES, LM, TOP_NAMES
-from muse_stack.errors import InputError
-from muse_stack.model import MuseSparkForCausalLM, load_checkpoint, save_checkpoint
+from muse_stack.util.errors import InputError
+from muse_stack.models.muse_spark import MuseSparkForCausalLM, load_checkpoint, save_checkpoint
 from muse_stack.recipes.catalogue import load_recipe, recipe_yaml
 from muse_stack.run import checkpoints
 from muse_stack.engines.mcore.weights import dist_key_to_hf
 from muse_stack.publish.hf import export_run
 from muse_stack.run.pipeline import run
-from muse_stack.hf_config import full_config
+from muse_stack.models.muse_spark.hf_config import full_config
 
 IDS = torch.tensor([[1, 5, 9, 33, 2, 70, 11, 400, 3, 3, 17, 250]])
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from muse_stack import atomic
+from muse_stack.util import atomic
 from muse_stack.run.pipeline import run
 
 

@@ -14,11 +14,11 @@ transformers = pytest.importorskip("transformers")
 from transformers import MuseSparkForConditionalGeneration  # noqa: E402
 
 from muse_stack.data.build import build_for_recipe  # noqa: E402
-from muse_stack.model import MuseSparkForCausalLM, load_checkpoint  # noqa: E402
+from muse_stack.models.muse_spark import MuseSparkForCausalLM, load_checkpoint  # noqa: E402
 from muse_stack.recipes.catalogue import load_recipe  # noqa: E402
 from muse_stack.run import checkpoints  # noqa: E402
 from muse_stack.run.pipeline import run  # noqa: E402
-from muse_stack.tower_config import TowersConfig  # noqa: E402
+from muse_stack.models.muse_spark.tower_config import TowersConfig  # noqa: E402
 from test_model_multimodal import float64_parity, prepared  # noqa: E402
 
 STEPS = 12
@@ -56,7 +56,7 @@ def test_a_short_run_trains_the_vision_tower_and_keeps_the_audio_tower_frozen(tr
 def test_the_mfu_counts_the_flops_of_the_images_trained_on(trained):
     """results.json's FLOPs per token add the towers' FLOPs of every image of the run's batches
     (recounted here from the same rows in the same order) per token."""
-    from muse_stack.flops import image_training_flops
+    from muse_stack.models.muse_spark.flops import image_training_flops
 
     recipe = load_recipe("tiny-cpu-mm")
     results = json.loads((trained / "results.json").read_text())

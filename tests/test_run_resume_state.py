@@ -121,7 +121,7 @@ def test_resume_positions_the_data_without_producing_the_batches_before_it(tmp_p
 
 
 def test_a_data_position_of_other_rows_is_refused(tmp_path, one_thread_env):
-    from muse_stack.errors import InputError
+    from muse_stack.util.errors import InputError
 
     engine = _engine(tmp_path, [])
     engine.train_step(1)
@@ -167,7 +167,7 @@ def test_an_adapter_run_from_a_pretrained_checkpoint_resumes_on_the_same_base(tm
 def test_an_adapter_resume_refuses_a_base_that_changed(tmp_path, one_thread_env):
     """The base is rebuilt from the checkpoint the run recorded and checked against the hash of
     its tensors taken at the start: other weights at that path are refused, naming the field."""
-    from muse_stack.errors import InputError
+    from muse_stack.util.errors import InputError
 
     base = run("tiny-cpu", out=tmp_path / "base", steps=3, progress=False, overrides=QUICK)
     start = tmp_path / "start"
@@ -216,8 +216,8 @@ def test_a_save_removes_staging_a_killed_save_left(tmp_path):
 def _disk_full(monkeypatch, after_save: bool) -> None:
     """From the first checkpoint save on (or from step 2's metrics line), every write fails with
     ENOSPC, as on a file system that filled up."""
-    from muse_stack import atomic
-    from muse_stack.model import checkpoint
+    from muse_stack.util import atomic
+    from muse_stack.models.muse_spark import checkpoint
 
     full = {"on": False}
 
@@ -262,7 +262,7 @@ def test_a_full_disk_mid_run_is_the_checkpoint_error_naming_the_free_space(tmp_p
 # ---- the per-rank state files of the megatron engine (its helpers run on the CPU) ------------------
 def test_a_ranks_state_file_round_trips_and_a_damaged_one_is_a_clear_error(tmp_path):
     from muse_stack.engines import state
-    from muse_stack.errors import InputError
+    from muse_stack.util.errors import InputError
 
     random.seed(3)
     np.random.seed(4)

@@ -12,7 +12,7 @@ pytest.importorskip("tensorboard")
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from muse_stack.errors import RecipeError  # noqa: E402
+from muse_stack.util.errors import RecipeError  # noqa: E402
 from muse_stack.recipes.catalogue import load_recipe, recipe_yaml  # noqa: E402
 from muse_stack.run.tensorboard import TENSORBOARD_DIR, TensorBoardLogger, sinks_for, wandb_mode  # noqa: E402
 

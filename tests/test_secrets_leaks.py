@@ -1,6 +1,6 @@
 """Each way a secret reached a file or a stream: a URL credential in --pretrained-checkpoint,
 secrets under names a word list missed (pwd, bearer, DB_PASS, GITHUB_PAT, notes.*, ?token=), a
-malformed secret override echoed on stderr; and the shape rule of muse_stack/credentials.py."""
+malformed secret override echoed on stderr; and the shape rule of muse_stack/util/credentials.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from muse_stack import credentials
-from muse_stack.errors import InputError
+from muse_stack.util import credentials
+from muse_stack.util.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 PW = "Xk9-pw-4417-zz"  # not shaped like a token: only its key or its place in a URL says it is secret
@@ -76,7 +76,7 @@ def test_references_are_accepted_under_secret_names(cli):
 
 
 def test_errors_and_written_text_redact_every_unambiguous_shape(tmp_path):
-    from muse_stack import atomic
+    from muse_stack.util import atomic
 
     texts = {f"https:/user:{PW}@host/x": PW, f"user:{PW}@registry.example.com/img": PW,
              f"https://h/x?token={PW}": PW, f"Authorization: Bearer {PW}": PW, f"key {TOKEN} end": TOKEN,
@@ -143,8 +143,8 @@ def test_errors_and_safeio_do_not_import_each_other():
             {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
 
     pkg = ROOT / "muse_stack"
-    assert "muse_stack.safeio" not in imports(pkg / "errors.py")
-    assert not any(m.startswith("muse_stack") for m in imports(pkg / "credentials.py"))
+    assert "muse_stack.util.safeio" not in imports(pkg / "util" / "errors.py")
+    assert not any(m.startswith("muse_stack") for m in imports(pkg / "util" / "credentials.py"))
     env_src = (pkg / "fingerprint" / "environment.py").read_text()
     assert "://" not in env_src.split('"""', 2)[2], "the URL credential pattern is written again"
     from muse_stack.fingerprint.environment import scrub_text
@@ -178,7 +178,7 @@ def test_no_recipe_or_model_field_is_secret_named(cli):
     schema, of ModelConfig and every Megatron-Bridge key takes an override."""
     import pydantic
 
-    from muse_stack.model_config import ModelConfig
+    from muse_stack.models.muse_spark.config import ModelConfig
     from muse_stack.recipes.bridge import BRIDGE_KEYS
     from muse_stack.recipes.schema import Recipe
 

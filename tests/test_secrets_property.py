@@ -27,7 +27,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from muse_stack.errors import INTERNAL_ERROR
+from muse_stack.util.errors import INTERNAL_ERROR
 
 B62 = string.ascii_letters + string.digits
 IMAGE = "registry.example.com/muse-stack@sha256:" + "ab" * 32

@@ -15,7 +15,7 @@ import torch
 
 from muse_stack.data import build_for_recipe
 from muse_stack.data.split import split_for_recipe
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 from muse_stack.run.pipeline import run
 
@@ -177,7 +177,7 @@ def test_held_out_rows_never_reach_a_training_batch(validated, built):
 
 
 def test_val_loss_is_the_checkpointed_models_loss_on_the_held_out_batches(validated, built):
-    from muse_stack.model import load_checkpoint
+    from muse_stack.models.muse_spark import load_checkpoint
 
     outcome, _, _ = validated
     recipe = load_recipe("tiny-cpu", VALIDATE)

@@ -180,7 +180,7 @@ def build_config(recipe, cfg, args):
 def bridge_model_flops(cfg, seq_lens, output_gate: bool) -> dict[str, float]:
     """Our formula for the model Bridge ran: the Muse slice's matmuls and attention, less the
     output-gate projection when it is off (what Bridge leaves out is elementwise work)."""
-    from muse_stack.flops import training_flops_per_token
+    from muse_stack.models.muse_spark.flops import training_flops_per_token
 
     flops = dict(training_flops_per_token(cfg, seq_lens))
     if not output_gate:
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("bridge_slice: no CUDA device; Bridge's pretrain loop needs one (--dry-run builds the config only)")
     _import_bridge()
 
-    from muse_stack.flops import FORMULA, training_flops_per_token
+    from muse_stack.models.muse_spark.flops import FORMULA, training_flops_per_token
     from muse_stack.recipes.catalogue import load_recipe
     from muse_stack.machine.devmem import cuda_memory
     from muse_stack.machine.peak import peak_for

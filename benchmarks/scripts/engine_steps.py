@@ -5,7 +5,7 @@ logging or fingerprint around it, and times each step with a CUDA synchronisatio
 measurement for full training and for adapters on a frozen base. Python's collector runs as the
 recipe's ``training.gc`` says, as in the runner (by hand, between steps; the result's ``gc``).
 
-Model FLOPs per token: the runner's formula (:mod:`muse_stack.flops`), with the adapter form
+Model FLOPs per token: the runner's formula (:mod:`muse_stack.models.muse_spark.flops`), with the adapter form
 for a frozen base (forward and backward to inputs of the base, the adapters' full training).
 
     PYTHONPATH=. python benchmarks/scripts/engine_steps.py slice-1gpu [overrides...] --steps 30 --warmup 10 --out x.json
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag[2:].replace("-", "_")):
             _switch(module, path, value)
 
-    from muse_stack.flops import FORMULA, PEFT_FORMULA, training_flops_per_token
+    from muse_stack.models.muse_spark.flops import FORMULA, PEFT_FORMULA, training_flops_per_token
     from muse_stack.machine.devmem import cuda_memory
     from muse_stack.recipes.peft import resolve
     from muse_stack.machine.peak import peak_for

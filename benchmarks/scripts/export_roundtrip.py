@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from muse_stack.engines.base import TrainContext
     from muse_stack.engines.mcore.load import checkpoint_getter, read_rank_weights
     from muse_stack.engines.megatron import MegatronEngine
-    from muse_stack.model.checkpoint import load_checkpoint
+    from muse_stack.models.muse_spark.checkpoint import load_checkpoint
     from muse_stack.recipes.catalogue import parse_recipe
     from muse_stack.run import checkpoints
 

@@ -40,9 +40,9 @@ def layer_specs(experts: int, layer: int = 0) -> list[tuple[str, tuple[int, ...]
     """(HF name, shape, torch dtype name) of every tensor of one real-width decoder layer."""
     import torch
 
-    from muse_stack.model import MuseSparkForCausalLM
-    from muse_stack.model.checkpoint import keeps_fp32
-    from muse_stack.model_config import ModelConfig
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM
+    from muse_stack.models.muse_spark.checkpoint import keeps_fp32
+    from muse_stack.models.muse_spark.config import ModelConfig
 
     cfg = ModelConfig().with_overrides(num_hidden_layers=layer + 1, num_local_experts=experts)
     with torch.device("meta"):

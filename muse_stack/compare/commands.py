@@ -10,7 +10,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from muse_stack.errors import InputError, MuseStackError, UsageError
+from muse_stack.util.errors import InputError, MuseStackError, UsageError
 
 
 def _dump(obj: Any) -> str:

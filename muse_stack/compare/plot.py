@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from muse_stack import atomic
+from muse_stack.util import atomic
 from muse_stack.compare.runs import Metrics
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 
-from muse_stack.errors import InputError
+from muse_stack.util.errors import InputError
 
 RUN_FIX = "pass a run directory written by `muse-stack run` (it holds metrics.jsonl, results.json, fingerprint.json)"
 
@@ -113,7 +113,7 @@ def read_recipe(run: Path) -> dict[str, Any]:
     if not file.exists():
         raise InputError(f"{file} does not exist", field="recipe", value=str(file),
                          fix=RUN_FIX + "; or pass --recipe NAME to audit against a catalogue recipe")
-    from muse_stack.safeio import load_yaml, read_text
+    from muse_stack.util.safeio import load_yaml, read_text
 
     data = load_yaml(read_text(file, field="recipe", what="recipe.yaml", fix=RUN_FIX), source=str(file),
                      field="recipe", error=InputError)

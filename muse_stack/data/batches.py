@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from muse_stack.data.rows import Rows
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 
 
 def _row_segments(rows: Rows, r: int) -> tuple[np.ndarray, np.ndarray]:
@@ -134,7 +134,7 @@ class BatchStream:
         same global batch a position after a whole step is a multiple of every rank's share. One
         that is not (a run continued with another global or micro-batch, ``--allow-change``)
         continues at the next whole micro-step, the rows between left out of that epoch and logged."""
-        from muse_stack.errors import InputError
+        from muse_stack.util.errors import InputError
 
         fix = "resume with the data the run trained on (its rows and data_seed), or start a new run"
         if position.get("rows") != self.rows.num_rows or position.get("seed") != self.seed:

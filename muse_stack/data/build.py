@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from muse_stack.atomic import write_json
+from muse_stack.util.atomic import write_json
 from muse_stack.data.builders import build_fixed, build_packed, build_synthetic
 from muse_stack.data.chat import LOSS_MASKS, ChatTokenizer
 from muse_stack.data.packing import pack_alignment
 from muse_stack.data.rows import Rows, read_parquet, rows_sha256, write_parquet
 from muse_stack.data.sources import load_source, messages_of, resolve_path
-from muse_stack.errors import InputError, RecipeError
+from muse_stack.util.errors import InputError, RecipeError
 from muse_stack.recipes.schema import Recipe
 
 log = logging.getLogger("muse_stack.data")
@@ -289,7 +289,7 @@ class BuiltData:
         if not meta_path.is_file() or not (path / "rows.parquet").is_file():
             raise InputError("not a finished data build", field="path", value=str(path),
                              fix="run `muse-stack data build RECIPE`")
-        from muse_stack.safeio import read_json
+        from muse_stack.util.safeio import read_json
 
         fix = f"the build is corrupt; remove {path} and build it again (`muse-stack data build RECIPE --force`)"
         meta = read_json(meta_path, field="build.json", what="data build record", fix=fix)

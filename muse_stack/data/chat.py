@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from muse_stack.errors import InputError
+from muse_stack.util.errors import InputError
 
 LOSS_MASKS = ("muse_spark",)
 
@@ -75,7 +75,7 @@ class ChatTokenizer:
         except Exception as exc:  # the tokenizers library raises plain Exception on a bad file
             raise InputError(f"cannot read {tok_path}: {exc}", field=field, value=str(tok_path),
                              fix="give a tokenizer.json written by the tokenizers library") from exc
-        from muse_stack.safeio import read_json, read_text
+        from muse_stack.util.safeio import read_json, read_text
 
         self.template_source = read_text(tpl_path, field=field, what="chat template",
                                          fix="give a UTF-8 chat_template.jinja")

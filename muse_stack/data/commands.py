@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from muse_stack.atomic import write_bytes
+from muse_stack.util.atomic import write_bytes
 
 data_app = typer.Typer(help="Build and inspect the training rows of a recipe.", no_args_is_help=True)
 console = Console()
@@ -39,7 +39,7 @@ def build_cmd(
 ) -> None:
     """Build (or find in the cache) the rows of a recipe and print their sha256 and statistics."""
     from muse_stack.data.build import build_for_recipe
-    from muse_stack.errors import InputError
+    from muse_stack.util.errors import InputError
     from muse_stack.recipes.catalogue import load_recipe
 
     if out is not None and not force:  # before anything is built: the refusal leaves nothing behind
@@ -78,7 +78,7 @@ def show_cmd(
     """Show what the recipe's data section resolves to, and its cached build if there is one."""
     from muse_stack.data.build import BuiltData, cache_key, default_cache_dir, plan_for_recipe
     from muse_stack.data.chat import ChatTokenizer
-    from muse_stack.errors import MuseStackError
+    from muse_stack.util.errors import MuseStackError
     from muse_stack.recipes.catalogue import load_recipe
 
     recipe = load_recipe(name, overrides or [])

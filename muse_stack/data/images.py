@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from muse_stack.errors import InputError
-from muse_stack.tower_config import MAX_IMAGE_TOKENS
+from muse_stack.util.errors import InputError
+from muse_stack.models.muse_spark.tower_config import MAX_IMAGE_TOKENS
 
 #: transformers' MuseGlimmerImageProcessor class defaults
 PATCH_SIZE = 14

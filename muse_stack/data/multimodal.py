@@ -35,7 +35,7 @@ import numpy as np
 
 from muse_stack.data.chat import ChatTokenizer, Tokenized
 from muse_stack.data.images import ImageSpec, image_bytes_of, image_grid, open_rgb, pixel_values
-from muse_stack.errors import InputError, RecipeError
+from muse_stack.util.errors import InputError, RecipeError
 
 #: Megatron-Bridge's make_cord_v2_dataset user prompt
 DEFAULT_PROMPT = "Describe this image."
@@ -77,7 +77,7 @@ class MediaIds:
 
 def media_ids(tokenizer: ChatTokenizer, image_token_id: int) -> MediaIds:
     """The tokenizer's image tokens; its placeholder must be the model's ``image_token_id``."""
-    from muse_stack.safeio import read_json
+    from muse_stack.util.safeio import read_json
 
     cfg_path = tokenizer.directory / "tokenizer_config.json"
     config = read_json(cfg_path, field="data.tokenizer", what="tokenizer_config.json",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from muse_stack.errors import LayoutError
+from muse_stack.util.errors import LayoutError
 from muse_stack.plan.layout import pack_alignment as layout_alignment
 from muse_stack.recipes.schema import Batch, Layout
 

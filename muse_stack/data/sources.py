@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from muse_stack.errors import InputError
+from muse_stack.util.errors import InputError
 from muse_stack.recipes.schema import Data
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def _slice(n: int, split: str | None) -> tuple[int, int]:
 def _read_file(path: Path) -> list[dict[str, Any]]:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        from muse_stack.safeio import load_json
+        from muse_stack.util.safeio import load_json
 
         out = []
         fix = "write one JSON object per line (a conversation with its messages), UTF-8"

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from muse_stack.data.rows import Rows, rows_sha256
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 
 #: the seed of the held-out rows' draw ("val")
 HOLD_OUT_SEED = 0x76616C

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark.config import ModelConfig
 from muse_stack.recipes.schema import Recipe
 
 
@@ -75,8 +75,8 @@ class Engine(Protocol):
 def checkpoint_step(directory: Path, total_steps: int) -> int:
     """The step a run checkpoint was saved after, from its trainer_state.json; a missing, truncated
     or out-of-range state is an InputError, never a traceback or a loop over a bogus count."""
-    from muse_stack.errors import InputError
-    from muse_stack.safeio import read_json
+    from muse_stack.util.errors import InputError
+    from muse_stack.util.safeio import read_json
 
     fix = "the checkpoint is truncated or corrupt; start a new run (the run directory keeps its metrics)"
     state = read_json(Path(directory) / "trainer_state.json", field="--resume", what="trainer state", fix=fix)
@@ -89,8 +89,8 @@ def checkpoint_step(directory: Path, total_steps: int) -> int:
 
 def corrupt_checkpoint(directory: Path, what: str, exc: BaseException):
     """The InputError for a checkpoint file that cannot be loaded."""
-    from muse_stack.errors import InputError
-    from muse_stack.safeio import short_repr
+    from muse_stack.util.errors import InputError
+    from muse_stack.util.safeio import short_repr
 
     return InputError(f"the checkpoint's {what} cannot be loaded ({type(exc).__name__}: {short_repr(str(exc))})",
                       field="--resume", value=str(directory),

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from muse_stack.engines.spec import check_recipe
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe, recipe_names
 from muse_stack.recipes.commands import layout_label
 

@@ -27,7 +27,7 @@ import torch.distributed as tdist
 
 from muse_stack.engines.base import StepStats, TrainContext
 from muse_stack.engines.megatron_available import require_megatron
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.engines.schedule import lr_at
 
 GIB = 2**30
@@ -153,7 +153,7 @@ class MegatronEngine:
 
         from muse_stack.engines.mcore import peft as mpeft
         from muse_stack.engines.mcore.peft_checkpoint import base_identity
-        from muse_stack.hf_config import full_config
+        from muse_stack.models.muse_spark.hf_config import full_config
         from muse_stack.recipes.peft import resolve
 
         lay = recipe.layout
@@ -301,7 +301,7 @@ class MegatronEngine:
         if self.towers is None:
             return
         from muse_stack.engines.support import TOWERS
-        from muse_stack.flops import TowerFlops
+        from muse_stack.models.muse_spark.flops import TowerFlops
 
         host = getattr(model, "perception", None)
         if host is not None:
@@ -316,17 +316,17 @@ class MegatronEngine:
 
     def tower_flops_per_token(self) -> dict[str, float] | None:
         """The perception towers' model FLOPs per token over the steps this process ran (its own
-        micro-batches' images; ``muse_stack.flops.TowerFlops``), or None without towers."""
+        micro-batches' images; ``muse_stack.models.muse_spark.flops.TowerFlops``), or None without towers."""
         return self._tower_flops.per_token() if self._tower_flops is not None else None
 
     # -- data -----------------------------------------------------------------------------
     def _media(self, mb: dict[str, Any], input_ids: torch.Tensor) -> dict[str, Any]:
         """An image-text micro-batch's media inputs on the device and the index placing their
-        feature rows (:func:`muse_stack.model.perception.media_index`), made from the whole
+        feature rows (:func:`muse_stack.models.muse_spark.perception.media_index`), made from the whole
         token rows before any split over CP ranks; {} for a text model."""
         if self.towers is None:
             return {}
-        from muse_stack.model.perception import MEDIA_INPUTS, feature_rows, media_index
+        from muse_stack.models.muse_spark.perception import MEDIA_INPUTS, feature_rows, media_index
 
         media = {k: mb[k].to(self.device, non_blocking=True) for k in MEDIA_INPUTS if mb.get(k) is not None}
         index = media_index(input_ids, self.towers, feature_rows(self.towers, **media))
@@ -640,7 +640,7 @@ class MegatronEngine:
         host = getattr(self.model.module, "perception", None)
         if host is None:
             return None
-        return {"modules": "transformers' vision tower, audio tower and projector (muse_stack.model.perception), "
+        return {"modules": "transformers' vision tower, audio tower and projector (muse_stack.models.muse_spark.perception), "
                            "whole on every TP rank of the first pipeline stage",
                 "parameters": sum(p.numel() for p in host.parameters()),
                 "trainable_parameters": sum(p.numel() for p in host.parameters() if p.requires_grad),
@@ -746,7 +746,7 @@ class MegatronEngine:
 
         state = self._sharded_state(is_loading=False)
         if self.peft is not None and self.ctx.rank == 0:  # what base the adapters sit on, before the shards
-            from muse_stack import atomic
+            from muse_stack.util import atomic
             from muse_stack.engines.mcore.peft_checkpoint import ADAPTER_BASE, FORMAT
 
             atomic.write_json(Path(directory) / ADAPTER_BASE, {"format": FORMAT, "peft": self.peft.as_dict(),
@@ -855,7 +855,7 @@ def _tracker_states() -> dict[str, Any]:
 
 def supervised_mask(mb: dict[str, torch.Tensor]) -> torch.Tensor:
     """The tokens of a prepared micro-batch that count in the loss: a label, and the loss mask on."""
-    from muse_stack.model.loss import IGNORE_INDEX
+    from muse_stack.models.muse_spark.loss import IGNORE_INDEX
 
     return (mb["labels"] != IGNORE_INDEX) & mb["loss_mask"].to(torch.bool)
 

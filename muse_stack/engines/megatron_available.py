@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from muse_stack.errors import EngineUnavailable
+from muse_stack.util.errors import EngineUnavailable
 
 
 def missing() -> str | None:

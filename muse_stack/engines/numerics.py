@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 
 #: environment the deterministic mode needs (name -> value)
 DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from muse_stack import atomic
+from muse_stack.util import atomic
 from muse_stack.engines.base import StepStats, TrainContext
 from muse_stack.engines.support import TOWERS
-from muse_stack.model.perception import MEDIA_INPUTS
-from muse_stack.errors import RecipeError
+from muse_stack.models.muse_spark.perception import MEDIA_INPUTS
+from muse_stack.util.errors import RecipeError
 from muse_stack.engines.schedule import lr_at
 
 GIB = 2**30
@@ -57,13 +57,13 @@ class ReferenceEngine:
     name = "reference"
 
     def __init__(self, ctx: TrainContext) -> None:
-        from muse_stack.model import MuseSparkForCausalLM, freeze, load_weights_into
+        from muse_stack.models.muse_spark import MuseSparkForCausalLM, freeze, load_weights_into
 
         self.ctx = ctx
         recipe = ctx.recipe
         cuda = recipe.hardware.gpu != "cpu"
         if cuda and not torch.cuda.is_available():
-            from muse_stack.errors import EngineUnavailable
+            from muse_stack.util.errors import EngineUnavailable
 
             raise EngineUnavailable("the recipe runs on GPUs but CUDA is not available here",
                                     field="hardware.gpu", value=recipe.hardware.gpu,
@@ -83,8 +83,8 @@ class ReferenceEngine:
         self.peft = None
         if recipe.peft is not None:
             # after the base weights load (DoRA's magnitude starts from them), before DDP
-            from muse_stack.model.peft import apply_peft
-            from muse_stack.model.peft_io import base_identity
+            from muse_stack.models.muse_spark.peft import apply_peft
+            from muse_stack.models.muse_spark.peft_io import base_identity
             from muse_stack.recipes.peft import resolve
 
             self.peft = resolve(recipe.peft, ctx.model)
@@ -127,7 +127,7 @@ class ReferenceEngine:
         #: the perception towers' model FLOPs of the images trained on, and the tokens of those steps
         self._tower_flops = None
         if self.model.towers_config is not None:
-            from muse_stack.flops import TowerFlops
+            from muse_stack.models.muse_spark.flops import TowerFlops
 
             trains = {name: any(p.requires_grad for p in getattr(self.model.model, name).parameters())
                       for name in ("vision_tower", "vision_adapter")}
@@ -223,7 +223,7 @@ class ReferenceEngine:
 
     def tower_flops_per_token(self) -> dict[str, float] | None:
         """The perception towers' model FLOPs per token over the steps this process ran (its own
-        micro-batches' images; ``muse_stack.flops.TowerFlops``), or None without towers."""
+        micro-batches' images; ``muse_stack.models.muse_spark.flops.TowerFlops``), or None without towers."""
         return self._tower_flops.per_token() if self._tower_flops is not None else None
 
     def seq_lens(self) -> list[int]:
@@ -250,14 +250,14 @@ class ReferenceEngine:
         base's identity) plus, in ``optimizer.pt``, the optimizer state, every rank's random state
         (:func:`muse_stack.engines.state.capture_rng`) and the data position (rank 0 writes)."""
         from muse_stack.engines.state import capture_rng
-        from muse_stack.model import save_checkpoint
+        from muse_stack.models.muse_spark import save_checkpoint
         from muse_stack.engines import dist as run_dist
 
         rng = run_dist.gather(capture_rng(self.device))  # a collective: every rank, before rank 0 writes
         if self.ctx.rank != 0:
             return
         if self.peft is not None:  # the adapters and the base's identity; the frozen base is not copied
-            from muse_stack.model.peft_io import save_adapters
+            from muse_stack.models.muse_spark.peft_io import save_adapters
 
             save_adapters(self.model, directory, self.base, self.peft)
         else:
@@ -277,13 +277,13 @@ class ReferenceEngine:
         return total
 
     def load(self, directory: Path) -> int:
-        from muse_stack.model import load_weights_into
+        from muse_stack.models.muse_spark import load_weights_into
 
         from muse_stack.engines.base import checkpoint_step, corrupt_checkpoint
 
         step = checkpoint_step(directory, self.ctx.total_steps)
         if self.peft is not None:
-            from muse_stack.model.peft_io import load_adapters
+            from muse_stack.models.muse_spark.peft_io import load_adapters
 
             load_adapters(self.model, directory)  # refuses adapters trained on another base
         else:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from muse_stack.engines.support import TOWERS, check_precision_aware, check_recipe_values
-from muse_stack.errors import InputError, RecipeError
+from muse_stack.util.errors import InputError, RecipeError
 from muse_stack.recipes.engines import EngineTraits, traits
 
 
@@ -64,7 +64,7 @@ def _check_reference(recipe) -> None:
 
 
 def _reference_adapter_meta(folder: Path) -> dict | None:
-    from muse_stack.model.peft_io import ADAPTER_META, read_adapter_meta
+    from muse_stack.models.muse_spark.peft_io import ADAPTER_META, read_adapter_meta
 
     return read_adapter_meta(folder) if (folder / ADAPTER_META).exists() else None
 
@@ -72,7 +72,7 @@ def _reference_adapter_meta(folder: Path) -> dict | None:
 def _reference_adapter_tensors(folder: Path) -> dict:
     from safetensors.torch import load_file
 
-    from muse_stack.model.peft_io import ADAPTER_FILE
+    from muse_stack.models.muse_spark.peft_io import ADAPTER_FILE
 
     return load_file(str(folder / ADAPTER_FILE))
 
@@ -80,7 +80,7 @@ def _reference_adapter_tensors(folder: Path) -> dict:
 def _reference_check_base(model, path: str | None, base_id: dict, folder: Path) -> None:
     if model is None:  # a seed base rebuilds on any machine
         return
-    from muse_stack.model.peft_io import base_sha256
+    from muse_stack.models.muse_spark.peft_io import base_sha256
 
     ours = base_sha256(model)
     if ours != base_id.get("sha256"):
@@ -91,7 +91,7 @@ def _reference_check_base(model, path: str | None, base_id: dict, folder: Path) 
 
 
 def _reference_hf_tensors(folder: Path):
-    from muse_stack.model.checkpoint import hf_tensor_source
+    from muse_stack.models.muse_spark.checkpoint import hf_tensor_source
 
     return hf_tensor_source(folder)
 

@@ -92,7 +92,7 @@ def save_rank_state(directory, rank: int, state: dict[str, Any]) -> None:
     """Write one rank's state (:func:`capture_rng` and the data position) into the step folder."""
     import io
 
-    from muse_stack import atomic
+    from muse_stack.util import atomic
 
     buf = io.BytesIO()
     torch.save(state, buf)

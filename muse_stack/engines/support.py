@@ -6,7 +6,7 @@ optimizer. The whole check of a recipe against its engine is
 
 from __future__ import annotations
 
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.completeness import check_recipe_values, unstated_training_values
 from muse_stack.recipes.schema import Recipe
 

@@ -46,8 +46,8 @@ def fingerprint_cmd(
     """Capture the stack fingerprint of this machine and Python environment."""
     import re
 
-    from muse_stack import atomic
-    from muse_stack.errors import UsageError
+    from muse_stack.util import atomic
+    from muse_stack.util.errors import UsageError
     from muse_stack.fingerprint.capture import capture
 
     for flag, digest in (("--recipe-sha256", recipe_sha256), ("--rows-sha256", rows_sha256)):

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from muse_stack.errors import InputError
+from muse_stack.util.errors import InputError
 
 SCHEMA_VERSION = 1
 KIND = "muse-stack-fingerprint"
@@ -34,7 +34,7 @@ OPTIONAL_SECTIONS = ("extra", "ranks")
 def load_fingerprint(path: str | Path, *, complete: bool = False) -> dict[str, Any]:
     """Read and check a fingerprint. ``complete`` (what ``diff`` needs) also requires every
     section a capture writes: a document missing one is corrupt, not a stack that differs."""
-    from muse_stack.safeio import read_text
+    from muse_stack.util.safeio import read_text
 
     file = resolve(path)
     if not file.exists():

@@ -2,7 +2,7 @@
 
 Only allow-listed names are recorded. Any variable whose name looks like a secret (token,
 key, secret, password, credential, ...), or an allow-listed one whose value is shaped like a
-credential (:mod:`muse_stack.credentials`), is recorded by name only, in ``secrets_set``; and
+credential (:mod:`muse_stack.util.credentials`), is recorded by name only, in ``secrets_set``; and
 as a last guard every string in the finished document is scrubbed of the values of such
 variables and of credentials embedded in URLs.
 """
@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from muse_stack.credentials import REDACTED, redact_text, shape
+from muse_stack.util.credentials import REDACTED, redact_text, shape
 
 ALLOWED_PREFIXES = (
     "NCCL_",
@@ -110,7 +110,7 @@ def scrub_text(text: str, secrets: list[str]) -> str:
     """``text`` with every secret value replaced where it stands as a whole value or token (the
     whole string, or bounded by characters that cannot continue a token: spaces, quotes, '=', ':',
     '@', ...), never inside a longer word; then every credential of a known shape (URL
-    credentials, tokens: :func:`muse_stack.credentials.redact_text`)."""
+    credentials, tokens: :func:`muse_stack.util.credentials.redact_text`)."""
     for value in secrets:
         if value in text:
             text = re.sub(rf"(?<!{_TOKEN_CHAR}){re.escape(value)}(?!{_TOKEN_CHAR})", REDACTED, text)

@@ -59,8 +59,8 @@ def launch_cmd(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write to this file (default: stdout)"),
 ) -> None:
     """Render (and submit) a multi-node launch of a recipe, validated by the planner first."""
-    from muse_stack import atomic
-    from muse_stack.errors import InputError
+    from muse_stack.util import atomic
+    from muse_stack.util.errors import InputError
     from muse_stack.launch import k8s as k8s_mod
     from muse_stack.launch import slurm as slurm_mod
     from muse_stack.launch.spec import resolve
@@ -75,7 +75,7 @@ def launch_cmd(
         raise InputError("the output file exists; launch never overwrites a file", field="--output",
                          value=str(output), fix="choose a new file name or remove the old one")
     if submit and not time_limit:
-        from muse_stack.errors import UsageError
+        from muse_stack.util.errors import UsageError
 
         raise UsageError("a submitted job needs a time limit", field="--time", value=None,
                          rule="without one the job runs under the partition's default limit, which may be "

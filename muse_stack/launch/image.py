@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from muse_stack.errors import UsageError
+from muse_stack.util.errors import UsageError
 
 DOCKER_HUB = "docker.io"
 _HUB_ALIASES = {"docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"}

@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from muse_stack.errors import InputError, UsageError
-from muse_stack import quoting
+from muse_stack.util.errors import InputError, UsageError
+from muse_stack.util import quoting
 from muse_stack.launch.spec import (CHECKPOINT_MOUNT, CONTAINER_ENV, DATA_MOUNT, RDZV_PORT, RUNS_MOUNT,
                                     STOP_SIGNAL_SECONDS, LaunchSpec, dns_name)
 from muse_stack.recipes.schema import ENV_REFERENCE

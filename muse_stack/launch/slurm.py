@@ -8,8 +8,8 @@ from pathlib import Path
 
 import jinja2
 
-from muse_stack.errors import InputError
-from muse_stack import quoting
+from muse_stack.util.errors import InputError
+from muse_stack.util import quoting
 from muse_stack.launch.spec import (CHECKPOINT_MOUNT, CONTAINER_ENV, DATA_MOUNT, PRETRAINED_MOUNT, RDZV_PORT,
                                     RECIPES_FOLDER, RUNS_MOUNT, STOP_SIGNAL_SECONDS, LaunchSpec, check_mount_path)
 

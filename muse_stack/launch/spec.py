@@ -11,7 +11,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from muse_stack.errors import InputError, LayoutError, RecipeError, UsageError
+from muse_stack.util.errors import InputError, LayoutError, RecipeError, UsageError
 from muse_stack.launch.image import Image
 from muse_stack.launch.targets import FABRIC_ENV, Target, fabric_for, target_for
 from muse_stack.recipes.schema import Recipe
@@ -122,7 +122,7 @@ def _layout(recipe: Recipe, target: Target, nodes: int | None, gpus: int | None)
 def check_mount_path(value: str | None, field: str) -> str | None:
     """A host folder pyxis mounts: printable, and without the separators of --container-mounts
     (a comma would add a mount of its own: ``/etc:/host-etc,...``)."""
-    from muse_stack import quoting
+    from muse_stack.util import quoting
 
     quoting.check_path(value, field)
     if value is not None and any(c in value for c in MOUNT_SEPARATORS):
@@ -202,7 +202,7 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
     recipe_text = None
     path = Path(name)
     if path.is_file():  # a recipe file: its text travels in the job, where the host path does not exist
-        from muse_stack.safeio import read_text
+        from muse_stack.util.safeio import read_text
 
         recipe_text = read_text(path, field="recipe", what="recipe YAML file")
     return LaunchSpec(recipe=recipe, name=name, run_overrides=run_overrides, steps=steps, target=target,
@@ -227,8 +227,8 @@ def _check_start(recipe: Recipe, pretrained: str | None, target: Target, kuberne
                               f"mounted read-only; Kubernetes: a folder under {CHECKPOINT_MOUNT}/ in the volume claim)")
     if pretrained is None:
         return None
-    from muse_stack import quoting
-    from muse_stack.safeio import refuse_secrets
+    from muse_stack.util import quoting
+    from muse_stack.util.safeio import refuse_secrets
 
     refuse_secrets(str(pretrained), field="--pretrained-checkpoint", error=UsageError, what="the path")
     quoting.check_path(pretrained, "--pretrained-checkpoint")

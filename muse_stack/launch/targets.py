@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from muse_stack.errors import LayoutError, UsageError
+from muse_stack.util.errors import LayoutError, UsageError
 
 _COMMON_ENV: dict[str, str] = {
     "NCCL_SOCKET_IFNAME": "^lo,docker",  # NCCL's bootstrap on the host network, not loopback or docker

@@ -5,7 +5,7 @@ instead of a process-count mismatch whose suggested fix leads to a layout error.
 from __future__ import annotations
 
 from muse_stack.engines.spec import engine_spec
-from muse_stack.errors import EngineUnavailable
+from muse_stack.util.errors import EngineUnavailable
 from muse_stack.recipes.schema import Recipe
 
 

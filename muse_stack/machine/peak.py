@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from muse_stack.hardware import gpu_spec
+from muse_stack.machine.hardware import gpu_spec
 
 
 def measure_cpu_matmul_tflops(n: int = 1024, repeats: int = 5) -> float:

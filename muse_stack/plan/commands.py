@@ -11,8 +11,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from muse_stack import atomic
-from muse_stack.errors import InputError
+from muse_stack.util import atomic
+from muse_stack.util.errors import InputError
 from muse_stack.plan.planner import Plan, make_plan
 from muse_stack.recipes.catalogue import load_recipe
 from muse_stack.recipes.commands import layout_label, print_filled
@@ -144,8 +144,8 @@ def print_tune(recipe, best: list, planned: int, *, own: bool) -> None:
 
 def _gpu_overrides(gpu: str) -> list[str]:
     """The overrides that put a recipe on the GPU type ``gpu`` (--gpu of tune)."""
-    from muse_stack.errors import LayoutError
-    from muse_stack.hardware import GPUS
+    from muse_stack.util.errors import LayoutError
+    from muse_stack.machine.hardware import GPUS
 
     if gpu not in GPUS:
         raise LayoutError("the GPU type is not in the hardware table", field="--gpu", value=gpu,

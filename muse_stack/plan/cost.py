@@ -1,7 +1,7 @@
 """Step time of a megatron-core training step, term by term, before a GPU-hour is spent.
 
 Every term is a formula over the layout, the model's shapes, the GPU's datasheet figures
-(:mod:`muse_stack.hardware`) and the published bus bandwidths of the links the collectives cross
+(:mod:`muse_stack.machine.hardware`) and the published bus bandwidths of the links the collectives cross
 (:mod:`muse_stack.plan.fabrics`, each figure cited); the only fitted constants are the kernel efficiencies,
 HBM passes and fixed times of :class:`TimeCalibration`, fitted by ``benchmarks/scripts/plan/fit_time.py``
 to this project's H200 measurements in ``benchmarks/`` and to nothing else.
@@ -57,7 +57,7 @@ on each micro-batch's images: the vision tower's GEMMs (patch embedding, q/k/v/p
 projector's on the same roofline, its attention at the attention efficiency; backward 2 x the
 forward for a part that trains and none for a frozen one (nothing upstream of the towers trains),
 and one more forward of the vision tower under full recompute. Their FLOPs join the MFU
-(:func:`muse_stack.flops.tower_flops_per_sequence`).
+(:func:`muse_stack.models.muse_spark.flops.tower_flops_per_sequence`).
 
 A 1F1B pipeline of ``m`` micro-batches over stages of per-micro-batch time ``t_s`` (``max(GPU work,
 host time)``, the GPU work including the
@@ -100,9 +100,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from muse_stack.flops import mean_keys_causal, mean_keys_sliding, training_flops_per_token
-from muse_stack.hardware import GpuSpec
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark.flops import mean_keys_causal, mean_keys_sliding, training_flops_per_token
+from muse_stack.machine.hardware import GpuSpec
+from muse_stack.models.muse_spark.config import ModelConfig
 from muse_stack.plan.fabrics import Fabric, Figure, Links, machine_links
 from muse_stack.plan.memory import layer_activation_bytes_per_token
 from muse_stack.recipes.engines import embedding_into_main_grad_blocker, triton_adam_blocker
@@ -254,14 +254,14 @@ def nvlink_reach(spec: GpuSpec, per_node: int) -> int:
 
 def spec_links(spec: GpuSpec, per_node: int, instance: str | None = None) -> Links:
     """The fabrics of ``spec`` on ``instance`` (:mod:`muse_stack.plan.fabrics`); a GPU no
-    published figure covers gets its datasheet line rates (``muse_stack/hardware.py``)."""
+    published figure covers gets its datasheet line rates (``muse_stack/machine/hardware.py``)."""
     domain = nvlink_reach(spec, per_node)
     links = machine_links(spec.name, instance, domain)
     if links is not None:
         return links
-    intra = Figure(value=spec.nvlink_gbps or 0.0, unit="GB/s", basis="line rate", url="muse_stack/hardware.py",
+    intra = Figure(value=spec.nvlink_gbps or 0.0, unit="GB/s", basis="line rate", url="muse_stack/machine/hardware.py",
                    quote=spec.nvlink_source)
-    inter = Figure(value=spec.scaleout_gbps or 0.0, unit="GB/s", basis="line rate", url="muse_stack/hardware.py",
+    inter = Figure(value=spec.scaleout_gbps or 0.0, unit="GB/s", basis="line rate", url="muse_stack/machine/hardware.py",
                    quote=spec.scaleout_source)
     return Links(intra=Fabric(name=f"NVLink ({spec.name} datasheet)", scope="intra-node", line_rate=intra, bus=intra),
                  inter=Fabric(name=f"scale-out ({spec.name} datasheet)", scope="inter-node", line_rate=inter,

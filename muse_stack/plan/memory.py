@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark.config import ModelConfig
 from muse_stack.recipes.peft import adapter_params_per_layer
 from muse_stack.recipes.schema import Recipe
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from muse_stack.errors import LayoutError
-from muse_stack.hardware import gpu_spec
+from muse_stack.util.errors import LayoutError
+from muse_stack.machine.hardware import gpu_spec
 from muse_stack.plan.cost import StepKernels, StepTime, TimeCalibration, estimate_step
 from muse_stack.plan.fabrics import Links
 from muse_stack.plan.layout import data_parallel, expert_data_parallel, pack_alignment, stage_layers
@@ -156,7 +156,7 @@ def _step_time(recipe: Recipe, model, world: int, stages: list[int] | None, dp: 
                kernels: StepKernels | None = None) -> tuple[StepTime | None, str | None]:
     spec = gpu_spec(recipe.hardware.gpu)
     if spec is None or spec.hbm_gbps is None or spec.peak_bf16_tflops is None:
-        return None, f"no datasheet figures for {recipe.hardware.gpu} in muse_stack/hardware.py"
+        return None, f"no datasheet figures for {recipe.hardware.gpu} in muse_stack/machine/hardware.py"
     if not traits(recipe.engine).step_time_model:
         return None, f"the step-time model is of megatron-core; the recipe's engine is {recipe.engine}"
     lay, batch = recipe.layout, recipe.batch

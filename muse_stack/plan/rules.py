@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from muse_stack.errors import LayoutError
-from muse_stack.model_config import ModelConfig
+from muse_stack.util.errors import LayoutError
+from muse_stack.models.muse_spark.config import ModelConfig
 from muse_stack.plan.layout import data_parallel, pack_alignment, stage_layers
 from muse_stack.recipes.schema import Recipe
 

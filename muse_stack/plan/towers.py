@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from muse_stack.tower_config import MAX_IMAGE_TOKENS
-from muse_stack.flops import tower_flops_per_sequence
+from muse_stack.models.muse_spark.tower_config import MAX_IMAGE_TOKENS
+from muse_stack.models.muse_spark.flops import tower_flops_per_sequence
 from muse_stack.recipes.schema import Recipe
-from muse_stack.tower_config import TowersConfig
+from muse_stack.models.muse_spark.tower_config import TowersConfig
 
 #: names in ``frozen`` that freeze the projector
 PROJECTOR_NAMES = ("vision_adapter", "vision_projection", "projector")
@@ -103,7 +103,7 @@ def tower_plan(recipe: Recipe) -> TowerPlan | None:
     cap = recipe.data.details.get("max_image_tokens", MAX_IMAGE_TOKENS)
     seq = recipe.batch.seq_length
     if stated is not None and not (isinstance(stated, int) and not isinstance(stated, bool) and stated > 0):
-        from muse_stack.errors import RecipeError
+        from muse_stack.util.errors import RecipeError
 
         raise RecipeError("must be a positive whole number of merged image tokens",
                           field="data.details.image_tokens_per_sequence", value=stated,

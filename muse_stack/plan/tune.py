@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 from pydantic import BaseModel
 
-from muse_stack.errors import LayoutError
+from muse_stack.util.errors import LayoutError
 from muse_stack.plan.planner import make_plan
 from muse_stack.recipes.schema import Recipe
 

@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from muse_stack import atomic
-from muse_stack.errors import InputError
+from muse_stack.util import atomic
+from muse_stack.util.errors import InputError
 from muse_stack.recipes.catalogue import recipe_yaml
 
 console = Console()
@@ -28,10 +28,10 @@ def export_cmd(
                                        help="adapter runs: the adapters in the Hugging Face peft layout"),
 ) -> None:
     """Write the run's latest checkpoint in transformers' muse_spark layout (MuseSparkForConditionalGeneration loads it)."""
-    from muse_stack.errors import MuseStackError, UsageError
+    from muse_stack.util.errors import MuseStackError, UsageError
     from muse_stack.publish.hf import export_run
     from muse_stack.run import checkpoints
-    from muse_stack.safeio import refuse_secrets
+    from muse_stack.util.safeio import refuse_secrets
 
     refuse_secrets(str(hf), field="--hf", error=UsageError, what="the path")
     under = next((p for p in hf.absolute().parents if p.exists() and not p.is_dir()), None)
@@ -95,7 +95,7 @@ def record_import(path: Path = typer.Argument(..., help="OpenRecipes record (YAM
 def record_export(run_dir: Path = typer.Argument(..., help="a run directory"),
                   out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the record here")) -> None:
     """An OpenRecipes record of a finished run: its recipe, measured results and stack."""
-    from muse_stack.errors import MuseStackError
+    from muse_stack.util.errors import MuseStackError
     from muse_stack.recipes.openrecipes import record_yaml, recipe_to_record
     from muse_stack.run.rundir import read_run
 

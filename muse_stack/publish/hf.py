@@ -2,7 +2,7 @@
 
 OUT gets ``config.json`` (the run's model config) and the weights under the model's HF
 names, in safetensors shards of at most ``max_shard_bytes`` with ``model.safetensors.index.json``
-(or one ``model.safetensors``), exactly what :func:`muse_stack.model.load_checkpoint` and
+(or one ``model.safetensors``), exactly what :func:`muse_stack.models.muse_spark.load_checkpoint` and
 Hugging Face loaders read. Both engines' checkpoints export:
 
 * reference engine: the step folder already holds HF-named safetensors; they are re-sharded
@@ -12,7 +12,7 @@ Hugging Face loaders read. Both engines' checkpoints export:
   with ``torch.distributed.checkpoint`` and renamed through :mod:`muse_stack.engines.mcore.weights`.
 
 An adapter checkpoint (a peft run, either engine) exports with ``--adapters-only`` (the Hugging
-Face ``peft`` layout, :func:`muse_stack.model.peft_io.export_adapters_hf_peft`) or ``--merge``
+Face ``peft`` layout, :func:`muse_stack.models.muse_spark.peft_io.export_adapters_hf_peft`) or ``--merge``
 (the base, rebuilt from the checkpoint or seed it names and checked against the saved identity,
 with the adapters folded in); a megatron base initialised from the seed is not on disk, so
 ``--merge`` of it is refused.
@@ -32,18 +32,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from muse_stack import atomic
+from muse_stack.util import atomic
 from muse_stack.engines.spec import engine_spec
-from muse_stack.errors import InputError
-from muse_stack.hf_config import full_config
-from muse_stack.model.checkpoint import (CONFIG_NAME, DEFAULT_MAX_SHARD_BYTES, INDEX_FILE, SINGLE_FILE, TensorGetter,
+from muse_stack.util.errors import InputError
+from muse_stack.models.muse_spark.hf_config import full_config
+from muse_stack.models.muse_spark.checkpoint import (CONFIG_NAME, DEFAULT_MAX_SHARD_BYTES, INDEX_FILE, SINGLE_FILE, TensorGetter,
                                          TensorSpec)
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark.config import ModelConfig
 from muse_stack.recipes.catalogue import parse_recipe
 from muse_stack.run import checkpoints
 
 if TYPE_CHECKING:
-    from muse_stack.model.hf_export import Towers
+    from muse_stack.models.muse_spark.hf_export import Towers
 
 
 Spec = TensorSpec
@@ -52,7 +52,7 @@ Getter = TensorGetter
 
 def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HF name -> shape of every tensor of the text decoder with this config."""
-    from muse_stack.model import MuseSparkForCausalLM
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM
 
     with torch.device("meta"):
         model = MuseSparkForCausalLM(config, seed=None)
@@ -81,7 +81,7 @@ def write_hf(out: Path, config: ModelConfig, specs: list[Spec], get: Getter, *,
     before it is renamed to ``out``."""
     from safetensors.torch import save_file
 
-    from muse_stack.model.hf_export import placeholder_towers
+    from muse_stack.models.muse_spark.hf_export import placeholder_towers
 
     towers = towers if towers is not None else placeholder_towers(config, seed=0)
 
@@ -131,8 +131,8 @@ def write_hf(out: Path, config: ModelConfig, specs: list[Spec], get: Getter, *,
 def _adapted_model(config: ModelConfig, settings, tensors: dict[str, torch.Tensor], *, base: torch.nn.Module | None):
     """A reference model with ``settings``' adapters holding ``tensors``: on the meta device
     (adapters only real) when ``base`` is None, else ``base`` itself with the adapters attached."""
-    from muse_stack.model import MuseSparkForCausalLM
-    from muse_stack.model.peft import adapter_state_dict, apply_peft
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM
+    from muse_stack.models.muse_spark.peft import adapter_state_dict, apply_peft
 
     if base is None:
         with torch.device("meta"):
@@ -159,7 +159,7 @@ def _adapted_model(config: ModelConfig, settings, tensors: dict[str, torch.Tenso
 
 def _merge_base(config: ModelConfig, engine: str, base_id: dict, folder: Path) -> torch.nn.Module:
     """The base model the adapters sit on, on the CPU, checked against the saved identity."""
-    from muse_stack.model import MuseSparkForCausalLM, load_weights_into
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM, load_weights_into
 
     spec = engine_spec(engine)
     path = base_id.get("path")
@@ -178,7 +178,7 @@ def _merge_base(config: ModelConfig, engine: str, base_id: dict, folder: Path) -
 def export_adapter_run(folder: Path, engine: str, config: ModelConfig, meta: dict, out: Path, *,
                        merge: bool) -> int:
     """--adapters-only (the ``peft`` layout) or --merge (base + folded adapters, HF checkpoint)."""
-    from muse_stack.model.peft_io import export_adapters_hf_peft, export_merged
+    from muse_stack.models.muse_spark.peft_io import export_adapters_hf_peft, export_merged
     from muse_stack.recipes.peft import PeftSettings
 
     p = meta["peft"]
@@ -216,7 +216,7 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     if text is None:
         raise InputError("the checkpoint does not record its recipe", field="RUN_DIR", value=str(current.path),
                          fix="export a checkpoint written by muse-stack run")
-    from muse_stack.safeio import load_yaml
+    from muse_stack.util.safeio import load_yaml
 
     source = str(current.path / checkpoints.RECIPE)
     recipe = parse_recipe(load_yaml(text, source=source, field="RUN_DIR", error=InputError), source)
@@ -236,7 +236,7 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
         count = export_adapter_run(current.path, recipe.engine, config, meta, out, merge=merge)
         return out, current.step, count
     specs, get = engine.hf_tensors(current.path)
-    from muse_stack.model.hf_export import towers_of_step
+    from muse_stack.models.muse_spark.hf_export import towers_of_step
 
     own = towers_of_step(current.path, specs, get, recipe.towers_config_resolved())  # either engine's
     if own is not None:
@@ -261,7 +261,7 @@ def _export_companions(run_dir: Path, recipe, config: ModelConfig, step: int, ou
     """The towers an export carries (the run's ``own``, read from its step folder; else the
     pretrained checkpoint's; else placeholders from the run's seed) and the writer of its other
     files: generation config, tokenizer and model card."""
-    from muse_stack.model import hf_export
+    from muse_stack.models.muse_spark import hf_export
 
     towers = own
     pretrained = recipe.model.pretrained_checkpoint

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 
 #: Bridge ConfigContainer key -> recipe field (dotted). Names as in megatron.bridge.training.config
 #: (TrainingConfig, SchedulerConfig, RNGConfig, LoggerConfig, CheckpointConfig, the dataset configs),

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.overrides import apply_overrides
 from muse_stack.recipes.schema import Recipe
 
@@ -56,7 +56,7 @@ def parse_recipe(data: Any, source: str) -> Recipe:
 def read_yaml(path: Path) -> Any:
     """A recipe file: a missing file is a RecipeError (exit 2); a directory, unreadable, binary or
     non-UTF-8 file an InputError (exit 3); bad YAML, duplicate keys or runaway aliases a RecipeError."""
-    from muse_stack.safeio import load_yaml, read_text
+    from muse_stack.util.safeio import load_yaml, read_text
 
     text = read_text(path, field="recipe", what="recipe YAML file", missing=RecipeError,
                      fix="give an existing UTF-8 recipe file or a catalogue name (muse-stack list)")

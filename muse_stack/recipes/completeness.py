@@ -4,7 +4,7 @@ lists the ones still missing."""
 
 from __future__ import annotations
 
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.schema import Recipe
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 
 if TYPE_CHECKING:
     from muse_stack.recipes.schema import Recipe

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from muse_stack.errors import InputError, RecipeError
+from muse_stack.util.errors import InputError, RecipeError
 from muse_stack.recipes.catalogue import parse_recipe
 from muse_stack.recipes.schema import REQUIRED_PATH, Recipe
 
@@ -32,7 +32,7 @@ _PEAK_MEMORY = re.compile(r"peaked at ([0-9.]+) GiB used per GPU of ([0-9.]+) Gi
 
 def extract_record(text: str, source: str = "record") -> dict[str, Any]:
     """The record in a YAML file, or the YAML part of a document that holds one (from ``schema_version:``)."""
-    from muse_stack.safeio import load_yaml
+    from muse_stack.util.safeio import load_yaml
 
     try:
         whole = load_yaml(text, source=source, field="record", error=InputError)
@@ -100,8 +100,8 @@ def muse_stack_overrides(command: str | None) -> list[str] | None:
 
 def run_command(recipe: Recipe) -> str:
     """The ``muse-stack run`` command of a recipe, with the fields of :data:`CARRIED` as overrides,
-    every word quoted (:func:`muse_stack.quoting.word`)."""
-    from muse_stack.quoting import word
+    every word quoted (:func:`muse_stack.util.quoting.word`)."""
+    from muse_stack.util.quoting import word
 
     def text(value: Any) -> str:  # YAML, as an override's value is read (1e-08 would read as a string)
         out = yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip()
@@ -262,7 +262,7 @@ def record_to_recipe(record: dict[str, Any], name: str, source: str, aliases: li
 
 
 def read_record_file(path: str | Path) -> dict[str, Any]:
-    from muse_stack.safeio import read_text
+    from muse_stack.util.safeio import read_text
 
     path = Path(path)
     text = read_text(path, field="record", what="OpenRecipes record", fix="give the path of an OpenRecipes record (YAML)")
@@ -344,7 +344,7 @@ def record_yaml(record: dict[str, Any]) -> str:
 
 
 def import_record(path: str | Path, name: str) -> Recipe:
-    from muse_stack.safeio import read_text
+    from muse_stack.util.safeio import read_text
 
     record = read_record_file(path)
     rel = None

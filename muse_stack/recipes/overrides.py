@@ -6,7 +6,7 @@ import copy
 import re
 from typing import Any
 
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 
 _KEY_PART = re.compile(r"[A-Za-z0-9_-]{1,100}")
 
@@ -15,9 +15,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     """``key.path=value`` as (path, value). A literal secret is refused here, before its value is
     parsed, so that no error (not even a YAML error on a malformed value) can show it: a value under
     a secret-named key that is not a reference (``${env:NAME}``), or a credential-shaped key or value
-    (:mod:`muse_stack.credentials`)."""
-    from muse_stack.credentials import ENV_REFERENCE, SHELL_REFERENCE, is_secret_key, shape
-    from muse_stack.safeio import refuse_secrets
+    (:mod:`muse_stack.util.credentials`)."""
+    from muse_stack.util.credentials import ENV_REFERENCE, SHELL_REFERENCE, is_secret_key, shape
+    from muse_stack.util.safeio import refuse_secrets
 
     if "=" not in text:
         refuse_secrets(text, field="override")
@@ -37,7 +37,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
                           field="override", value=key, rule="key.path=value with non-empty names between the dots",
                           fix=f"write e.g. layout.tp=2 (check {'an empty part' if not bad else repr(bad[:40])})")
     if shape(raw):  # name the element that holds it where the value parses; never show the value
-        from muse_stack.safeio import load_yaml
+        from muse_stack.util.safeio import load_yaml
 
         try:
             parsed = load_yaml(raw, source="the value", field=key)
@@ -47,13 +47,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         refuse_secrets(raw, field=key)
     reference = ENV_REFERENCE.fullmatch(raw.strip()) or SHELL_REFERENCE.fullmatch(raw.strip())
     if raw.strip() and not reference and any(is_secret_key(part) for part in path) and _text_or_malformed(raw, key):
-        from muse_stack.credentials import FIX, REDACTED
+        from muse_stack.util.credentials import FIX, REDACTED
 
         raise RecipeError("a secret-named key is given a literal value; recipes, run directories and launch "
                           "files are shared, so secrets never go in them", field=key, value=REDACTED,
                           rule="secrets come only by reference, ${env:NAME}, resolved when the job runs", fix=FIX)
     if raw.strip():
-        from muse_stack.safeio import load_yaml
+        from muse_stack.util.safeio import load_yaml
 
         value = load_yaml(raw, source=f"the value of override {key}", field=key)
     else:
@@ -65,7 +65,7 @@ def _text_or_malformed(raw: str, key: str) -> bool:
     """Whether a value under a secret-named key is a literal (text or a number) or cannot be
     parsed (its parse error must not be shown); a flag, null or a section (checked inside by the
     recipe's own rule) is not."""
-    from muse_stack.safeio import load_yaml
+    from muse_stack.util.safeio import load_yaml
 
     try:
         value = load_yaml(raw, source="the value", field=key)

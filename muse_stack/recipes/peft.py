@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from muse_stack.errors import RecipeError
-from muse_stack.model_config import ModelConfig
+from muse_stack.util.errors import RecipeError
+from muse_stack.models.muse_spark.config import ModelConfig
 
 #: attention projections (``self_attn.*``): column-parallel q/k/v/gate, row-parallel o
 ATTENTION_TARGETS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.gate_proj",

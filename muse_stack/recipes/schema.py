@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from muse_stack.model_config import ModelConfig
-from muse_stack.credentials import ENV_REFERENCE, findings, is_secret_key
+from muse_stack.models.muse_spark.config import ModelConfig
+from muse_stack.util.credentials import ENV_REFERENCE, findings, is_secret_key
 
 #: recipe and run names: they become folder names (runs/, the data cache), Slurm job names and
 #: Kubernetes label values, so only letters, digits, '.', '_' and '-' (starting and ending with a
@@ -25,7 +25,7 @@ NAME_RULE = "1-63 letters, digits, '.', '_' or '-', starting and ending with a l
 #: an environment variable name as a shell and Kubernetes accept it
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: a reference to the launching environment, resolved when the job runs and never written: ${env:NAME}
-#: (ENV_REFERENCE, from muse_stack.credentials)
+#: (ENV_REFERENCE, from muse_stack.util.credentials)
 
 # size bounds: generous beyond any real run, so a mistyped size fails here instead of in a loop
 MAX_GPUS = 1 << 20
@@ -87,7 +87,7 @@ class ModelSpec(_Strict):
     towers: dict[str, Any] | None = Field(
         None, description="the perception towers, as transformers' top-level media keys (vision_config, audio_config, "
                           "image/video/audio_token_id, out_hidden_size, projector_hidden_size: "
-                          "muse_stack/tower_config.py), where they differ from the released model's; an image-text "
+                          "muse_stack/models/muse_spark/tower_config.py), where they differ from the released model's; an image-text "
                           "recipe without it has the released towers")
 
     @field_validator("towers")
@@ -102,12 +102,12 @@ class ModelSpec(_Strict):
     def _check_overrides(cls, value: dict[str, Any]) -> dict[str, Any]:
         from pydantic import ValidationError
 
-        from muse_stack.errors import RecipeError
+        from muse_stack.util.errors import RecipeError
 
         unknown = sorted(str(k) for k in value if k not in ModelConfig.model_fields)
         if unknown:
             raise RecipeError("not a ModelConfig field", field=f"model.overrides.{unknown[0]}", value=value[unknown[0]],
-                              fix="use the field names of muse_stack/model_config.py (the checkpoint's config.json keys)")
+                              fix="use the field names of muse_stack/models/muse_spark/config.py (the checkpoint's config.json keys)")
         try:
             ModelConfig().with_overrides(**value)
         except ValidationError as exc:
@@ -122,7 +122,7 @@ class ModelSpec(_Strict):
     def resolve(self) -> ModelConfig:
         from pydantic import ValidationError
 
-        from muse_stack.errors import RecipeError
+        from muse_stack.util.errors import RecipeError
 
         base = ModelConfig.from_hf_config(self.config_path) if self.config_path else ModelConfig()
         try:
@@ -139,8 +139,8 @@ def _towers_of(value: dict[str, Any]):
     """``model.towers`` as a TowersConfig; a wrong field is a RecipeError naming it."""
     from pydantic import ValidationError
 
-    from muse_stack.errors import RecipeError
-    from muse_stack.tower_config import TowersConfig
+    from muse_stack.util.errors import RecipeError
+    from muse_stack.models.muse_spark.tower_config import TowersConfig
 
     try:
         return TowersConfig.model_validate(value)
@@ -149,7 +149,7 @@ def _towers_of(value: dict[str, Any]):
         where = ".".join(str(p) for p in first["loc"])
         raise RecipeError(f"the towers are not valid: {first['msg'].removeprefix('Value error, ')}",
                           field=f"model.towers.{where}" if where else "model.towers", value=first.get("input"),
-                          fix="use the fields of muse_stack/tower_config.py (transformers' vision_config and "
+                          fix="use the fields of muse_stack/models/muse_spark/tower_config.py (transformers' vision_config and "
                               "audio_config keys)") from None
     except RecipeError as exc:
         raise RecipeError(exc.message, field=f"model.towers.{exc.field}", value=exc.value, rule=exc.rule,
@@ -554,12 +554,12 @@ class Recipe(_Strict):
     @model_validator(mode="after")
     def _check(self) -> "Recipe":
         # every key and string of the recipe, whatever it is called: a literal under a secret-named key,
-        # or a value shaped like a credential (muse_stack.credentials)
+        # or a value shaped like a credential (muse_stack.util.credentials)
         doc = self.model_dump(mode="json", exclude={"env"})
         found = findings(self.env, "env", secret_name=_env_secret_name) + findings(doc)
         if found:
-            from muse_stack.credentials import FIX
-            from muse_stack.errors import RecipeError
+            from muse_stack.util.credentials import FIX
+            from muse_stack.util.errors import RecipeError
 
             where, why = found[0]
             raise RecipeError(
@@ -571,7 +571,7 @@ class Recipe(_Strict):
                      + (f"; also at {', '.join(p for p, _ in found[1:4])}" if len(found) > 1 else ""),
                 fix=FIX)
         if self.data.build_name is not None and not NAME_PATTERN.fullmatch(self.data.build_name):
-            from muse_stack.errors import RecipeError
+            from muse_stack.util.errors import RecipeError
 
             raise RecipeError("the data cache folder's label must be a safe name", field="data.build_name",
                               value=self.data.build_name, rule=NAME_RULE, fix="use e.g. tulu3-4k")
@@ -581,7 +581,7 @@ class Recipe(_Strict):
             del self.filled[path]
         if self.optimizer.lr is not None and self.optimizer.min_lr is not None and \
                 self.optimizer.min_lr > self.optimizer.lr and "optimizer.min_lr" in self.filled:
-            from muse_stack.errors import RecipeError
+            from muse_stack.util.errors import RecipeError
 
             raise RecipeError(f"the filled optimizer.min_lr ({self.optimizer.min_lr:g}, "
                               f"{self.filled['optimizer.min_lr'].source}) exceeds the stated optimizer.lr "
@@ -599,8 +599,8 @@ class Recipe(_Strict):
         return self
 
     def _check_fp8(self) -> None:
-        from muse_stack.errors import RecipeError
-        from muse_stack.hardware import gpu_spec
+        from muse_stack.util.errors import RecipeError
+        from muse_stack.machine.hardware import gpu_spec
 
         if self.precision != "fp8":
             if self.fp8 is not None:
@@ -643,7 +643,7 @@ class Recipe(_Strict):
         released model's for image-text data; None for a text recipe without ``model.towers``."""
         if self.model.towers is None and self.data.kind != "multimodal":
             return None
-        from muse_stack.errors import RecipeError
+        from muse_stack.util.errors import RecipeError
 
         towers = _towers_of(self.model.towers or {})
         try:

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from muse_stack import atomic  # noqa: E402
+from muse_stack.util import atomic  # noqa: E402
 
 
 def _save(fig, path: Path) -> None:

@@ -6,8 +6,8 @@ import math
 import statistics
 from typing import Any
 
-from muse_stack.flops import FORMULA, PEFT_FORMULA, TOWERS_FORMULA, training_flops_per_token
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark.flops import FORMULA, PEFT_FORMULA, TOWERS_FORMULA, training_flops_per_token
+from muse_stack.models.muse_spark.config import ModelConfig
 
 
 def measurement_window(steps_completed: int, warmup: int) -> tuple[int, int] | None:

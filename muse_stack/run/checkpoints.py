@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from muse_stack import atomic
-from muse_stack.errors import InputError, MuseStackError
+from muse_stack.util import atomic
+from muse_stack.util.errors import InputError, MuseStackError
 from muse_stack.engines import dist
 from muse_stack.run import faults
 
@@ -91,13 +91,13 @@ class Checkpoint:
     path: Path
 
     def recipe_text(self) -> str | None:
-        from muse_stack.safeio import read_text
+        from muse_stack.util.safeio import read_text
 
         file = self.path / RECIPE
         return read_text(file, field="--resume", what="checkpoint recipe", fix=DAMAGED) if file.is_file() else None
 
     def metrics_rows(self) -> list[dict[str, Any]] | None:
-        from muse_stack.safeio import load_json, read_text
+        from muse_stack.util.safeio import load_json, read_text
 
         file = self.path / METRICS
         if not file.is_file():
@@ -126,7 +126,7 @@ def latest(run_dir: Path) -> Checkpoint | None:
         raise InputError(f"checkpoints/latest names {folder} (step {step}), which is not a complete checkpoint",
                          field="checkpoints/latest", value=str(pointer),
                          fix="the run directory was changed by hand; restore the step folder it names")
-    from muse_stack.safeio import read_json
+    from muse_stack.util.safeio import read_json
 
     fix = "the checkpoint is damaged; restore it, or start the run again"
     saved = read_json(state, field="--resume", fix=fix, what="trainer state")

@@ -108,8 +108,8 @@ def run_cmd(
     auto = resume == AUTO
     if resume is None and name is None:
         raise typer.BadParameter("give a recipe name, or --resume DIR")
-    from muse_stack.errors import UsageError
-    from muse_stack.safeio import refuse_secrets
+    from muse_stack.util.errors import UsageError
+    from muse_stack.util.safeio import refuse_secrets
 
     for flag, value in (("--out", out), ("--resume", resume)):  # paths are printed and written
         if value is not None:

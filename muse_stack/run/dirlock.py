@@ -11,7 +11,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from muse_stack.errors import InputError
+from muse_stack.util.errors import InputError
 
 LOCK = ".lock"
 

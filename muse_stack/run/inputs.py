@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from muse_stack.errors import InputError
+from muse_stack.util.errors import InputError
 from muse_stack.recipes.schema import REQUIRED_PATH, Recipe
 from muse_stack.run.tensorboard import check_available
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from muse_stack.engines import get_engine
 from muse_stack.engines.spec import check_recipe
-from muse_stack.errors import InputError, LayoutError, RecipeError, UsageError
+from muse_stack.util.errors import InputError, LayoutError, RecipeError, UsageError
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe
 from muse_stack.recipes.schema import REQUIRED_PATH, Recipe
 from muse_stack.engines import dist
@@ -58,7 +58,7 @@ def _check_vocab(recipe: Recipe) -> None:
 
     if recipe.data.kind in ("synthetic", "multimodal"):
         return  # synthetic ids come from the model's vocabulary; image-text rows are not built here
-    from muse_stack.errors import MuseStackError
+    from muse_stack.util.errors import MuseStackError
 
     try:
         data = plan_for_recipe(recipe, require_tokenizer=False)
@@ -82,7 +82,7 @@ def _with_start(recipe: Recipe, pretrained: str | None) -> Recipe:
     """The checkpoint the run starts from, recorded in the recipe (``--pretrained-checkpoint``
     is ``model.pretrained_checkpoint``), and refused when the recipe requires one not given."""
     if pretrained is not None:
-        from muse_stack.safeio import refuse_secrets
+        from muse_stack.util.safeio import refuse_secrets
 
         refuse_secrets(str(pretrained), field="--pretrained-checkpoint", error=UsageError, what="the path")
         recipe = recipe.model_copy(update={"model": recipe.model.model_copy(
@@ -261,7 +261,7 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
                     if restart:  # an attempt without a checkpoint: start again in the same folder
                         lock = RunLock(path).acquire()
                         resuming.clear_outputs(path)
-                        from muse_stack import atomic
+                        from muse_stack.util import atomic
                         from muse_stack.recipes.catalogue import recipe_yaml
 
                         atomic.write_text(path / rundir.RECIPE, recipe_yaml(recipe))

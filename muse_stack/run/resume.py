@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 
-from muse_stack.errors import InputError
+from muse_stack.util.errors import InputError
 from muse_stack.recipes.catalogue import parse_recipe, recipe_sha256
 from muse_stack.recipes.overrides import apply_overrides
 from muse_stack.recipes.schema import Recipe
-from muse_stack.safeio import load_yaml, read_yaml
+from muse_stack.util.safeio import load_yaml, read_yaml
 from muse_stack.run import checkpoints, rundir
 
 

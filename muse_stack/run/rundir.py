@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from muse_stack import atomic
-from muse_stack.errors import InputError
+from muse_stack.util import atomic
+from muse_stack.util.errors import InputError
 from muse_stack.recipes.catalogue import parse_recipe, recipe_yaml
 from muse_stack.recipes.schema import Recipe
 
@@ -89,7 +89,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     file = path / METRICS
     if not file.exists():
         return rows
-    from muse_stack.safeio import load_json, read_text
+    from muse_stack.util.safeio import load_json, read_text
 
     fix = "the file is corrupt; re-run or remove the broken line"
     lines = read_text(file, field=METRICS, what="metrics file", fix=fix, limit=None).splitlines()
@@ -111,7 +111,7 @@ def read_run(path: str | os.PathLike[str]) -> RunRecord:
     if not (path / RECIPE).is_file():
         raise InputError("not a run directory (no recipe.yaml)", field="run", value=str(path),
                          fix="give a directory written by `muse-stack run`")
-    from muse_stack.safeio import load_yaml, read_text
+    from muse_stack.util.safeio import load_yaml, read_text
 
     fix = "give a directory written by `muse-stack run` (its recipe.yaml is corrupt)"
     text = read_text(path / RECIPE, field="run", what="recipe.yaml", fix=fix)

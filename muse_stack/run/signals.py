@@ -13,7 +13,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-from muse_stack.errors import MuseStackError
+from muse_stack.util.errors import MuseStackError
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from muse_stack import atomic
+from muse_stack.util import atomic
 
 log = logging.getLogger("muse_stack.run")
 Row = dict[str, Any]

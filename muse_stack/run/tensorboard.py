@@ -124,7 +124,7 @@ class WandbLogger:
         try:
             import wandb
         except ImportError:
-            from muse_stack.errors import RecipeError
+            from muse_stack.util.errors import RecipeError
 
             raise RecipeError("logging.wandb is set but wandb is not installed", field="logging.wandb",
                               value=config.project, fix="pip install 'muse-stack[wandb]', or remove logging.wandb") from None
@@ -168,7 +168,7 @@ def check_available(recipe: Any) -> None:
         import importlib.util
 
         if importlib.util.find_spec("wandb") is None:
-            from muse_stack.errors import RecipeError
+            from muse_stack.util.errors import RecipeError
 
             raise RecipeError("logging.wandb is set but wandb is not installed", field="logging.wandb",
                               value=recipe.logging.wandb.project,

@@ -26,9 +26,9 @@ from typing import Any
 
 from rich.console import Console
 
-from muse_stack import atomic
+from muse_stack.util import atomic
 from muse_stack.engines import TrainContext, get_engine
-from muse_stack.errors import InputError, MuseStackError
+from muse_stack.util.errors import InputError, MuseStackError
 from muse_stack.recipes.catalogue import recipe_sha256, recipe_yaml
 from muse_stack.recipes.schema import Recipe
 from muse_stack.engines import dist

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from muse_stack.errors import MuseStackError
+from muse_stack.util.errors import MuseStackError
 
 TARGETS = ("gb200", "b200", "h200", "cpu")
 PLATFORMS = ("linux/amd64", "linux/arm64")

@@ -69,7 +69,7 @@ def run(steps: int = 2, seed: int = 1234) -> dict[str, Any]:
     from muse_stack.engines.megatron_available import require_megatron
 
     require_megatron()
-    from muse_stack.model import MuseSparkForCausalLM
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM
 
     torch.cuda.set_device(0)
     cfg = _recipe(None).model_config_resolved()

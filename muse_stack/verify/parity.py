@@ -124,7 +124,7 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
 
     require_megatron()  # Transformer Engine loads its cuDNN before torch touches any
     from muse_stack.engines.megatron import MegatronEngine
-    from muse_stack.model import MuseSparkForCausalLM
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -145,7 +145,7 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
     on = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}
     args = dict(position_ids=on["position_ids"], segment_ids=on["segment_ids"], labels=on["labels"],
                 loss_mask=on["loss_mask"])
-    from muse_stack.model.perception import MEDIA_INPUTS, image_features
+    from muse_stack.models.muse_spark.perception import MEDIA_INPUTS, image_features
 
     args.update({k: on[k] for k in MEDIA_INPUTS if k in on})
     with torch.no_grad():

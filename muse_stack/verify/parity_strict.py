@@ -68,7 +68,7 @@ import torch
 
 from muse_stack.verify.parity import SEQ, TINY, _OneBatch, tiny_recipe
 from muse_stack.verify.peft_parity import FP32_FACTOR, _forward_backward_reference, _rel
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark.config import ModelConfig
 
 # ---- tolerances ------------------------------------------------------------------------
 #: FP32_FACTOR (imported from :mod:`.peft_parity`, 16): both float32 computations (reference and
@@ -165,7 +165,7 @@ def trained_state(cfg: ModelConfig, *, steps: int = TRAIN_STEPS, seq: int = SEQ,
     """Train the seeded reference model ``steps`` AdamW steps (float32) on
     :func:`synthetic_corpus`; return its state dict (CPU, float32; router correction biases
     seeded non-zero) and a summary (first/last loss, seconds)."""
-    from muse_stack.model import MuseSparkForCausalLM
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM
 
     start = time.perf_counter()
     corpus = synthetic_corpus(cfg.vocab_size, max(64, rows * 8), seq, walk_seed=TRAIN_WALK_SEED)
@@ -199,7 +199,7 @@ def trained_state(cfg: ModelConfig, *, steps: int = TRAIN_STEPS, seq: int = SEQ,
 
 def reference_model(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype,
                     device: torch.device | str):
-    from muse_stack.model import MuseSparkForCausalLM
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM
 
     model = MuseSparkForCausalLM(cfg, seed=None)
     model.to_empty(device="cpu")
@@ -219,7 +219,7 @@ def routing_margins(model, batch, device) -> float:
     """Smallest gap, over all tokens and layers, between the k-th and (k+1)-th selection score
     (scores + correction bias) of ``model`` on ``batch``: a gap below the float32 error of the
     scores allows the engine to pick another expert."""
-    from muse_stack.model.router import MuseSparkRouter
+    from muse_stack.models.muse_spark.router import MuseSparkRouter
 
     gaps: list[float] = []
 
@@ -273,7 +273,7 @@ def _full_layers_shifted(model, undo: Undo) -> None:
 
 
 def _final_norm_centred(model, undo: Undo) -> None:
-    from muse_stack.model.norms import CenteredRMSNorm
+    from muse_stack.models.muse_spark.norms import CenteredRMSNorm
 
     old = model.language_model.norm
     new = CenteredRMSNorm(old.weight.shape[0], old.eps)
@@ -282,7 +282,7 @@ def _final_norm_centred(model, undo: Undo) -> None:
 
 
 def _post_expert_gain_after_rms(model, undo: Undo) -> None:
-    from muse_stack.model.norms import CenteredRMSNorm
+    from muse_stack.models.muse_spark.norms import CenteredRMSNorm
 
     for layer in model.language_model.layers:
         experts = layer.mlp.experts

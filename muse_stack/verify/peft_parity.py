@@ -8,7 +8,7 @@ target the scheme allows (LoRA: attention, latent projections and one adapter pe
 expert; DoRA: attention). Three checks:
 
 1. **float32 forward and adapter gradients.** The reference model (seeded base, adapters as
-   :func:`muse_stack.model.peft.apply_peft` makes them, then B set to seeded non-zero values so
+   :func:`muse_stack.models.muse_spark.peft.apply_peft` makes them, then B set to seeded non-zero values so
    that the adapters change the output and A gets a gradient) against the engine built with
    ``precision: fp32`` from the same base and adapter tensors through the weight mapping. The
    logits, the loss and the gradient of every adapter tensor (relative error per tensor, the
@@ -62,8 +62,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _reference_with_adapters(cfg, settings, seed: int, dtype: torch.dtype, device):
-    from muse_stack.model import MuseSparkForCausalLM
-    from muse_stack.model.peft import adapter_state_dict, apply_peft
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM
+    from muse_stack.models.muse_spark.peft import adapter_state_dict, apply_peft
 
     model = MuseSparkForCausalLM(cfg, seed=seed)
     apply_peft(model, settings, seed=seed)
@@ -123,7 +123,7 @@ def run(scheme: str = "lora", seed: int = 1234, train_steps: int = 3) -> dict[st
     require_megatron()
     from muse_stack.engines.megatron import MegatronEngine
     from muse_stack.verify.parity import _train
-    from muse_stack.model.peft import base_state_dict
+    from muse_stack.models.muse_spark.peft import base_state_dict
     from muse_stack.recipes.peft import resolve
 
     device = torch.device("cuda", 0)
@@ -177,7 +177,7 @@ def run(scheme: str = "lora", seed: int = 1234, train_steps: int = 3) -> dict[st
 
     # 3. bf16 training from the seeded base and the initial adapters
     recipe16 = peft_recipe(scheme, "bf16")
-    from muse_stack.model import MuseSparkForCausalLM
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM
 
     seeded = {k: v.clone() for k, v in MuseSparkForCausalLM(cfg, seed=seed).state_dict().items()}
     ctx16 = TrainContext(recipe=recipe16, model=cfg, data=_OneBatch(batch), total_steps=train_steps)

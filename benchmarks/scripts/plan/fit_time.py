@@ -69,7 +69,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit import COMPILED, POINTS, SLICE_AS_MEASURED  # noqa: E402
 
-from muse_stack.errors import InputError, MuseStackError  # noqa: E402
+from muse_stack.util.errors import InputError, MuseStackError  # noqa: E402
 from muse_stack.plan.cost import StepKernels, TimeCalibration, step_kernels  # noqa: E402
 from muse_stack.plan.planner import make_plan  # noqa: E402
 from muse_stack.recipes.catalogue import load_recipe  # noqa: E402

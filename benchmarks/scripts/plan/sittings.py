@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit_time import BENCH, kernels_of  # noqa: E402
 
-from muse_stack.errors import InputError, MuseStackError  # noqa: E402
+from muse_stack.util.errors import InputError, MuseStackError  # noqa: E402
 from muse_stack.plan.cost import step_kernels  # noqa: E402
 from muse_stack.plan.planner import make_plan  # noqa: E402
 from muse_stack.recipes.catalogue import load_recipe  # noqa: E402

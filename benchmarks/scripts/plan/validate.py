@@ -3,7 +3,7 @@
     python benchmarks/scripts/plan/validate.py [--json FILE]
 
 The model's constants come from the H200 fit (fit_time.py), the datasheets
-(muse_stack/hardware.py) and the published link bandwidths (muse_stack/plan/fabrics.py: NVLink 5,
+(muse_stack/machine/hardware.py) and the published link bandwidths (muse_stack/plan/fabrics.py: NVLink 5,
 EFA, InfiniBand, each cited); nothing here feeds back into them. Predicts the record's tuned layout
 (the attune-b200 recipe), its untuned starting point (TP 8, PP 8 with 7-layer first and last
 stages, EP 16, DP 2, as the record's notes describe it), the used memory of the tuned run and
@@ -19,7 +19,7 @@ import platform
 import time
 from pathlib import Path
 
-from muse_stack.hardware import gpu_spec
+from muse_stack.machine.hardware import gpu_spec
 from muse_stack.plan.cost import spec_links
 from muse_stack.plan.fabrics import Links
 from muse_stack.plan.planner import make_plan

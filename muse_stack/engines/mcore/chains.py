@@ -1,5 +1,5 @@
 """The elementwise chains of the GPU layers: the norms, gates, residuals and softcap between two
-matmuls, in fp32, exactly as :mod:`muse_stack.model` computes them. Each is one ``torch.compile``
+matmuls, in fp32, exactly as :mod:`muse_stack.models.muse_spark` computes them. Each is one ``torch.compile``
 graph under the recipe's ``fusions.compile_elementwise`` (:mod:`.fuse`), so its fp32
 intermediates stay in registers; eager otherwise. Nothing here needs megatron-core, so the chains
 are checked against the reference model's norms on any machine.
@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from muse_stack.engines.mcore.fuse import elementwise
-from muse_stack.model.norms import rms_norm as _rms
-from muse_stack.model.residual import ALPHA_SQUARED_FLOOR
+from muse_stack.models.muse_spark.norms import rms_norm as _rms
+from muse_stack.models.muse_spark.residual import ALPHA_SQUARED_FLOOR
 
 
 class _Matmul:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from muse_stack.errors import RecipeError
-from muse_stack.model_config import ModelConfig
+from muse_stack.util.errors import RecipeError
+from muse_stack.models.muse_spark.config import ModelConfig
 from muse_stack.recipes.engines import embedding_into_main_grad_blocker, triton_adam_blocker
 from muse_stack.recipes.schema import Recipe
 

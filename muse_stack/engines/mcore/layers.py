@@ -24,7 +24,7 @@ Composed from megatron-core and Transformer Engine modules (see :mod:`.spec`):
 * :class:`MuseSparkBlock` -- the layers of one pipeline stage (uneven first/last stages via
   megatron-core's layer offsets), full recompute, the final norm.
 
-Norms follow :mod:`muse_stack.model.norms` exactly; they run in fp32 and hand the parameters'
+Norms follow :mod:`muse_stack.models.muse_spark.norms` exactly; they run in fp32 and hand the parameters'
 dtype to the matmuls (bf16; fp32 with ``precision: fp32``, :func:`set_matmul_dtype`). The
 recipe's ``fusions.compile_elementwise`` fuses the elementwise chains with
 ``torch.compile`` (:mod:`muse_stack.engines.mcore.fuse`); the chains are in
@@ -68,8 +68,8 @@ from muse_stack.engines.mcore.chains import (
 from muse_stack.engines.mcore.dispatch import EarlyCountAllGatherDispatcher
 from muse_stack.engines.mcore import norm_backward
 from muse_stack.engines.mcore.first_write import module_weights, zero_unrouted
-from muse_stack.model.residual import initial_gate_value
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark.residual import initial_gate_value
+from muse_stack.models.muse_spark.config import ModelConfig
 
 
 # ---- parameters -----------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from muse_stack.engines.mcore.weights import Target, local_to_global, mcore_to_hf
-from muse_stack.errors import InputError
+from muse_stack.util.errors import InputError
 
 Index = tuple[Any, ...]
 

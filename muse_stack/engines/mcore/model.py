@@ -7,10 +7,10 @@ cross-entropy (which, eager, launches fewer kernels than the chain would).
 
 With perception towers (image-text recipes) the first stage also holds transformers' vision
 tower, audio tower and projector under ``perception.`` (the reference modules of
-:mod:`muse_stack.model.perception`, in the recipe's parameter dtype), whole on every GPU of the
+:mod:`muse_stack.models.muse_spark.perception`, in the recipe's parameter dtype), whole on every GPU of the
 stage: transformers states no tensor-parallel layout for them. The text embedding reads the
 placeholders as id 0; the media's feature rows then replace them by the micro-batch's
-``media_index`` (:func:`muse_stack.model.perception.media_index`, made before the sequence is
+``media_index`` (:func:`muse_stack.models.muse_spark.perception.media_index`, made before the sequence is
 split over CP ranks), each TP rank placing the rows of its own sequence chunk under sequence
 parallelism. Under sequence parallelism each rank's towers see the gradient of its chunk only,
 so their parameters are marked ``sequence_parallel`` and megatron-core's
@@ -30,9 +30,9 @@ from muse_stack.engines.mcore import fuse
 from muse_stack.engines.mcore.chains import hold_padding_row, softcap_cross_entropy, softcap_logits, weightless_norm
 from muse_stack.engines.mcore.layers import MuseSparkBlock
 from muse_stack.engines.mcore.spec import muse_spark_layer_spec
-from muse_stack.model.loss import IGNORE_INDEX
-from muse_stack.model.perception import media_features, place_media, text_input_ids
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark.loss import IGNORE_INDEX
+from muse_stack.models.muse_spark.perception import media_features, place_media, text_input_ids
+from muse_stack.models.muse_spark.config import ModelConfig
 
 
 class MuseSparkMCore(MegatronModule):
@@ -147,7 +147,7 @@ class MuseSparkMCore(MegatronModule):
 def build_perception(config, muse: ModelConfig, towers, *, seed: int, recompute: bool) -> torch.nn.Module:
     """transformers' perception modules, initialised as the reference model initialises them
     (the same seed gives the same tensors), in the recipe's parameter dtype."""
-    from muse_stack.model.perception import MuseSparkPerception, init_perception_weights
+    from muse_stack.models.muse_spark.perception import MuseSparkPerception, init_perception_weights
 
     host = MuseSparkPerception(towers, text_hidden_size=muse.hidden_size, text_rms_norm_eps=muse.rms_norm_eps)
     init_perception_weights(host, seed, std=muse.initializer_range, prefix="model.")

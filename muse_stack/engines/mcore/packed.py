@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 
 STREAM_KEYS = ("input_ids", "labels", "loss_mask")
 

@@ -296,11 +296,11 @@ def attach_adapters(model: torch.nn.Module, settings: PeftSettings, muse, *, tp_
 
 
 def initial_adapters(settings: PeftSettings, muse, seed: int, layers: range) -> dict[str, torch.Tensor]:
-    """The reference model's initial adapter tensors (:func:`muse_stack.model.peft.apply_peft`:
+    """The reference model's initial adapter tensors (:func:`muse_stack.models.muse_spark.peft.apply_peft`:
     A Xavier-normal seeded per tensor name on the CPU, B zero) of the global ``layers``, by the
     reference names, in fp32. DoRA's magnitude is not here: it is the base weight's row norms,
     taken from the loaded weights on each rank."""
-    from muse_stack.model.peft import _xavier_normal_
+    from muse_stack.models.muse_spark.peft import _xavier_normal_
     from muse_stack.recipes.peft import target_shape
 
     out: dict[str, torch.Tensor] = {}
@@ -339,7 +339,7 @@ def init_magnitudes(model: torch.nn.Module) -> int:
 @torch.no_grad()
 def load_reference_adapters(model: torch.nn.Module, reference: dict[str, torch.Tensor], *, layer_offset: int,
                             expert_offset: int, tp_rank: int, tp_size: int, magnitudes_required: bool = True) -> int:
-    """Copy the reference model's adapter tensors (:func:`muse_stack.model.peft.adapter_state_dict`)
+    """Copy the reference model's adapter tensors (:func:`muse_stack.models.muse_spark.peft.adapter_state_dict`)
     into this stage / rank's adapters; returns the tensors copied. Every adapter tensor of the
     stage must find its source."""
     copied = 0

@@ -6,7 +6,7 @@ adapter tensors and the optimizer state (which holds adapter parameters only), p
 The base weights are not copied.
 
 Each adapter tensor is written under its *reference* name (the key
-:func:`muse_stack.model.peft.adapter_state_dict` uses, e.g.
+:func:`muse_stack.models.muse_spark.peft.adapter_state_dict` uses, e.g.
 ``model.language_model.layers.3.self_attn.q_proj.adapter.lora_B``) and its global shape, whatever
 TP / PP / EP wrote it: a TP shard is placed by its rank along the split axis, a local expert's
 factor at its global expert index of the stacked ``[E, ...]`` tensor (``[1, ...]`` when one
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from muse_stack.engines.mcore.peft import mcore_to_reference, parallel_mode, replicated_over_tp
-from muse_stack.errors import InputError
+from muse_stack.util.errors import InputError
 
 ADAPTER_BASE = "adapter_base.json"
 FORMAT = "muse-stack-mcore-adapters/1"
@@ -72,7 +72,7 @@ def placement(name: str, *, layer_offset: int, expert_offset: int, num_experts: 
 
 def adapter_keys(keys) -> list[str]:
     """The adapter tensors among a dist-checkpoint's (or a reference state dict's) keys."""
-    from muse_stack.model.peft import is_adapter_key
+    from muse_stack.models.muse_spark.peft import is_adapter_key
 
     return sorted(k for k in keys if k.startswith("model.language_model.layers.") and is_adapter_key(k))
 
@@ -148,7 +148,7 @@ def same_base(saved: dict[str, Any], ours: dict[str, Any]) -> bool:
 
 def read_meta(directory: Path) -> dict[str, Any] | None:
     """``adapter_base.json`` of a megatron step folder, or None when the folder holds a full model."""
-    from muse_stack.safeio import read_json
+    from muse_stack.util.safeio import read_json
 
     path = Path(directory) / ADAPTER_BASE
     if not path.exists():
@@ -197,7 +197,7 @@ def dist_adapter_tensors(folder: Path) -> dict:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from muse_stack.errors import InputError
+    from muse_stack.util.errors import InputError
 
     try:
         meta = dcp.FileSystemReader(str(folder)).read_metadata()

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from dataclasses import dataclass
 
-from muse_stack.tower_config import PERCEPTION_MODULES
+from muse_stack.models.muse_spark.tower_config import PERCEPTION_MODULES
 
 LM = "model.language_model."
 
@@ -225,8 +225,8 @@ def dist_hf_source(folder: Path):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from muse_stack.errors import InputError
-    from muse_stack.model.checkpoint import TensorSpec
+    from muse_stack.util.errors import InputError
+    from muse_stack.models.muse_spark.checkpoint import TensorSpec
 
     reader = dcp.FileSystemReader(str(folder))
     try:

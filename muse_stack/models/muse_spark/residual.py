@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from muse_stack.model.norms import upcast
+from muse_stack.models.muse_spark.norms import upcast
 
 #: floor under alpha^2
 ALPHA_SQUARED_FLOOR = 1e-3

@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from muse_stack.model.linear import Projection
-from muse_stack.model.linear import linear
-from muse_stack.model.norms import CenteredRMSNorm, GainFirstRMSNorm
-from muse_stack.model.router import MuseSparkRouter
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark.linear import Projection
+from muse_stack.models.muse_spark.linear import linear
+from muse_stack.models.muse_spark.norms import CenteredRMSNorm, GainFirstRMSNorm
+from muse_stack.models.muse_spark.router import MuseSparkRouter
+from muse_stack.models.muse_spark.config import ModelConfig
 
 
 class MuseSparkExperts(nn.Module):
@@ -32,7 +32,7 @@ class MuseSparkExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * inter, latent))
         self.down_proj = nn.Parameter(torch.empty(experts, latent, inter))
         self.post_expert_norm = GainFirstRMSNorm(latent, config.post_norm_eps)
-        #: per-target expert adapters ("gate_up_proj", "down_proj"), set by muse_stack.model.peft
+        #: per-target expert adapters ("gate_up_proj", "down_proj"), set by muse_stack.models.muse_spark.peft
         self.adapters: nn.ModuleDict | None = None
 
     def project(self, name: str, index: int, x: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from muse_stack.model.packing import CuSeqlens, segment_ids_from_cu_seqlens
+from muse_stack.models.muse_spark.packing import CuSeqlens, segment_ids_from_cu_seqlens
 
 IGNORE_INDEX = -100
 

@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from muse_stack.credentials import FIX, REDACTED, URL_CREDENTIALS, findings, redact_text, shape, short_repr
-from muse_stack.errors import InputError, MuseStackError, RecipeError
+from muse_stack.util.credentials import FIX, REDACTED, URL_CREDENTIALS, findings, redact_text, shape, short_repr
+from muse_stack.util.errors import InputError, MuseStackError, RecipeError
 
 __all__ = ["MAX_TEXT_BYTES", "MAX_YAML_NODES", "REDACTED", "URL_CREDENTIALS", "load_json", "load_yaml", "read_json",
            "read_text", "read_yaml", "redact_urls", "refuse_secrets", "short_repr"]
@@ -27,14 +27,14 @@ MAX_YAML_NODES = 200_000
 #: a file larger than this is not a recipe, record or metadata file
 MAX_TEXT_BYTES = 64 * 1024 * 1024
 
-#: the credential shapes, kept in :mod:`muse_stack.credentials` (which imports nothing of muse-stack)
+#: the credential shapes, kept in :mod:`muse_stack.util.credentials` (which imports nothing of muse-stack)
 redact_urls = redact_text
 
 
 def refuse_secrets(data: Any, *, field: str, error: type[Exception] = RecipeError,
                    what: str = "the value") -> None:
     """Raise ``error`` naming ``field`` (and the path inside ``data``) when ``data`` holds a literal
-    credential (:func:`muse_stack.credentials.findings`); the value is never shown."""
+    credential (:func:`muse_stack.util.credentials.findings`); the value is never shown."""
     found = findings(data, field) if isinstance(data, (dict, list)) else \
         [(field, f"{what} holds {shape(data)}")] if isinstance(data, str) and shape(data) else []
     if found:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from muse_stack.errors import UsageError
+from muse_stack.util.errors import UsageError
 
 #: $NAME, ${NAME} and ${env:NAME}
 REFERENCE = re.compile(r"\$\{env:(?P<env>[A-Za-z_][A-Za-z0-9_]*)\}|\$\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}"

@@ -4,7 +4,7 @@
   adapter tensors only, by their names in the model) and ``adapters.json`` (the adapter
   settings and the base's identity: path, revision and a sha256 over the base tensors). Loading
   refuses adapters whose base hash differs from the model's base.
-* :func:`merge_adapters` (from :mod:`muse_stack.model.peft`): the plain state dict;
+* :func:`merge_adapters` (from :mod:`muse_stack.models.muse_spark.peft`): the plain state dict;
   :func:`export_merged` writes it as an HF-style checkpoint that loads into a model without
   adapters.
 * :func:`export_adapters_hf_peft`: ``adapter_config.json`` + ``adapter_model.safetensors`` as
@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from muse_stack.atomic import follow_umask, make_temp_dir, write_json
-from muse_stack.errors import InputError
-from muse_stack.model.peft import adapter_modules, adapter_state_dict, base_state_dict, merge_adapters
+from muse_stack.util.atomic import follow_umask, make_temp_dir, write_json
+from muse_stack.util.errors import InputError
+from muse_stack.models.muse_spark.peft import adapter_modules, adapter_state_dict, base_state_dict, merge_adapters
 from muse_stack.recipes.peft import EXPERT_TARGETS, PeftSettings
 
 ADAPTER_FILE = "adapters.safetensors"
@@ -106,7 +106,7 @@ def save_adapters(model: torch.nn.Module, directory: str | os.PathLike[str], bas
 
 
 def read_adapter_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    from muse_stack.safeio import read_json
+    from muse_stack.util.safeio import read_json
 
     meta = read_json(Path(directory) / ADAPTER_META, field="adapters", what="adapter metadata",
                      fix="point at a folder written by save_adapters")
@@ -152,8 +152,8 @@ def load_adapters(model: torch.nn.Module, directory: str | os.PathLike[str], *,
 
 def export_merged(model: torch.nn.Module, directory: str | os.PathLike[str]) -> list[Path]:
     """Base plus merged adapters as a plain HF-style checkpoint (config.json + safetensors)."""
-    from muse_stack.model.checkpoint import save_checkpoint
-    from muse_stack.model.decoder import MuseSparkForCausalLM
+    from muse_stack.models.muse_spark.checkpoint import save_checkpoint
+    from muse_stack.models.muse_spark.decoder import MuseSparkForCausalLM
 
     target = Path(directory)
     if target.exists():

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from muse_stack.model_config import ModelConfig
-from muse_stack.tower_config import TowersConfig
+from muse_stack.models.muse_spark.config import ModelConfig
+from muse_stack.models.muse_spark.tower_config import TowersConfig
 
 
 def mean_keys_causal(seq_len: int) -> float:
@@ -141,7 +141,7 @@ def image_training_flops(towers: TowersConfig, text_hidden_size: int, grid_thw, 
 
 
 TOWERS_FORMULA = ("; plus the perception towers' FLOPs of the step's images per token (3 x the forward of a "
-                  "part that trains, 1 x of a frozen one; muse_stack/flops.py)")
+                  "part that trains, 1 x of a frozen one; muse_stack/models/muse_spark/flops.py)")
 PEFT_FORMULA = ("model FLOPs/token with adapters on a frozen base = 2 x 2 x N_active (forward, backward to inputs) "
                 "+ 3 x attention + 6 x N_adapter (adapter parameters a token passes through)")
 FORMULA = ("model FLOPs/token = 3 x (2 x N_active + sum over layers of 4 x heads x head_dim x mean keys per query); "

@@ -27,8 +27,8 @@ import math
 import torch
 from torch import nn
 
-from muse_stack.model.init import _generator
-from muse_stack.model.linear import Projection, linear
+from muse_stack.models.muse_spark.init import _generator
+from muse_stack.models.muse_spark.linear import Projection, linear
 from muse_stack.recipes.peft import EXPERT_TARGETS, PeftSettings
 
 def is_adapter_key(name: str) -> bool:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from muse_stack.errors import InputError
+from muse_stack.util.errors import InputError
 
 CuSeqlens = torch.Tensor | Sequence[int] | Sequence[torch.Tensor | Sequence[int]]
 

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from muse_stack.model.linear import Projection
-from muse_stack.model.norms import rms_norm, upcast
-from muse_stack.model.rope import apply_rope
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark.linear import Projection
+from muse_stack.models.muse_spark.norms import rms_norm, upcast
+from muse_stack.models.muse_spark.rope import apply_rope
+from muse_stack.models.muse_spark.config import ModelConfig
 
 
 class MuseSparkAttention(nn.Module):

@@ -19,7 +19,7 @@ class Projection(nn.Linear):
 
     It is an ``nn.Linear`` (same ``weight`` [out, in], ``bias`` None) so that libraries that
     adapt linear layers, such as Hugging Face ``peft``, recognise it. ``adapter`` (None unless
-    :func:`muse_stack.model.peft.apply_peft` sets one) adds a LoRA or DoRA update to the output.
+    :func:`muse_stack.models.muse_spark.peft.apply_peft` sets one) adds a LoRA or DoRA update to the output.
     """
 
     def __init__(self, in_features: int, out_features: int) -> None:

@@ -7,7 +7,7 @@ generators differ), not on the order modules are built or on the model's depth.
 * projections, stacked experts, router, embedding, lm_head: normal(0, 0.02)
 * centred norm gains (pre-norms, pre/post-expert and post-FFN norms): 0 -> effective gain 1
 * ``model.norm`` (used as stored): 1
-* residual gates: :func:`muse_stack.model.residual.initial_gate_value` (beta = 1/sqrt(2L))
+* residual gates: :func:`muse_stack.models.muse_spark.residual.initial_gate_value` (beta = 1/sqrt(2L))
 * ``e_score_correction_bias``: 0
 """
 
@@ -31,11 +31,11 @@ def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
 @torch.no_grad()
 def init_weights(model: nn.Module, seed: int = 0, std: float = INIT_STD) -> None:
     """(Re)initialise ``model`` (a MuseSparkForCausalLM) in place from ``seed``."""
-    from muse_stack.model.linear import Projection
-    from muse_stack.model.moe import MuseSparkExperts
-    from muse_stack.model.norms import CenteredRMSNorm, GainFirstRMSNorm, StoredGainRMSNorm
-    from muse_stack.model.residual import GatedResidual, initial_gate_value
-    from muse_stack.model.router import MuseSparkRouter
+    from muse_stack.models.muse_spark.linear import Projection
+    from muse_stack.models.muse_spark.moe import MuseSparkExperts
+    from muse_stack.models.muse_spark.norms import CenteredRMSNorm, GainFirstRMSNorm, StoredGainRMSNorm
+    from muse_stack.models.muse_spark.residual import GatedResidual, initial_gate_value
+    from muse_stack.models.muse_spark.router import MuseSparkRouter
 
     num_layers = model.config.num_hidden_layers
 

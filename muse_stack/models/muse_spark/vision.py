@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from muse_stack.tower_config import VISION_BLOCK_NORM_EPS, VisionConfig
+from muse_stack.models.muse_spark.tower_config import VISION_BLOCK_NORM_EPS, VisionConfig
 
 
 def wide_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -240,7 +240,7 @@ class MuseSparkVisionModel(nn.Module):
         self.recompute = False
 
     def check_inputs(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> None:
-        from muse_stack.errors import InputError
+        from muse_stack.util.errors import InputError
 
         cfg = self.config
         if grid_thw is None or grid_thw.ndim != 2 or grid_thw.shape[1] != 3:

@@ -8,7 +8,7 @@ checkpoint it loads with nothing missing carries them:
 * else a run from a checkpoint that has towers (the released model) exports those towers
   unchanged, with their configs (:func:`towers_from_checkpoint`);
 * a text-only run from a seed gets the smallest consistent towers
-  (:func:`muse_stack.hf_config.placeholder_perception`), initialised from the run's seed and
+  (:func:`muse_stack.models.muse_spark.hf_config.placeholder_perception`), initialised from the run's seed and
   untrained; the model card says so (:func:`placeholder_towers`).
 
 Beside them: ``generation_config.json`` from the tokenizer's ids, the tokenizer files the run
@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from muse_stack.hf_config import perception_of, placeholder_perception
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark.hf_config import perception_of, placeholder_perception
+from muse_stack.models.muse_spark.config import ModelConfig
 
 #: files of a tokenizer directory that an export copies (what AutoTokenizer reads)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -53,8 +53,8 @@ class Towers:
 def placeholder_towers(model: ModelConfig, seed: int) -> Towers:
     """The smallest towers consistent with ``model``, initialised from ``seed`` (normal with the
     model's ``initializer_range``; norms at their identity), in the reference model's modules."""
-    from muse_stack.model.perception import MuseSparkPerception
-    from muse_stack.tower_config import TowersConfig
+    from muse_stack.models.muse_spark.perception import MuseSparkPerception
+    from muse_stack.models.muse_spark.tower_config import TowersConfig
 
     config = placeholder_perception(model)
     towers = MuseSparkPerception(TowersConfig.from_hf(config), text_hidden_size=model.hidden_size,
@@ -82,7 +82,7 @@ def towers_from_tensors(specs: list, get: Callable[[str], torch.Tensor], percept
     """The towers among a step folder's tensors by HF name (``specs``: TensorSpec, ``get`` reads
     one), with ``perception`` as their config keys (the run's towers: ``TowersConfig.to_hf()``);
     None when none of the tensors is a tower's (a text run)."""
-    from muse_stack.model.checkpoint import is_text_tensor
+    from muse_stack.models.muse_spark.checkpoint import is_text_tensor
 
     names = [s.name for s in specs if not is_text_tensor(s.name)]
     if not names:
@@ -96,8 +96,8 @@ def towers_of_step(folder: Path, specs: list, get: Callable[[str], torch.Tensor]
     """The towers a run saved with one step (either engine), or None for a text run: the tower
     tensors among ``specs``, configured by the step folder's ``config.json`` where it has one (the
     reference engine writes it), else by the run's own towers (``run_towers``, a TowersConfig)."""
-    from muse_stack.errors import InputError
-    from muse_stack.model.checkpoint import CONFIG_NAME
+    from muse_stack.util.errors import InputError
+    from muse_stack.models.muse_spark.checkpoint import CONFIG_NAME
 
     config_file = Path(folder) / CONFIG_NAME
     perception = perception_of(json.loads(config_file.read_text())) if config_file.is_file() else None
@@ -116,7 +116,7 @@ def towers_from_checkpoint(directory: str | Path) -> Towers | None:
     tensors), or None when it has none (no tower configs in config.json, or no tower tensors)."""
     from safetensors import safe_open
 
-    from muse_stack.model.checkpoint import CONFIG_NAME, _weight_files, is_text_tensor, safetensors_dtype
+    from muse_stack.models.muse_spark.checkpoint import CONFIG_NAME, _weight_files, is_text_tensor, safetensors_dtype
 
     path = Path(directory)
     config = json.loads((path / CONFIG_NAME).read_text())

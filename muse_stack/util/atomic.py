@@ -53,7 +53,7 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, field: str = "outp
     (0666 less the umask: 0644 by default), not mkstemp's private 0600, so a team on a shared
     filesystem can read each other's runs; ``private`` keeps it 0600 whatever the umask (a file
     that holds a secret). A parent that is a file or not writable is an InputError naming ``field``."""
-    from muse_stack.errors import InputError
+    from muse_stack.util.errors import InputError
 
     path = Path(path)
     try:
@@ -84,7 +84,7 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, field: str = "outp
 def write_text(path: str | os.PathLike[str], text: str, *, field: str = "output", private: bool = False) -> Path:
     """Write text whole; the credentials of any URL in it are redacted on the way (a URL is never
     written with its user:password)."""
-    from muse_stack.safeio import redact_urls
+    from muse_stack.util.safeio import redact_urls
 
     return write_bytes(path, redact_urls(text).encode("utf-8"), field=field, private=private)
 
@@ -95,7 +95,7 @@ def write_json(path: str | os.PathLike[str], obj: Any, *, field: str = "output")
 
 def append_line(path: str | os.PathLike[str], line: str) -> None:
     """Append one complete line and fsync it (used for metrics.jsonl)."""
-    from muse_stack.safeio import redact_urls
+    from muse_stack.util.safeio import redact_urls
 
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(redact_urls(line.rstrip("\n")) + "\n")

@@ -12,7 +12,7 @@ from fnmatch import fnmatchcase
 
 from torch import nn
 
-from muse_stack.errors import RecipeError
+from muse_stack.util.errors import RecipeError
 
 
 def _matches(name: str, pattern: str) -> bool:

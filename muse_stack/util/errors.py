@@ -3,14 +3,14 @@
 Every user-facing failure in muse-stack raises a subclass of :class:`MuseStackError`;
 the CLI prints it and exits with its ``exit_code`` without leaving partial output behind.
 An error never shows a credential: its value is shown bounded, and a credential-shaped one as
-``'<redacted>'`` (:mod:`muse_stack.credentials`).
+``'<redacted>'`` (:mod:`muse_stack.util.credentials`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from muse_stack.credentials import REDACTED, redact_text, shape, short_repr
+from muse_stack.util.credentials import REDACTED, redact_text, shape, short_repr
 
 # Exit codes of the command line:
 #   0  success

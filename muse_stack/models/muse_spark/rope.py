@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from muse_stack.model.norms import upcast
+from muse_stack.models.muse_spark.norms import upcast
 
 
 def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from muse_stack.model.norms import rms_norm
-from muse_stack.model.vision import dense, wide_dtype
-from muse_stack.tower_config import AudioConfig
+from muse_stack.models.muse_spark.norms import rms_norm
+from muse_stack.models.muse_spark.vision import dense, wide_dtype
+from muse_stack.models.muse_spark.tower_config import AudioConfig
 
 
 class RMSNorm(nn.Module):
@@ -125,7 +125,7 @@ class MuseSparkAudioModel(nn.Module):
 
     def forward(self, input_values: torch.Tensor) -> torch.Tensor:
         """``input_values`` [B, S] (S a multiple of ``samples_per_token``) -> [B, S / samples_per_token, out]."""
-        from muse_stack.errors import InputError
+        from muse_stack.util.errors import InputError
 
         step = self.config.samples_per_token
         if input_values.ndim != 2 or input_values.shape[1] % step:

@@ -1,17 +1,17 @@
 """Reference Muse Spark text decoder in plain PyTorch, with Hugging Face-style checkpoints."""
 
-from muse_stack.model.checkpoint import LoadReport, load_checkpoint, load_weights_into, save_checkpoint
-from muse_stack.model.decoder import (
+from muse_stack.models.muse_spark.checkpoint import LoadReport, load_checkpoint, load_weights_into, save_checkpoint
+from muse_stack.models.muse_spark.decoder import (
     CausalLMOutput,
     MuseSparkDecoderLayer,
     MuseSparkForCausalLM,
     MuseSparkModel,
     MuseSparkTextModel,
 )
-from muse_stack.model.freeze import freeze, named_trainable_parameters, trainable_parameters, unfreeze
-from muse_stack.model.init import INIT_STD, init_weights
-from muse_stack.model.loss import IGNORE_INDEX, LossResult, causal_lm_loss, shift_labels
-from muse_stack.model.packing import position_ids_from_segments, segment_ids_from_cu_seqlens
+from muse_stack.models.muse_spark.freeze import freeze, named_trainable_parameters, trainable_parameters, unfreeze
+from muse_stack.models.muse_spark.init import INIT_STD, init_weights
+from muse_stack.models.muse_spark.loss import IGNORE_INDEX, LossResult, causal_lm_loss, shift_labels
+from muse_stack.models.muse_spark.packing import position_ids_from_segments, segment_ids_from_cu_seqlens
 
 __all__ = [
     "CausalLMOutput",

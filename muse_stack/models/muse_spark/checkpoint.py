@@ -1,6 +1,6 @@
 """Hugging Face-style checkpoints of the Muse Spark text decoder.
 
-A checkpoint directory holds ``config.json`` (:func:`muse_stack.hf_config.full_config`) and either
+A checkpoint directory holds ``config.json`` (:func:`muse_stack.models.muse_spark.hf_config.full_config`) and either
 ``model.safetensors`` or shards ``model-0000i-of-0000n.safetensors`` with
 ``model.safetensors.index.json`` (``{"metadata": {"total_size": ...}, "weight_map": {name:
 file}}``), exactly as Hugging Face writes them. Tensor names are the model's parameter
@@ -9,7 +9,7 @@ names, so the released checkpoint loads 1:1. Its perception towers (anything out
 ``load_checkpoint(..., towers=True)`` asks for them: then a checkpoint whose config.json has
 ``vision_config`` and ``audio_config`` and which holds tower tensors loads as the whole model
 (:class:`MuseSparkForCausalLM` with ``towers``), every tensor checked. A model with towers saves
-them, with their configs in config.json (:func:`muse_stack.hf_config.full_config`).
+them, with their configs in config.json (:func:`muse_stack.models.muse_spark.hf_config.full_config`).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from muse_stack.atomic import follow_umask, make_temp_dir, write_json
-from muse_stack.errors import InputError
-from muse_stack.model.decoder import MuseSparkForCausalLM
-from muse_stack.model_config import ModelConfig
+from muse_stack.util.atomic import follow_umask, make_temp_dir, write_json
+from muse_stack.util.errors import InputError
+from muse_stack.models.muse_spark.decoder import MuseSparkForCausalLM
+from muse_stack.models.muse_spark.config import ModelConfig
 
 if TYPE_CHECKING:
-    from muse_stack.tower_config import TowersConfig
+    from muse_stack.models.muse_spark.tower_config import TowersConfig
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +126,8 @@ def _is_checkpoint_file(name: str) -> bool:
 
 def checkpoint_config(model: MuseSparkForCausalLM) -> dict:
     """The config.json of ``model``: its text config with its own towers' configs when it has
-    towers, else with the smallest consistent ones (:func:`muse_stack.hf_config.full_config`)."""
-    from muse_stack.hf_config import full_config
+    towers, else with the smallest consistent ones (:func:`muse_stack.models.muse_spark.hf_config.full_config`)."""
+    from muse_stack.models.muse_spark.hf_config import full_config
 
     towers = getattr(model, "towers_config", None)
     return full_config(model.config, towers.to_hf() if towers is not None else None)
@@ -328,9 +328,9 @@ def _check_same_config(model_config: ModelConfig, checkpoint_config: ModelConfig
 def _towers_of(path: Path) -> "TowersConfig | None":
     """The towers' config in ``path``'s config.json, or None when it has no ``vision_config`` and
     ``audio_config``."""
-    from muse_stack.hf_config import perception_of
-    from muse_stack.safeio import read_json
-    from muse_stack.tower_config import TowersConfig
+    from muse_stack.models.muse_spark.hf_config import perception_of
+    from muse_stack.util.safeio import read_json
+    from muse_stack.models.muse_spark.tower_config import TowersConfig
 
     raw = read_json(path / CONFIG_NAME, field="checkpoint.config", what="config.json",
                     fix="restore the checkpoint's config.json (a JSON object)")

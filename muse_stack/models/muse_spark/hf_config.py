@@ -4,7 +4,7 @@ transformers 5.24.0 (``models/muse_spark/configuration_muse_spark.py``) is the m
 definition. Its ``MuseSparkConfig`` nests the decoder's keys under ``text_config``
 (``model_type: muse_spark_text``) beside ``vision_config``, ``audio_config`` and the media token
 ids. The text keys, and the way muse-stack reads each (:data:`TEXT_FIELDS`), belong to
-:mod:`muse_stack.model_config`; this module writes the whole config.json around them.
+:mod:`muse_stack.models.muse_spark.config`; this module writes the whole config.json around them.
 
 A text-only model still needs tower configs and weights: transformers builds both towers from
 any config, and builds the full-size ones (1.85 B + 118 M parameters, randomly initialised) when
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from muse_stack.errors import RecipeError
-from muse_stack.model_config import TEXT_FIELDS, TEXT_MODEL_TYPE, TOP_MODEL_TYPE, ModelConfig, text_config
+from muse_stack.util.errors import RecipeError
+from muse_stack.models.muse_spark.config import TEXT_FIELDS, TEXT_MODEL_TYPE, TOP_MODEL_TYPE, ModelConfig, text_config
 
 __all__ = ["TEXT_FIELDS", "TEXT_MODEL_TYPE", "TOP_MODEL_TYPE", "full_config", "perception_of",
            "placeholder_perception"]

@@ -3,7 +3,7 @@
 Defaults are the real 816B-A42B model. Proxies override only what differs. Field names
 are the keys of the checkpoint's ``config.json`` (under ``text_config`` when present), so
 ``ModelConfig.from_hf_config`` reads a real checkpoint's and ``to_hf_text_config`` writes its
-``text_config`` (:mod:`muse_stack.hf_config` writes the whole config.json).
+``text_config`` (:mod:`muse_stack.models.muse_spark.hf_config` writes the whole config.json).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from muse_stack.errors import InputError, RecipeError
+from muse_stack.util.errors import InputError, RecipeError
 
 LayerType = Literal["sliding_attention", "full_attention"]
 
@@ -230,7 +230,7 @@ class ModelConfig(BaseModel):
                     value=str(path),
                     fix="point it at a checkpoint directory that holds config.json, or at the file itself",
                 )
-            from muse_stack.safeio import read_json
+            from muse_stack.util.safeio import read_json
 
             config = read_json(path, field="model.config_path", what="config.json",
                                fix="restore the checkpoint's config.json (a JSON object)")
@@ -258,7 +258,7 @@ TEXT_MODEL_TYPE = "muse_spark_text"
 
 #: every field of transformers' MuseSparkTextConfig (and its PreTrainedConfig base) -> how it is read
 TEXT_FIELDS: dict[str, str] = {
-    # same name, same meaning (muse_stack.model_config.ModelConfig)
+    # same name, same meaning (muse_stack.models.muse_spark.config.ModelConfig)
     **dict.fromkeys(
         ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
          "num_key_value_heads", "head_dim", "max_position_embeddings", "initializer_range", "rms_norm_eps",

@@ -3,8 +3,8 @@ around its towers).
 
 Modules, as children of ``model`` (transformers' names)::
 
-    vision_tower          MuseSparkVisionModel        (muse_stack.model.vision)
-    audio_tower           MuseSparkAudioModel         (muse_stack.model.audio)
+    vision_tower          MuseSparkVisionModel        (muse_stack.models.muse_spark.vision)
+    audio_tower           MuseSparkAudioModel         (muse_stack.models.muse_spark.audio)
     vision_adapter.fc1.weight   [P, out_hidden_size]  no bias
     vision_adapter.fc2.weight   [P, P]                no bias
     vision_projection.weight    [H_text, P]           no bias
@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from muse_stack.errors import InputError
-from muse_stack.model.audio import MuseSparkAudioModel
-from muse_stack.model.norms import rms_norm
-from muse_stack.model.vision import MuseSparkVisionModel, dense
-from muse_stack.tower_config import PERCEPTION_MODULES, TowersConfig
+from muse_stack.util.errors import InputError
+from muse_stack.models.muse_spark.audio import MuseSparkAudioModel
+from muse_stack.models.muse_spark.norms import rms_norm
+from muse_stack.models.muse_spark.vision import MuseSparkVisionModel, dense
+from muse_stack.models.muse_spark.tower_config import PERCEPTION_MODULES, TowersConfig
 
 
 class MuseSparkVisionAdapter(nn.Module):
@@ -158,10 +158,10 @@ def init_perception_weights(host: nn.Module, seed: int = 0, std: float = 0.02, *
     """(Re)initialise the perception modules on ``host`` as transformers' ``_init_weights`` does:
     linear, conv and embedding weights N(0, std), biases 0, LayerNorm and RMSNorm gains 1. Each
     tensor draws from its own generator seeded by (seed, ``prefix`` + its name under ``host``), as
-    :func:`muse_stack.model.init.init_weights` does for the decoder (pass ``prefix="model."`` for the
+    :func:`muse_stack.models.muse_spark.init.init_weights` does for the decoder (pass ``prefix="model."`` for the
     names of the full state dict); meta tensors are skipped."""
-    from muse_stack.model.audio import RMSNorm
-    from muse_stack.model.init import _generator
+    from muse_stack.models.muse_spark.audio import RMSNorm
+    from muse_stack.models.muse_spark.init import _generator
 
     for child in PERCEPTION_MODULES:
         root = getattr(host, child)

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from muse_stack.model.norms import upcast
-from muse_stack.model_config import ModelConfig
+from muse_stack.models.muse_spark.norms import upcast
+from muse_stack.models.muse_spark.config import ModelConfig
 
 
 class Routing(NamedTuple):

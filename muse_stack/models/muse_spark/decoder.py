@@ -23,7 +23,7 @@ Module tree (parameter names are the Hugging Face checkpoint names)::
             post_feedforward_residual_gate.gate    [H]
           norm.weight             [H]   used as stored
         vision_tower, audio_tower, vision_adapter, vision_projection, perception_emb_norm
-                                  only with ``towers`` (:mod:`muse_stack.model.perception`)
+                                  only with ``towers`` (:mod:`muse_stack.models.muse_spark.perception`)
       lm_head.weight              [V, H]
 
 The architecture notes name the norm modules (``input_layernorm``, ``pre_expert_norm``,
@@ -33,12 +33,12 @@ Face RMSNorm. The residual gates are stored as ``<module>.gate`` as the notes gi
 The residual stream is fp32; matmuls run in the autocast dtype (e.g. bf16) when autocast is
 on, else in the weights' dtype.
 
-With ``towers`` (a :class:`~muse_stack.tower_config.TowersConfig`) the model is transformers' whole
+With ``towers`` (a :class:`~muse_stack.models.muse_spark.tower_config.TowersConfig`) the model is transformers' whole
 ``MuseSparkForConditionalGeneration``: ``model`` also holds the perception towers and the
 projector under transformers' names, and ``forward`` takes the media (``pixel_values``,
 ``pixel_values_videos``, ``input_values`` with their grids and mask). The text embeddings are
 those of the ids with every media placeholder replaced by 0, the media features replace the
-placeholders' rows (:func:`muse_stack.model.perception.scatter_media`), and the decoder runs on
+placeholders' rows (:func:`muse_stack.models.muse_spark.perception.scatter_media`), and the decoder runs on
 that stream with ordinary 1-D positions and the causal mask, as transformers does. Without
 ``towers`` nothing of this exists and the text model is unchanged.
 """
@@ -50,24 +50,24 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from muse_stack.errors import InputError
-from muse_stack.model.attention import MuseSparkAttention
-from muse_stack.model.init import init_weights
-from muse_stack.model.linear import Projection
-from muse_stack.model.loss import LossResult, causal_lm_loss
-from muse_stack.model.moe import MuseSparkMoE
-from muse_stack.model.norms import CenteredRMSNorm, GainFirstRMSNorm, StoredGainRMSNorm, rms_norm, upcast
-from muse_stack.model.packing import (
+from muse_stack.util.errors import InputError
+from muse_stack.models.muse_spark.attention import MuseSparkAttention
+from muse_stack.models.muse_spark.init import init_weights
+from muse_stack.models.muse_spark.linear import Projection
+from muse_stack.models.muse_spark.loss import LossResult, causal_lm_loss
+from muse_stack.models.muse_spark.moe import MuseSparkMoE
+from muse_stack.models.muse_spark.norms import CenteredRMSNorm, GainFirstRMSNorm, StoredGainRMSNorm, rms_norm, upcast
+from muse_stack.models.muse_spark.packing import (
     CuSeqlens,
     attention_mask,
     position_ids_from_segments,
     run_ids,
     segment_ids_from_cu_seqlens,
 )
-from muse_stack.model.residual import GatedResidual
-from muse_stack.model.rope import rope_cos_sin
-from muse_stack.model_config import ModelConfig
-from muse_stack.tower_config import TowersConfig
+from muse_stack.models.muse_spark.residual import GatedResidual
+from muse_stack.models.muse_spark.rope import rope_cos_sin
+from muse_stack.models.muse_spark.config import ModelConfig
+from muse_stack.models.muse_spark.tower_config import TowersConfig
 
 
 class MuseSparkDecoderLayer(nn.Module):
@@ -163,14 +163,14 @@ class MuseSparkTextModel(nn.Module):
 class MuseSparkModel(nn.Module):
     """``model``: holds the text decoder under ``language_model`` and, with ``towers``, the
     perception towers and the projector beside it (transformers' names:
-    :data:`muse_stack.model.perception.PERCEPTION_MODULES`)."""
+    :data:`muse_stack.models.muse_spark.perception.PERCEPTION_MODULES`)."""
 
     def __init__(self, config: ModelConfig, towers: TowersConfig | None = None) -> None:
         super().__init__()
         self.language_model = MuseSparkTextModel(config)
         self.towers_config = towers
         if towers is not None:
-            from muse_stack.model.perception import add_perception_modules
+            from muse_stack.models.muse_spark.perception import add_perception_modules
 
             add_perception_modules(self, towers, text_hidden_size=config.hidden_size,
                                    text_rms_norm_eps=config.rms_norm_eps)
@@ -185,7 +185,7 @@ class MuseSparkModel(nn.Module):
 
         Placeholders of a medium whose inputs are not given are refused (they would stay the
         embedding of id 0), as is a medium given without its grid."""
-        from muse_stack.model.perception import embed_media, text_input_ids
+        from muse_stack.models.muse_spark.perception import embed_media, text_input_ids
 
         towers = self.towers_config
         if towers is None:
@@ -209,8 +209,8 @@ class MuseSparkForCausalLM(nn.Module):
     and the projector (transformers' whole ``MuseSparkForConditionalGeneration``).
 
     ``MuseSparkForCausalLM(config, seed=0)`` initialises deterministically (see
-    :func:`muse_stack.model.init.init_weights`; the towers by
-    :func:`muse_stack.model.perception.init_perception_weights` from the same seed, each tensor
+    :func:`muse_stack.models.muse_spark.init.init_weights`; the towers by
+    :func:`muse_stack.models.muse_spark.perception.init_perception_weights` from the same seed, each tensor
     from a generator seeded by its state-dict name); on the meta device nothing is initialised.
     """
 
@@ -222,7 +222,7 @@ class MuseSparkForCausalLM(nn.Module):
         if seed is not None:
             init_weights(self, seed, std=config.initializer_range)
             if towers is not None:
-                from muse_stack.model.perception import init_perception_weights
+                from muse_stack.models.muse_spark.perception import init_perception_weights
 
                 init_perception_weights(self.model, seed, std=config.initializer_range, prefix="model.")
 
@@ -250,9 +250,9 @@ class MuseSparkForCausalLM(nn.Module):
         """Logits for ``input_ids`` [B, T]; with ``labels`` also the loss.
 
         ``labels[b, t]`` is the target of position t, i.e. the *next* token ``input_ids[b, t+1]``
-        (see :func:`muse_stack.model.loss.shift_labels`); ``loss_mask[b, t]`` marks supervised
+        (see :func:`muse_stack.models.muse_spark.loss.shift_labels`); ``loss_mask[b, t]`` marks supervised
         targets. Packed rows: pass ``cu_seqlens`` or ``segment_ids`` (and optionally
-        ``position_ids``) -- see :mod:`muse_stack.model.packing`.
+        ``position_ids``) -- see :mod:`muse_stack.models.muse_spark.packing`.
 
         Media (a model with towers only), as transformers' processors make them:
         ``pixel_values`` [patches, patch_dim] with ``image_grid_thw`` [images, 3],
