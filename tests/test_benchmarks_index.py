@@ -11,9 +11,9 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 INDEX = yaml.safe_load((BENCH / "index.yaml").read_text())
 
 
-def test_benchmarks_holds_two_rooms_and_the_index():
+def test_benchmarks_holds_three_rooms_and_the_index():
     assert {p.name for p in BENCH.iterdir() if not p.name.startswith(".")} == \
-        {"README.md", "index.yaml", "results", "scripts"}
+        {"README.md", "index.yaml", "lab", "results", "scripts"}
 
 
 def test_every_result_folder_is_in_the_index():

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from muse_stack.plan.messages import BF16, FP32, bus_gbps, step_messages
+from lab.messages import BF16, FP32, bus_gbps, step_messages
 from muse_stack.recipes.catalogue import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]

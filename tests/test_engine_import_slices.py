@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from muse_stack.engines.mcore.load import CheckpointSlices, StateDictSlices, read_part, read_rank_weights
+from lab.engine import StateDictSlices
+from muse_stack.engines.mcore.load import CheckpointSlices, read_part, read_rank_weights
 from muse_stack.engines.mcore.weights import hf_to_mcore, mcore_to_hf, rank_names, shard
 from muse_stack.models.muse_spark.hf_config import full_config
 

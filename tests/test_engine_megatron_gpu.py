@@ -29,7 +29,7 @@ LOGITS_VS_REFERENCE_BF16 = 1.25
 @pytest.mark.skipif(not torch.cuda.is_available() or missing() is not None,
                     reason=f"needs CUDA, Transformer Engine and megatron-core ({missing()})")
 def test_same_weights_same_loss_tp1():
-    from muse_stack.verify.parity import run
+    from lab.verify.parity import run
 
     out = run(train_steps=3)
     assert out["rel_diff_vs_fp32"] < LOSS_REL_TOL
@@ -43,7 +43,7 @@ def test_same_weights_same_loss_tp1():
 def test_same_weights_same_loss_packed_rows():
     """Three sequences in one row: THD attention and per-sequence RoPE in the engine, segment
     masks and restarted positions in the reference."""
-    from muse_stack.verify.parity import run
+    from lab.verify.parity import run
 
     out = run(train_steps=2, packed=True)
     assert out["rel_diff_vs_fp32"] < LOSS_REL_TOL
@@ -63,7 +63,7 @@ TOWER_FEATURES_REL_TOL = 5 * 2.0**-8
 def test_same_weights_same_loss_with_towers():
     """An image and an audio clip in the row: the engine's first stage runs the towers and places
     their rows by the media index; the reference scatters them as transformers does."""
-    from muse_stack.verify.parity import run
+    from lab.verify.parity import run
 
     out = run(train_steps=3, towers=True)
     _check_towers_parity(out)

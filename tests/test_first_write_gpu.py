@@ -1,15 +1,19 @@
 """On a GPU: the step's first micro-batch writing the main gradients gives the gradients that zeroing
-the whole buffer gives, bit for bit (muse_stack.verify.first_writes); and the experts' SwiGLU, whose
+the whole buffer gives, bit for bit (lab.verify.first_writes); and the experts' SwiGLU, whose
 backward is Transformer Engine's kernel, is within one rounding of the exact values, as megatron-core's."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from muse_stack.engines.megatron_available import missing
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or missing() is not None,
@@ -23,8 +27,9 @@ def test_first_micro_batch_writes_the_same_gradients(tmp_path):
     that was neither zeroed nor written is not finite. Its own process: deterministic mode sets
     process-wide switches."""
     out = tmp_path / "first-writes.json"
-    subprocess.run([sys.executable, "-m", "muse_stack.verify.first_writes", "--steps", "2", "--out", str(out)],
-                   check=True)
+    path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT), str(ROOT / "benchmarks")]))
+    subprocess.run([sys.executable, "-m", "lab.verify.first_writes", "--steps", "2", "--out", str(out)],
+                   check=True, env={**os.environ, "PYTHONPATH": path})
     result = json.loads(out.read_text())
     assert result["first_writes"].startswith("the step's first micro-batch writes")
     assert result["whole_buffer"].startswith("the whole buffer")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muse_stack.verify import parity_strict as ps
+from lab.verify import parity_strict as ps
 from muse_stack.engines.megatron_available import missing
 from muse_stack.models.muse_spark import MuseSparkForCausalLM
 from muse_stack.models.muse_spark.config import ModelConfig

@@ -199,7 +199,8 @@ def shell_commands() -> list[str]:
 
 
 def test_every_replay_python_is_the_venvs():
-    runs = [line for line in shell_commands() if re.search(r"muse_stack\.|flash_attn_prepare|\$\{MS\[@\]\}", line)]
+    runs = [line for line in shell_commands()
+            if re.search(r"muse_stack\.|lab\.verify|flash_attn_prepare|\$\{MS\[@\]\}", line)]
     # selfcheck (twice), fingerprint, audit (twice), diff, compare, slice-1gpu, parity, the sdist patch
     assert len(runs) >= 10
     for line in runs:

@@ -29,8 +29,11 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
-from muse_stack.benchio import finish, recipe_args
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the lab package
+
+from lab.benchio import finish, recipe_args  # noqa: E402
 
 #: Muse Spark features the Bridge model lacks (no config field in Bridge 0.6.2 / megatron-core 0.19.2);
 #: all are elementwise or norm work, which the FLOP formula does not count

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the lab package
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
         "device_memory": cuda_memory(f"cuda:{torch.cuda.current_device()}"),
     }
-    from muse_stack.benchio import finish
+    from lab.benchio import finish
 
     finish(result, args.out, omit=lambda k: k.endswith("steps_s"))
     return 0

@@ -14,10 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
-from muse_stack.benchio import cuda_median_seconds
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the lab package
+
+from lab.benchio import cuda_median_seconds  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Collective bandwidth at the message sizes a recipe's step sends (muse_stack/plan/messages.py).
+"""Collective bandwidth at the message sizes a recipe's step sends (benchmarks/lab/messages.py).
 
     torchrun --standalone --nproc-per-node 2 benchmarks/scripts/comm.py RECIPE [OVERRIDE...] --out comm.json
     (on GPUs: NCCL; --backend gloo runs the same on CPUs, as the tests do)
@@ -28,8 +28,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the lab package
 
-from muse_stack.plan.messages import bus_gbps, step_messages  # noqa: E402
+from lab.messages import bus_gbps, step_messages  # noqa: E402
 
 def op_of(kind: str) -> str:
     return kind.split("_", 1)[1]

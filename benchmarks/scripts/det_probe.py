@@ -15,8 +15,11 @@ import argparse
 import hashlib
 import json
 import sys
+from pathlib import Path
 
-from muse_stack.benchio import megatron_engine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the lab package
+
+from lab.benchio import megatron_engine  # noqa: E402
 
 
 def _digest(t) -> str:

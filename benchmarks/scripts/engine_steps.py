@@ -20,10 +20,13 @@ import importlib
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from muse_stack.benchio import finish, megatron_engine, recipe_args
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the lab package
+
+from lab.benchio import finish, megatron_engine, recipe_args  # noqa: E402
 
 
 #: the attribution switches: (flag, what it runs, module, object.attribute, the value the flag sets there)

@@ -21,10 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
-from muse_stack.benchio import cuda_median_seconds
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the lab package
+
+from lab.benchio import cuda_median_seconds  # noqa: E402
 
 ROWS, EXPERTS, LATENT = 131_072, 32, 4096
 SHAPES = {"fc1": (LATENT, 2 * 4096), "fc2": (4096, LATENT)}

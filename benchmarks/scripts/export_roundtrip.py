@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the lab package
+
 
 def _rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
@@ -39,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     require_megatron()
     from muse_stack.data import build_for_recipe
+    from lab.engine import eval_logits
     from muse_stack.engines.base import TrainContext
     from muse_stack.engines.mcore.load import checkpoint_getter, read_rank_weights
     from muse_stack.engines.megatron import MegatronEngine
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 2. logits on one micro-batch of the run's data
     mb = next(engine._batches)
-    mine = engine.eval_logits(mb)
+    mine = eval_logits(engine, mb)
     del engine
     torch.cuda.empty_cache()
     device = torch.device("cuda", 0)
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         "criterion": "tensors all bitwise equal; engine logits within 1.5x the reference's bf16 noise floor",
     }
     result["passed"] = not mismatched and engine_vs_fp32 <= 1.5 * floor
-    from muse_stack.benchio import finish
+    from lab.benchio import finish
 
     finish(result, args.out, omit=lambda k: k == "mismatched")
     return 0 if result["passed"] else 1

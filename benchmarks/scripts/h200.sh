@@ -19,7 +19,7 @@
 #   ($OUT holds at most 8 files per device call: split the steps over calls, or tar $OUT)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH=/tmp/site:${PYTHONPATH:-}:.
+export PYTHONPATH=/tmp/site:${PYTHONPATH:-}:.:benchmarks
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT" runs
@@ -64,10 +64,10 @@ for what in "${@:-smoke}"; do
   echo "=== $what $(date +%T)"
   case "$what" in
   fingerprint) one $MS fingerprint -o "$OUT/fingerprint-h200.json" ;;
-  parity) one python3 -m muse_stack.verify.parity --train-steps 3 --out "$OUT/parity-tp1.json" ;;
+  parity) one python3 -m lab.verify.parity --train-steps 3 --out "$OUT/parity-tp1.json" ;;
   parity2)
-    two -m muse_stack.verify.parity --tp 2 --out "$OUT/parity-tp2.json"
-    two -m muse_stack.verify.parity --ep 2 --out "$OUT/parity-ep2.json" ;;
+    two -m lab.verify.parity --tp 2 --out "$OUT/parity-tp2.json"
+    two -m lab.verify.parity --ep 2 --out "$OUT/parity-ep2.json" ;;
   smoke)
     rm -rf runs/smoke-proxy1 runs/smoke-slice; one $MS run proxy-1gpu --steps 3 --out runs/smoke-proxy1 --no-progress && tail -3 runs/smoke-proxy1/metrics.jsonl
     one $MS run slice-1gpu --steps 2 --out runs/smoke-slice --no-progress && tail -2 runs/smoke-slice/metrics.jsonl ;;
@@ -226,12 +226,12 @@ for what in "${@:-smoke}"; do
       --out runs/tp2 --no-progress; keep tp2-recompute runs/tp2 ;;
   parity3) # packed rows, PP, CP, ETP against the reference model
     mkdir -p "$OUT/parity"
-    one python3 -m muse_stack.verify.parity --packed --train-steps 3 --out "$OUT/parity/parity-tp1-packed.json"
-    two -m muse_stack.verify.parity --pp 2 --train-steps 3 --out "$OUT/parity/parity-pp2.json"
-    two -m muse_stack.verify.parity --cp 2 --train-steps 3 --out "$OUT/parity/parity-cp2.json"
-    two -m muse_stack.verify.parity --cp 2 --packed --train-steps 3 --out "$OUT/parity/parity-cp2-packed.json"
-    two -m muse_stack.verify.parity --etp 2 --train-steps 3 --out "$OUT/parity/parity-etp2.json"
-    two -m muse_stack.verify.parity --tp 2 --packed --train-steps 3 --out "$OUT/parity/parity-tp2-packed.json" ;;
+    one python3 -m lab.verify.parity --packed --train-steps 3 --out "$OUT/parity/parity-tp1-packed.json"
+    two -m lab.verify.parity --pp 2 --train-steps 3 --out "$OUT/parity/parity-pp2.json"
+    two -m lab.verify.parity --cp 2 --train-steps 3 --out "$OUT/parity/parity-cp2.json"
+    two -m lab.verify.parity --cp 2 --packed --train-steps 3 --out "$OUT/parity/parity-cp2-packed.json"
+    two -m lab.verify.parity --etp 2 --train-steps 3 --out "$OUT/parity/parity-etp2.json"
+    two -m lab.verify.parity --tp 2 --packed --train-steps 3 --out "$OUT/parity/parity-tp2-packed.json" ;;
   ckptsave) # step-time cost of a dist-checkpoint save on slice-1gpu, synchronous then asynchronous, through the
     # runner's checkpoint manager (benchmarks/scripts/ckpt_save.py); the checkpoints go to CKPT_DIR (one at a time)
     df -h "${CKPT_DIR:-/tmp}" /dev/shm; free -g
@@ -244,8 +244,8 @@ for what in "${@:-smoke}"; do
     one python3 benchmarks/scripts/export_roundtrip.py runs/export-src runs/export-hf --out "$OUT/export-roundtrip.json"
     keep export-src runs/export-src ;;
   peftparity) # adapters on the megatron engine against the reference engine, TP 1 (fp32 grads, bf16 training)
-    one python3 -m muse_stack.verify.peft_parity --scheme lora --out "$OUT/peft-parity-lora.json"
-    one python3 -m muse_stack.verify.peft_parity --scheme dora --out "$OUT/peft-parity-dora.json" ;;
+    one python3 -m lab.verify.peft_parity --scheme lora --out "$OUT/peft-parity-lora.json"
+    one python3 -m lab.verify.peft_parity --scheme dora --out "$OUT/peft-parity-dora.json" ;;
   peftslice) # slice-1gpu with lora-64's adapters (rank 32), against full SFT of the same slice, same process kind
     one python3 benchmarks/scripts/engine_steps.py slice-1gpu $LORA64 --steps 30 --warmup 10 --out "$OUT/slice-lora64.json"
     one python3 benchmarks/scripts/engine_steps.py slice-1gpu $ASRAN --steps 30 --warmup 10 --out "$OUT/slice-full.json" ;;
@@ -348,7 +348,7 @@ sys.exit(a != b)' runs/resumedrop-full runs/resumedrop-part | tee "$OUT/resumedr
     one python3 benchmarks/scripts/profile_step.py slice-1gpu $ASRAN --warmup 5 --steps 2 --out "$OUT/profile.json" \
       --trace "$OUT/profile-trace.json.gz" ;;
   strict) # parity that can fail: fp32 engine vs fp32 reference at trained weights, negative controls, bf16 floor
-    one python3 -m muse_stack.verify.parity_strict --out "$OUT/parity-strict.json" ;;
+    one python3 -m lab.verify.parity_strict --out "$OUT/parity-strict.json" ;;
   det|det-proxy|det-slice) # numerics.deterministic: two runs each, bitwise compare, cost against the default mode
     recs=(proxy-1gpu slice-1gpu); [ "$what" = det-proxy ] && recs=(proxy-1gpu); [ "$what" = det-slice ] && recs=(slice-1gpu)
     for r in "${recs[@]}"; do

@@ -44,10 +44,13 @@ import re
 import sys
 import tempfile
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
-from muse_stack.benchio import finish, megatron_engine, recipe_args
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the lab package
+
+from lab.benchio import finish, megatron_engine, recipe_args  # noqa: E402
 
 CLASSES = ["communication", "optimizer", "grouped expert GEMM", "attention", "router and permutation", "loss",
            "dense GEMM", "norms and elementwise"]

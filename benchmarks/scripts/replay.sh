@@ -483,7 +483,9 @@ run)  # device: slice-1gpu as shipped, parity, and the comparisons against the r
   "${MS[@]}" audit "$RES/fingerprint.json" --recipe "$RECORD" --json > "$RES/audit-$RECORD.json"; echo "audit exit $?"
   "${MS[@]}" diff "$RES/fingerprint.json" "$AGAINST/fingerprint.json" --json > "$RES/diff-$(basename "$AGAINST").json"; echo "diff exit $?"
   "${MS[@]}" compare "$AGAINST" "runs/replay-$lock" --json --no-plot > "$RES/compare-$(basename "$AGAINST").json"; echo "compare exit $?"
-  timeout "${PARITY_TIMEOUT:-200}" "${VPY[@]}" -m muse_stack.verify.parity --train-steps 3 --out "$RES/parity-tp1.json" \
+  # the parity harness is the lab's (benchmarks/lab/verify/parity.py); -E ignores PYTHONPATH: its folder is added here
+  timeout "${PARITY_TIMEOUT:-200}" "${VPY[@]}" -c 'import sys; sys.path.insert(1, "benchmarks"); from lab.verify.parity import main; sys.exit(main())' \
+    --train-steps 3 --out "$RES/parity-tp1.json" \
     > "$RES/parity.log" 2>&1; echo "parity exit $?"; tail -3 "$RES/parity.log"
   "$PY" -m pip --python "$VENV/bin/python" list --format=json > "$RES/pip-list.json" 2>/dev/null
   ship

@@ -57,8 +57,7 @@ def _init_process_group(ctx: TrainContext) -> None:
 class MegatronEngine:
     name = "megatron"
 
-    def __init__(self, ctx: TrainContext, *, load_state: dict[str, torch.Tensor] | None = None,
-                 load_adapter_state: dict[str, torch.Tensor] | None = None) -> None:
+    def __init__(self, ctx: TrainContext) -> None:
         """Set up in the order megatron-core needs: the process groups and seeds, the model of
         this rank (its weights, adapters and frozen towers), then DDP and the optimizer over what
         trains, then this rank's share of the data."""
@@ -69,8 +68,8 @@ class MegatronEngine:
         self.ctx = ctx
         seed = ctx.recipe.training.seed if ctx.recipe.training.seed is not None else 0
         self._init_parallel(seed)
-        model = self._build_model(seed, load_state)
-        self._attach_adapters(model, seed, load_adapter_state)
+        model = self._build_model(seed)
+        self._attach_adapters(model, seed)
         self._freeze_towers(model)
         self._build_optimizer(model)
         self._init_data()
@@ -114,13 +113,13 @@ class MegatronEngine:
         self.pg = ProcessGroupCollection.use_mpu_process_groups()
         self.seq_length = batch.seq_length
 
-    def _build_model(self, seed: int, load_state: dict[str, torch.Tensor] | None):
+    def _build_model(self, seed: int):
         """This rank's stage of the model on the device (with the perception towers on the first
-        stage of an image-text recipe), its weights from ``load_state`` or the pretrained
-        checkpoint, each rank reading only its part; else as initialised from the seed."""
+        stage of an image-text recipe), its weights from the pretrained checkpoint, each rank
+        reading only its part; else as initialised from the seed."""
         from megatron.core import parallel_state as ps
 
-        from muse_stack.engines.mcore.load import checkpoint_getter, load_hf_weights, state_dict_getter
+        from muse_stack.engines.mcore.load import checkpoint_getter, load_hf_weights
         from muse_stack.engines.mcore.model import build_model
 
         ctx, recipe = self.ctx, self.ctx.recipe
@@ -135,16 +134,14 @@ class MegatronEngine:
                                 tp_size=ps.get_tensor_model_parallel_world_size(),
                                 etp_rank=ps.get_expert_tensor_parallel_rank(),
                                 etp_size=ps.get_expert_tensor_parallel_world_size())
-        if load_state is not None:
-            load_hf_weights(model, state_dict_getter(load_state), **self.load_kwargs)
-        elif ctx.pretrained_checkpoint:
+        if ctx.pretrained_checkpoint:
             load_hf_weights(model, checkpoint_getter(ctx.pretrained_checkpoint), **self.load_kwargs)
         return model
 
-    def _attach_adapters(self, model, seed: int, load_adapter_state: dict[str, torch.Tensor] | None) -> None:
+    def _attach_adapters(self, model, seed: int) -> None:
         """With ``recipe.peft``: the adapters on the frozen base, before DDP, so only they reach the
-        optimizer; their values are the reference model's initial ones (or ``load_adapter_state``),
-        and the base's identity is kept for the checkpoints. Without it: nothing."""
+        optimizer; their values are the reference model's initial ones, and the base's identity is
+        kept for the checkpoints. Without it: nothing."""
         self.peft = None
         ctx, recipe = self.ctx, self.ctx.recipe
         if recipe.peft is None:
@@ -163,8 +160,7 @@ class MegatronEngine:
             tp_group=ps.get_tensor_model_parallel_group(), sequence_parallel=self.config.sequence_parallel,
             ep_size=ps.get_expert_model_parallel_world_size(), etp_size=ps.get_expert_tensor_parallel_world_size())
         first = model.decoder.layer_offset
-        source = load_adapter_state if load_adapter_state is not None else mpeft.initial_adapters(
-            self.peft, ctx.model, seed, range(first, first + len(model.decoder.layers)))
+        source = mpeft.initial_adapters(self.peft, ctx.model, seed, range(first, first + len(model.decoder.layers)))
         mpeft.load_reference_adapters(model, source, layer_offset=first,
                                       expert_offset=self.load_kwargs["expert_offset"],
                                       tp_rank=self.load_kwargs["tp_rank"], tp_size=self.load_kwargs["tp_size"],
@@ -490,31 +486,6 @@ class MegatronEngine:
         tdist.all_reduce(totals)
         loss_sum, supervised = totals.tolist()
         return loss_sum / max(supervised, 1.0), int(round(supervised / self._loss_copies()))
-
-    @torch.no_grad()
-    def eval_loss(self, mb: dict[str, Any]) -> tuple[float, int]:
-        """Mean supervised-token loss of one micro-batch on this rank (PP = 1), no update."""
-        self.model.eval()
-        try:
-            batch = self._prepare(mb)
-            out = self.model(batch["input_ids"], labels=batch["labels"], loss_mask=batch["loss_mask"],
-                             packed_seq_params=batch.get("packed_seq_params"), media=batch.get("media"),
-                             media_index=batch.get("media_index"))
-            mask = supervised_mask(batch)
-            return float(out.sum()) / max(int(mask.sum()), 1), int(mask.sum())
-        finally:
-            self.model.train()
-
-    @torch.no_grad()
-    def eval_logits(self, mb: dict[str, Any]) -> torch.Tensor:
-        """Soft-capped logits [b, s, V / TP] of one micro-batch (PP = 1)."""
-        self.model.eval()
-        try:
-            batch = self._prepare(mb)
-            return self.model(batch["input_ids"], packed_seq_params=batch.get("packed_seq_params"),
-                              media=batch.get("media"), media_index=batch.get("media_index")).transpose(0, 1).float()
-        finally:
-            self.model.train()
 
     def seq_lens(self) -> list[int]:
         return self._seq_lens or [self.ctx.recipe.batch.seq_length or 1]

@@ -1,4 +1,4 @@
-"""Load Hugging Face-named weights (a checkpoint directory or a state dict) into this rank's
+"""Load Hugging Face-named weights (a checkpoint directory) into this rank's
 megatron-core Muse Spark model, through the one-to-one mapping of :mod:`.weights`.
 
 Each rank reads only its part, once: a stacked expert tensor is read one local expert at a
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ Index = tuple[Any, ...]
 
 
 class Slices(abc.ABC):
-    """Part-reads of named tensors, with a count of the bytes read (a checkpoint's or a state
-    dict's: the subclasses below)."""
+    """Part-reads of named tensors, with a count of the bytes read (a checkpoint's:
+    :class:`CheckpointSlices`)."""
 
     def __init__(self) -> None:
         self.bytes_read = 0
@@ -82,24 +81,8 @@ class CheckpointSlices(Slices):
         return sl[index] if index else sl[:]
 
 
-class StateDictSlices(Slices):
-    def __init__(self, state: Mapping[str, torch.Tensor]) -> None:
-        super().__init__()
-        self.state = state
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.state[name].shape)
-
-    def _read(self, name: str, index: Index) -> torch.Tensor:
-        return self.state[name][index] if index else self.state[name]
-
-
 def checkpoint_getter(directory: str | Path) -> CheckpointSlices:
     return CheckpointSlices(directory)
-
-
-def state_dict_getter(state: Mapping[str, torch.Tensor]) -> StateDictSlices:
-    return StateDictSlices(state)
 
 
 def read_part(source: Slices, target: Target, tp_rank: int, tp_size: int, etp_rank: int, etp_size: int

@@ -5,7 +5,7 @@ The mapping and sharding math below (the pure functions) is tested on the CPU ag
 reference adapters (``tests/test_mcore_peft_mapping.py``): every TP, EP and PP split,
 recombined, gives the reference adapter's output, gradients and names. The module transform
 (:func:`attach_adapters`) needs megatron-core + TE; its parity with the reference engine at
-TP 1 is ``python -m muse_stack.verify.peft_parity`` on a GPU (``benchmarks/results/parity/peft-parity-*.json``).
+TP 1 is ``python -m lab.verify.peft_parity`` on a GPU (``benchmarks/results/parity/peft-parity-*.json``).
 The engine starts from the reference's own initial adapters (:func:`initial_adapters`).
 
 How each target is split (checkpoint name -> megatron-core module, as :mod:`.weights`):

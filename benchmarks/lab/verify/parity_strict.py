@@ -1,7 +1,7 @@
 """Strict parity: the megatron-core engine against the reference model at trained weights,
 in float32 with a float64 yardstick, with negative controls that show the check can fail.
 
-``python -m muse_stack.verify.parity_strict [--train-steps K] [--skip-bf16] [--out FILE]``
+``python -m lab.verify.parity_strict [--train-steps K] [--skip-bf16] [--out FILE]``
 (one GPU, TP 1; exit status 0 when every check passes, 1 otherwise).
 
 Why: at random initialisation (what :mod:`.parity` compares) the logits are ~0 and the loss
@@ -66,8 +66,8 @@ from typing import Any
 
 import torch
 
-from muse_stack.verify.parity import SEQ, TINY, _OneBatch, tiny_recipe
-from muse_stack.verify.peft_parity import FP32_FACTOR, _forward_backward_reference, _rel
+from lab.verify.parity import SEQ, TINY, _OneBatch, tiny_recipe
+from lab.verify.peft_parity import FP32_FACTOR, _forward_backward_reference, _rel
 from muse_stack.models.muse_spark.config import ModelConfig
 
 # ---- tolerances ------------------------------------------------------------------------
@@ -427,7 +427,7 @@ def engine_fp32_pass(engine, batch, ref_grads: dict[str, torch.Tensor]):
     megatron-core's DDP), in the reference's names and shapes (expert weights stacked)."""
     from muse_stack.engines.mcore.weights import local_to_global, mcore_to_hf
 
-    from muse_stack.verify.parity import engine_forward_backward
+    from lab.verify.parity import engine_forward_backward
 
     logits, loss = engine_forward_backward(engine, batch)
     off = engine.load_kwargs
@@ -452,8 +452,8 @@ def engine_fp32_pass(engine, batch, ref_grads: dict[str, torch.Tensor]):
 
 
 def compare_fp32(cfg, recipe32, state, batch, device) -> dict[str, Any]:
+    from lab.engine import LoadedEngine
     from muse_stack.engines.base import TrainContext
-    from muse_stack.engines.megatron import MegatronEngine
 
     _tf32_off()
     ref32, (logits32, loss32, grads32), (logits64, loss64, grads64), margin = \
@@ -463,7 +463,7 @@ def compare_fp32(cfg, recipe32, state, batch, device) -> dict[str, Any]:
     del ref32
     torch.cuda.empty_cache()
     ctx = TrainContext(recipe=recipe32, model=cfg, data=_OneBatch(batch), total_steps=1)
-    engine = MegatronEngine(ctx, load_state=state)
+    engine = LoadedEngine(ctx, state)
     _tf32_off()  # after the engine's numerics setup too
     logits, loss, grads, unmapped = engine_fp32_pass(engine, batch, grads64)
     check = distances(logits, loss, grads, logits64, loss64, grads64, limits)
@@ -492,8 +492,8 @@ def per_token_ce(logits: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
 
 def compare_bf16(cfg, recipe16, state, batch, device) -> dict[str, Any]:
     """bf16 engine vs float32 reference, against the reference's own bf16 floor."""
+    from lab.engine import LoadedEngine, eval_logits, eval_loss
     from muse_stack.engines.base import TrainContext
-    from muse_stack.engines.megatron import MegatronEngine
 
     ref = reference_model(cfg, state, torch.float32, device)
     on = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}
@@ -503,9 +503,9 @@ def compare_bf16(cfg, recipe16, state, batch, device) -> dict[str, Any]:
             r16 = ref(on["input_ids"], labels=on["labels"], loss_mask=on["loss_mask"])
     del ref
     ctx = TrainContext(recipe=recipe16, model=cfg, data=_OneBatch(batch), total_steps=1)
-    engine = MegatronEngine(ctx, load_state=state)
-    mine_loss, n = engine.eval_loss(batch)
-    mine = engine.eval_logits(batch)
+    engine = LoadedEngine(ctx, state)
+    mine_loss, n = eval_loss(engine, batch)
+    mine = eval_logits(engine, batch)
     del engine
     ce32, ce16, ce_mine = per_token_ce(r32.logits, batch), per_token_ce(r16.logits, batch), per_token_ce(mine, batch)
     loss32 = float(r32.loss)
@@ -589,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     result = run(train_steps=args.train_steps, bf16=not args.skip_bf16)
-    from muse_stack.benchio import finish
+    from lab.benchio import finish
 
     finish(result, args.out, summary=summary(result))
     return 0 if result["passed"] else 1

@@ -1,6 +1,6 @@
 """Same weights, same tokens: the megatron-core engine against the reference model.
 
-``python -m muse_stack.verify.parity [--tp N --ep N --etp N --pp N --cp N] [--packed] [--towers]
+``python -m lab.verify.parity [--tp N --ep N --etp N --pp N --cp N] [--packed] [--towers]
 [--train-steps K] [--out FILE]`` (under torchrun for more than one GPU). The reference model is
 initialised on the CPU from the seed (as the reference engine does), its HF-named state dict
 is loaded into the megatron-core model through the weight mapping, and both compute the mean
@@ -123,7 +123,7 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
     from muse_stack.engines.megatron_available import require_megatron
 
     require_megatron()  # Transformer Engine loads its cuDNN before torch touches any
-    from muse_stack.engines.megatron import MegatronEngine
+    from lab.engine import LoadedEngine, eval_logits, eval_loss
     from muse_stack.models.muse_spark import MuseSparkForCausalLM
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -156,13 +156,13 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
     del reference
     ctx = TrainContext(recipe=recipe, model=cfg, data=_OneBatch(batch), total_steps=max(1, train_steps), rank=rank, world_size=world,
                        local_rank=local)
-    engine = MegatronEngine(ctx, load_state=state)
+    engine = LoadedEngine(ctx, state)
     forward_only = pp == 1 and cp == 1
-    loss, n = engine.eval_loss(batch) if forward_only else (float("nan"), int(batch["loss_mask"].sum()))
+    loss, n = eval_loss(engine, batch) if forward_only else (float("nan"), int(batch["loss_mask"].sum()))
     ref_fp32, ref_bf16 = float(ref32.loss), float(ref16.loss)
     logits = {}
     if tp == 1 and forward_only:
-        mine = engine.eval_logits(batch)
+        mine = eval_logits(engine, batch)
 
         def rel(a, b):
             return float((a.float() - b.float()).pow(2).mean().sqrt() / b.float().pow(2).mean().sqrt())
@@ -196,7 +196,9 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
 def engine_forward_backward(engine, batch: dict[str, Any]) -> tuple[torch.Tensor, float]:
     """The engine's logits and mean token loss on one batch (TP 1, PP 1), then one backward
     with fresh gradient buffers: every trainable parameter's ``main_grad`` holds its gradient."""
-    logits = engine.eval_logits(batch)
+    from lab.engine import eval_logits
+
+    logits = eval_logits(engine, batch)
     prepared = engine._prepare(batch)
     engine.model.zero_grad_buffer()
     out = engine.model(prepared["input_ids"], labels=prepared["labels"], loss_mask=prepared["loss_mask"])

@@ -1,7 +1,7 @@
 """The step's first micro-batch writing the main gradients (``performance.first_micro_batch_writes``)
 against megatron-core zeroing the whole grad buffer, on a GPU.
 
-``python -m muse_stack.verify.first_writes [--steps K] [--out FILE]``. Two engines of the small
+``python -m lab.verify.first_writes [--steps K] [--out FILE]``. Two engines of the small
 parity model (:mod:`.parity`) start from the same weights, in ``numerics.deterministic`` mode, and
 train K steps of two micro-batches each on the same row. One zeroes every grad buffer (megatron-core's
 ``zero_grad_buffer``); the other lets TE's GEMMs write the decoder weights' gradients in the first
@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
+from lab.verify.parity import TINY, _OneBatch, make_batch, tiny_recipe
 from muse_stack.engines.base import TrainContext
 from muse_stack.recipes.catalogue import parse_recipe
-from muse_stack.verify.parity import TINY, _OneBatch, make_batch, tiny_recipe
 
 #: 32 tokens, top-1 of 64 experts: at least half the experts get no token
 SEQ, EXPERTS, TOPK = 32, 64, 1
@@ -42,12 +42,12 @@ def _recipe(first_writes: bool | None):
 
 
 def _engine(first_writes: bool | None, state: dict[str, torch.Tensor], batch: dict[str, Any], steps: int):
-    from muse_stack.engines.megatron import MegatronEngine
+    from lab.engine import LoadedEngine
 
     recipe = _recipe(first_writes)
     ctx = TrainContext(recipe=recipe, model=recipe.model_config_resolved(), data=_OneBatch(batch), total_steps=steps,
                        rank=0, world_size=1, local_rank=0)
-    return MegatronEngine(ctx, load_state=state)
+    return LoadedEngine(ctx, state)
 
 
 def _buffers(engine) -> list[torch.Tensor]:

@@ -1,8 +1,8 @@
 """The collective messages one training step of a recipe sends, by kind, group size and bytes.
 
-The step-time model (:mod:`muse_stack.plan.cost`) prices these with a link bandwidth and an
-efficiency; ``benchmarks/scripts/comm.py`` measures the same collectives at the same sizes on a machine's
-links, so the two meet on one list. Per micro-batch of ``t`` tokens on one CP rank:
+The step-time model (:mod:`muse_stack.plan.cost`) prices these collectives, from its own byte counts,
+with a link bandwidth and an efficiency; ``benchmarks/scripts/comm.py`` measures them at these sizes
+on a machine's links. Per micro-batch of ``t`` tokens on one CP rank:
 
 * ``tp_allgather`` / ``tp_reducescatter``: with sequence parallelism, the bf16 activations
   ``t x H`` gathered before and scattered after the attention block and the latent projections

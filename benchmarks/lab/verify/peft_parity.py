@@ -1,7 +1,7 @@
 """Adapters, same weights, same tokens: the megatron-core engine's LoRA/DoRA against the
 reference engine's (one GPU, TP 1).
 
-``python -m muse_stack.verify.peft_parity [--scheme lora|dora] [--out FILE]``
+``python -m lab.verify.peft_parity [--scheme lora|dora] [--out FILE]``
 
 The parity model of :mod:`.parity` (every Muse Spark feature, small) gets adapters on every
 target the scheme allows (LoRA: attention, latent projections and one adapter per routed
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
+from lab.verify.parity import SEQ, _OneBatch, make_batch, tiny_recipe
 from muse_stack.engines.base import TrainContext
-from muse_stack.verify.parity import SEQ, _OneBatch, make_batch, tiny_recipe
 from muse_stack.recipes.catalogue import parse_recipe
 
 #: Both float32 computations (the reference's and the engine's) round differently from the
@@ -89,7 +89,7 @@ def _engine_adapter_grads(engine, batch) -> tuple[torch.Tensor, float, dict[str,
     """The engine's loss and adapter gradients (main_grad of megatron-core's DDP) on ``batch``."""
     from muse_stack.engines.mcore.peft import mcore_to_reference
 
-    from muse_stack.verify.parity import engine_forward_backward
+    from lab.verify.parity import engine_forward_backward
 
     logits, loss = engine_forward_backward(engine, batch)
     grads: dict[str, torch.Tensor] = {}
@@ -121,8 +121,8 @@ def run(scheme: str = "lora", seed: int = 1234, train_steps: int = 3) -> dict[st
     from muse_stack.engines.megatron_available import require_megatron
 
     require_megatron()
-    from muse_stack.engines.megatron import MegatronEngine
-    from muse_stack.verify.parity import _train
+    from lab.engine import LoadedEngine
+    from lab.verify.parity import _train
     from muse_stack.models.muse_spark.peft import base_state_dict
     from muse_stack.recipes.peft import resolve
 
@@ -142,7 +142,7 @@ def run(scheme: str = "lora", seed: int = 1234, train_steps: int = 3) -> dict[st
     logits32, loss32, grads32 = _forward_backward_reference(ref32, batch, device)
     del ref32
     ctx = TrainContext(recipe=recipe32, model=cfg, data=_OneBatch(batch), total_steps=1)
-    engine = MegatronEngine(ctx, load_state=base, load_adapter_state={k: v.float() for k, v in adapters.items()})
+    engine = LoadedEngine(ctx, base, {k: v.float() for k, v in adapters.items()})
     mine_logits, mine_loss, mine = _engine_adapter_grads(engine, batch)
     stacked = _stack_engine_grads(mine, grads64)
 
@@ -181,7 +181,7 @@ def run(scheme: str = "lora", seed: int = 1234, train_steps: int = 3) -> dict[st
 
     seeded = {k: v.clone() for k, v in MuseSparkForCausalLM(cfg, seed=seed).state_dict().items()}
     ctx16 = TrainContext(recipe=recipe16, model=cfg, data=_OneBatch(batch), total_steps=train_steps)
-    engine16 = MegatronEngine(ctx16, load_state=seeded)
+    engine16 = LoadedEngine(ctx16, seeded)
     training = _train(engine16, recipe16, cfg, batch, train_steps, 0)
 
     result = {"scheme": scheme, "settings": settings.as_dict(), "device": torch.cuda.get_device_name(),
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     result = run(args.scheme, train_steps=args.train_steps)
-    from muse_stack.benchio import finish
+    from lab.benchio import finish
 
     finish(result, args.out, omit=lambda k: k == "adapter_gradients")
     return 0 if result["passed"] else 1

@@ -1,4 +1,4 @@
-"""What the GPU benchmark and parity scripts share (``benchmarks/``, ``engines/mcore/*parity*``):
+"""What the GPU benchmark and parity scripts share (``benchmarks/scripts/``, ``lab/verify/``):
 their command line, the engine they build from a recipe, the GPU time of a call, and their end
 (print the summary, write the JSON, close the process group)."""
 
