@@ -122,6 +122,12 @@ def test_each_committed_set_resolves_to_itself_from_its_pins(target):
     assert wheelset.verify_pinned(load(target)) == []
 
 
+def test_the_pinned_check_is_a_command(cli):
+    rc, out, err = cli("stack", "resolve", "cpu", "--pinned")
+    assert rc == 0, err
+    assert "ok cpu: its committed set resolves to itself, every file served as committed" in out
+
+
 def test_a_hash_the_registry_does_not_serve_is_named(tmp_path):
     lk = load("cpu")
     text = wheelset.set_path(lk).read_text()

@@ -290,7 +290,12 @@ def selfcheck_cmd(
 def resolve_cmd(
     targets: list[str] = typer.Argument(None, help="Targets or lock paths (default: every lock)."),
     check_only: bool = typer.Option(
-        False, "--check", help="Resolve again and compare with the committed set; write nothing."
+        False, "--check", help="Drift: resolve the lock's requirements again and compare with the committed set; write nothing."
+    ),
+    pinned: bool = typer.Option(
+        False, "--pinned",
+        help="The committed set's promise: resolved from its own pins it gives itself, and the registry serves "
+        "every committed file with its hash (no later upload changes the answer); write nothing.",
     ),
 ) -> None:
     """Resolve each lock into its hash-pinned wheel set (pylock.<target>.toml) with uv."""
@@ -302,20 +307,33 @@ def resolve_cmd(
     for name in names:
         loaded = load(name)
         with console.status(f"resolving {loaded.name} with uv ..."):
-            if check_only:
+            if pinned:
+                diffs = wheelset.verify_pinned(loaded)
+            elif check_only:
                 diffs = wheelset.resolve_and_compare(loaded)
             else:
                 path = wheelset.write(loaded)
-        if check_only:
+        if check_only or pinned:
             if diffs:
                 failed.append(loaded.name)
                 for d in diffs:
                     console.print(f"[red]{loaded.name}[/] {d}", highlight=False, markup=False)
             else:
-                console.print(f"[green]ok[/] {loaded.name}: resolves to the committed set", highlight=False)
+                what = "its committed set resolves to itself, every file served as committed" if pinned else \
+                    "resolves to the committed set"
+                console.print(f"[green]ok[/] {loaded.name}: {what}", highlight=False)
         else:
             n = len(wheelset.check(loaded).packages)
             console.print(f"wrote {path} ({n} packages)", highlight=False)
+    if failed and pinned:
+        raise LockError(
+            f"the committed wheel set no longer holds for: {', '.join(failed)}",
+            field="wheel set",
+            value=", ".join(failed),
+            rule="a committed set resolves to itself from its own pins and the registry serves its files as hashed",
+            fix="review the packages above, then `muse-stack stack resolve TARGET` and commit the set",
+            exit_code=1,
+        )
     if failed:
         raise LockError(
             f"the committed wheel set differs from a fresh resolution for: {', '.join(failed)}",
