@@ -1,4 +1,4 @@
-"""Issue 34's levers (benchmarks/results/levers5/) and the side-by-side sittings
+"""Issue 34's levers (benchmarks/results/engine-options-each-alone/) and the side-by-side sittings
 (benchmarks/results/side-by-side/): the keep-or-reject rule, and every figure their READMEs state,
 recomputed from the committed result files. CPU only; nothing is timed."""
 
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from bench_results import RESULTS, Folder, script
 
-LEVERS = RESULTS / "levers5"
+LEVERS = RESULTS / "engine-options-each-alone"
 SBS = RESULTS / "side-by-side"
-SITTINGS = ("2026-12-02", "2026-12-03", "2026-12-03b", "2026-12-03c", "2026-12-03d", "2026-12-03e", "2026-12-04")
+SITTINGS = ("2026-12-02", "2026-12-03", "2026-12-03-clip-skip-and-gated-residual", "2026-12-03-early-expert-counts-and-pre-mlp-norm", "2026-12-03-te-swiglu-backward-and-first-microbatch-writes", "2026-12-03-triton-adam", "2026-12-04")
 levers_choose = script("levers_choose")
-_tps = Folder("levers5").tps
+_tps = Folder("engine-options-each-alone").tps
 
 
 def _json(path: Path) -> dict:
@@ -64,7 +64,7 @@ def test_levers_readme_restates_the_runs():
     assert f"({base:,.0f} tokens/s)" in flat
     drift = abs(_tps("shipped") - _tps("shipped-again")) / base
     assert f"{100 * drift:.2f}%, is the drift" in flat and f"twice that drift ({200 * drift:.2f}%)" in flat
-    losses = [_json(p)["final_loss"] for p in LEVERS.glob("*.json") if p.name != "fingerprint.json"]
+    losses = [_json(p)["final_loss"] for p in LEVERS.glob("*.json") if p.name not in ("fingerprint.json", "result.json")]
     assert f"agree to {max(losses) / min(losses) - 1:.0e} relative".replace("e-04", "e-4") in flat
     # each run set what its file says it set (read back off megatron-core)
     assert _json(LEVERS / "optimizer-cuda-graph.json")["levers"]["optimizer_cuda_graph"].startswith("captured")
@@ -74,7 +74,7 @@ def test_levers_readme_restates_the_runs():
 
 def _bridge(folder: Path) -> dict:
     """A Bridge run's result: its bridge-slice.json, or where that file did not come back from the device
-    (2026-12-03d/bridge3, as its README says), the same result as the run printed it, the log's last line."""
+    (2026-12-03-te-swiglu-backward-and-first-microbatch-writes/bridge3, as its README says), the same result as the run printed it, the log's last line."""
     if (folder / "bridge-slice.json").exists():
         return _json(folder / "bridge-slice.json")
     return json.loads((folder / "bridge-iterations.log").read_text().strip().splitlines()[-1])
@@ -83,7 +83,7 @@ def _bridge(folder: Path) -> dict:
 def test_only_the_sitting_that_says_so_lacks_a_bridge_file():
     missing = sorted(str(p.parent.relative_to(SBS)) for p in SBS.glob("*/bridge*/bridge-iterations.log")
                      if not (p.parent / "bridge-slice.json").exists())
-    assert missing == ["2026-12-03d/bridge3"]
+    assert missing == ["2026-12-03-te-swiglu-backward-and-first-microbatch-writes/bridge3"]
     assert "`bridge3/` holds the run's log but not its `bridge-slice.json`" in (SBS / "README.md").read_text()
 
 
@@ -120,7 +120,7 @@ def test_the_profile_figures_are_the_profile():
     assert max(g["runtime_call_share"] for g in gaps) <= 0.07  # "more than 7% of the gap" in no gap
     places = {re.sub(r"\[\[.*?\]\]", "", g["operators"]).split(" > ")[0] for g in gaps}
     assert places == {"aten::to", "_GroupedLinear", "te_moe::permute_mask_map_fwd"}, places
-    # the reading's figures are the newest profile's (adam, the sitting 2026-12-03e's machine)
+    # the reading's figures are the newest profile's (adam, the sitting 2026-12-03-triton-adam's machine)
     q = _json(RESULTS / "adam" / "profile-shipped.json")
     classes = {c["class"]: c["seconds_per_step"] for c in q["classes"]}
     gemm = classes["grouped expert GEMM"] + classes["dense GEMM"]
@@ -129,10 +129,10 @@ def test_the_profile_figures_are_the_profile():
     assert f"busy for {100 * q['busy_seconds_per_step'] / q['span_seconds_per_step']:.1f}% of the step" in text
     optimizer = dict(next(c for c in q["classes"] if c["class"] == "optimizer")["top_kernels"])
     assert f"Adam's update is {1e3 * optimizer['_adam']:.2f} ms" in text  # the Triton step's kernel
-    te = dict(next(c for c in _json(RESULTS / "levers8" / "profile-shipped.json")["classes"]
+    te = dict(next(c for c in _json(RESULTS / "te-swiglu-backward-and-first-microbatch-writes" / "profile-shipped.json")["classes"]
                    if c["class"] == "optimizer")["top_kernels"])
     te_adam = next(v for k, v in te.items() if "AdamFunctorMaster" in k)
-    assert f"({1e3 * te_adam:.2f} ms by TE's kernel in `../levers8/`)" in text
+    assert f"({1e3 * te_adam:.2f} ms by TE's kernel in `../te-swiglu-backward-and-first-microbatch-writes/`)" in text
     norm = next(v for k, v in optimizer.items() if "L2NormFunctor" in k)
     assert f"`multi_tensor_l2norm`, {1e3 * norm:.2f} ms a step" in text
     runner = [_json(SBS / SITTINGS[-1] / f"runner{i}" / "results.json") for i in (1, 2, 3)]
@@ -146,7 +146,7 @@ def test_the_profile_figures_are_the_profile():
            f"{1e3 * (32768 / target - step):.0f} ms ({100 * (1 - step / (32768 / target)):.1f}%) under it" in flat
     for r in runner:  # as shipped: no override in the run's recipe
         assert r["recipe"] == "slice-1gpu"
-    sixth = [_json(SBS / "2026-12-03e" / f"runner{i}" / "results.json") for i in (1, 2, 3)]
+    sixth = [_json(SBS / "2026-12-03-triton-adam" / f"runner{i}" / "results.json") for i in (1, 2, 3)]
     step6 = statistics.median(r["step_time_median_s"] for r in sixth)
     assert (f"The sixth sitting's median MFU, {100 * statistics.median(r['mfu'] for r in sixth):.2f}%, was short of "
             f"53%: its median step ({step6:.4f} s) was {1e3 * (step6 - 32768 / target):.0f} ms "

@@ -1,5 +1,5 @@
 """The clip scale that skips unclipped steps and the gated residual's compile fix, attributed
-(benchmarks/results/levers6/): every figure its README states, recomputed from the committed result
+(benchmarks/results/clip-skip-and-gated-residual/): every figure its README states, recomputed from the committed result
 files, and each run's settings read back from what the engine recorded. CPU only; nothing is timed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 from bench_results import Folder, script
 
-FOLDER = Folder("levers6")
+FOLDER = Folder("clip-skip-and-gated-residual")
 RUNS = ("shipped", "te-clip-scale", "shipped-again", "before", "shipped-third")
 levers_choose = script("levers_choose")
 _json, _tps, _text = FOLDER.json, FOLDER.tps, FOLDER.text

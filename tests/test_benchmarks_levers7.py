@@ -1,5 +1,5 @@
 """The experts' counts read early and the pre-MLP norm in the residual's chain, attributed
-(benchmarks/results/levers7/): every figure its README states, recomputed from the committed result
+(benchmarks/results/early-expert-counts-and-pre-mlp-norm/): every figure its README states, recomputed from the committed result
 files, and each run's settings read back from what the engine recorded. CPU only; nothing is timed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 from bench_results import Folder, script
 
-FOLDER = Folder("levers7")
+FOLDER = Folder("early-expert-counts-and-pre-mlp-norm")
 RUNS = ("shipped", "before", "late-counts", "separate-pre-mlp-norm", "shipped-again")
 EARLY = "before the latent GEMM, copied without blocking; the weights permuted with the tokens"
 FUSED = "in the post-attention residual's chain"
@@ -45,7 +45,7 @@ def test_the_attribution_is_levers_choose_rule_on_these_runs():
 
 def test_the_profile_figures_are_the_profile():
     p = _json("profile-shipped.json")
-    before = json.loads((RESULTS / "levers6" / "profile-shipped.json").read_text())
+    before = json.loads((RESULTS / "clip-skip-and-gated-residual" / "profile-shipped.json").read_text())
     text = _text()
     idle = lambda q: f"{1e3 * q['idle_seconds_per_step']:.1f} ms idle ({100 * q['idle_seconds_per_step'] / q['span_seconds_per_step']:.1f}%)"  # noqa: E731
     assert (f"{p['span_seconds_per_step']:.4f} s of span, {p['busy_seconds_per_step']:.4f} s busy, {idle(p)}, "

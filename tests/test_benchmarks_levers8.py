@@ -1,5 +1,5 @@
 """The experts' SwiGLU backward by TE's kernel and the first micro-batch's gradient writes, attributed
-(benchmarks/results/levers8/): every figure its README states, recomputed from the committed result
+(benchmarks/results/te-swiglu-backward-and-first-microbatch-writes/): every figure its README states, recomputed from the committed result
 files, and each run's settings read back from what the engine recorded. CPU only; nothing is timed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import statistics
 
 from bench_results import Folder, script
 
-FOLDER = Folder("levers8")
+FOLDER = Folder("te-swiglu-backward-and-first-microbatch-writes")
 RUNS = ("shipped", "before", "mcore-swiglu", "whole-buffer", "shipped-again", "candidate-multi-kernel")
 TE_BACKWARD = "unweighted (megatron-core's fused SwiGLU; the backward by Transformer Engine's dswiglu)"
 MCORE = "unweighted (megatron-core's fused SwiGLU)"
@@ -111,7 +111,7 @@ def test_the_kernel_figures_are_the_measurements():
 
 def test_the_profile_figures_are_the_profile():
     p = _json("profile-shipped.json")
-    before = json.loads((RESULTS / "levers7" / "profile-shipped.json").read_text())
+    before = json.loads((RESULTS / "early-expert-counts-and-pre-mlp-norm" / "profile-shipped.json").read_text())
     text = _text()
     assert (f"{p['span_seconds_per_step']:.4f} s of span, {p['busy_seconds_per_step']:.4f} s busy, "
             f"{1e3 * p['idle_seconds_per_step']:.1f} ms idle "

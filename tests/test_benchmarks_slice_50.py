@@ -1,4 +1,4 @@
-"""slice-1gpu at 50% (benchmarks/results/slice-1gpu-mbs4-precision-aware/): the figures benchmarks/index.yaml
+"""slice-1gpu at 50% (benchmarks/results/archive/slice-1gpu-mbs4-precision-aware/): the figures benchmarks/index.yaml
 states for it restate the committed JSON (the SwiGLU and optimizer levers, the shipped run and its first
 attempt, parity, the remeasured regressions, the one-GPU checkpoint round trip and the profile), and the
 shipped recipe is the one that ran."""
@@ -14,7 +14,7 @@ from muse_stack.recipes.catalogue import load_recipe
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 FIGURES = yaml.safe_load((BENCH.parent / "index.yaml").read_text())["figures"]
-FIG = FIGURES["results/slice-1gpu-mbs4-precision-aware"]
+FIG = FIGURES["results/archive/slice-1gpu-mbs4-precision-aware"]
 
 
 def _json(rel: str) -> dict:
@@ -49,30 +49,30 @@ def test_every_row_restates_its_file():
 
 def test_the_gains_are_the_ratios_of_the_rows():
     rows = _rows()
-    base, swiglu = "levers/lever3-base.json", "levers/lever3-swiglu.json"
+    base, swiglu = "slice-1gpu-candidate-settings/lever3-base.json", "slice-1gpu-candidate-settings/lever3-swiglu.json"
     assert rows[swiglu][4] == _gain(swiglu, base)
     for name in ("precision-aware", "mbs8"):
-        rel = f"levers/lever3-{name}.json"
+        rel = f"slice-1gpu-candidate-settings/lever3-{name}.json"
         assert rows[rel][4] == _gain(rel, swiglu) + " vs SwiGLU"
-    fp32 = "levers/lever3-precision-aware-fp32.json"
+    fp32 = "slice-1gpu-candidate-settings/lever3-precision-aware-fp32.json"
     assert rows[fp32][4] == _gain(fp32, swiglu) + " vs SwiGLU (across machines)"
-    shipped = "slice-1gpu-mbs4-precision-aware/results.json"
+    shipped = "archive/slice-1gpu-mbs4-precision-aware/results.json"
     assert rows[shipped][4] == _gain(shipped, base) + " (across machines)"
 
 
 def test_what_each_row_ran():
     """Each engine_steps row records the SwiGLU and the Adam it ran, read off the engine's objects."""
     fused = "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam"
-    base, swiglu = _json("levers/lever3-base.json"), _json("levers/lever3-swiglu.json")
+    base, swiglu = _json("slice-1gpu-candidate-settings/lever3-base.json"), _json("slice-1gpu-candidate-settings/lever3-swiglu.json")
     assert base["experts_swiglu"] == "weighted, given ones" and swiglu["experts_swiglu"] == "unweighted"
     for r in (base, swiglu):
         assert r["optimizer"] == [f"{fused} (megatron-core keeps the fp32 shards it updates)"]
     for name in ("precision-aware", "mbs8"):
-        r = _json(f"levers/lever3-{name}.json")
+        r = _json(f"slice-1gpu-candidate-settings/lever3-{name}.json")
         assert r["optimizer"] == [f"{fused} (holds the master weights: bf16 weight + int16 remainder)"]
-    assert _json("levers/lever3-precision-aware-fp32.json")["optimizer"] == \
+    assert _json("slice-1gpu-candidate-settings/lever3-precision-aware-fp32.json")["optimizer"] == \
         [f"{fused} (holds the master weights: fp32)"]
-    info = _json("slice-1gpu-mbs4-precision-aware/results.json")["engine_info"]
+    info = _json("archive/slice-1gpu-mbs4-precision-aware/results.json")["engine_info"]
     assert info["optimizer"] == [f"{fused} (holds the master weights: fp32)"]
     assert info["experts_swiglu"] == "unweighted (megatron-core's fused SwiGLU)"
     # the SwiGLU is the same function: both rows start from the same step-1 loss (5 digits shown)
@@ -81,30 +81,30 @@ def test_what_each_row_ran():
 
 
 def test_the_remainders_save_memory_and_mbs8_needs_them():
-    fp32, rem = _json("levers/lever3-swiglu.json"), _json("levers/lever3-precision-aware.json")
+    fp32, rem = _json("slice-1gpu-candidate-settings/lever3-swiglu.json"), _json("slice-1gpu-candidate-settings/lever3-precision-aware.json")
     saved = fp32["peak_memory_gib"] - rem["peak_memory_gib"]
     # 4,328,521,728 parameters x 2 bytes = 8.06 GiB, less the few fp32 gains that keep no remainder
     assert FIG["remainders_save_gib"] == f"{saved:.2f}" and abs(saved - 4_328_521_728 * 2 / 2**30) < 0.01
-    mem = _json("levers/lever3-mbs8.json")["device_memory"]
+    mem = _json("slice-1gpu-candidate-settings/lever3-mbs8.json")["device_memory"]
     assert FIG["mbs8_memory_in_use_gib"] == [f"{mem['device_used_gib']:.1f}", f"{mem['device_total_gib']:.1f}"]
 
 
 def test_the_shipped_recipe_is_the_one_that_ran_and_reaches_50_percent():
-    ran = load_recipe(str(BENCH / "slice-1gpu-mbs4-precision-aware" / "recipe.yaml"))
+    ran = load_recipe(str(BENCH / "archive/slice-1gpu-mbs4-precision-aware" / "recipe.yaml"))
     shipped = load_recipe("slice-1gpu")
     assert ran.model_config_resolved() == shipped.model_config_resolved()
     for part in ("layout", "batch", "recompute", "fusions", "optimizer", "numerics", "training", "data", "precision"):
         assert getattr(ran, part) == getattr(shipped, part), part
     assert (shipped.optimizer.precision_aware, shipped.optimizer.param_remainders) == (True, False)
     assert (shipped.batch.mbs, shipped.batch.gbs, shipped.batch.seq_length) == (4, 8, 4096)
-    results = _json("slice-1gpu-mbs4-precision-aware/results.json")
+    results = _json("archive/slice-1gpu-mbs4-precision-aware/results.json")
     assert results["status"] == "completed" and results["mfu"] >= 0.50 and results["window"] == [11, 30]
     again = _json("det/slice-1gpu-default-a/results.json")
     assert again["mfu"] >= 0.50 and FIG["rerun_mfu"] == f"{100 * again['mfu']:.2f}%"
-    first = _json("slice-1gpu-mbs4-precision-aware/run1/results.json")
+    first = _json("archive/slice-1gpu-mbs4-precision-aware/run1/results.json")
     stated = FIG["first_attempt"]
     assert first["mfu"] < 0.50 and stated["mfu"] == f"{100 * first['mfu']:.2f}%"
-    steps = [json.loads(line) for line in (BENCH / "slice-1gpu-mbs4-precision-aware" / "run1" / "metrics.jsonl")
+    steps = [json.loads(line) for line in (BENCH / "archive/slice-1gpu-mbs4-precision-aware" / "run1" / "metrics.jsonl")
              .read_text().splitlines() if line.strip() and "step_time_s" in json.loads(line)]
     slow = max(steps[1:], key=lambda r: r["step_time_s"])
     assert slow["step"] == stated["slow_step"] == 29 and stated["slow_step_s"] == f"{slow['step_time_s']:.3f}"
@@ -113,7 +113,7 @@ def test_the_shipped_recipe_is_the_one_that_ran_and_reaches_50_percent():
 
 
 def test_parity_determinism_and_the_round_trip():
-    compare = _json("slice-1gpu-mbs4-precision-aware/compare-vs-slice-1gpu-mbs4.json")
+    compare = _json("archive/slice-1gpu-mbs4-precision-aware/compare-vs-slice-1gpu-mbs4.json")
     assert compare["passed"] is True
     r = next(c["value"] for c in compare["convergence"]["checks"] if c["name"] == "correlation")
     assert FIG["loss_curve_r"] == f"{r:.10f}"
@@ -146,7 +146,7 @@ def test_parity_determinism_and_the_round_trip():
         info = _json(f"resume-1gpu-precision-aware/{run}/results.json")["engine_info"]
         assert info["levers"]["adam_step"] == "one Triton launch per parameter group (adam_step.py)", run
         assert info["levers"]["embedding_grad"].startswith("each token's gradient added into"), run
-    text = " ".join((BENCH / "slice-1gpu-mbs4-precision-aware" / "README.md").read_text().split())
+    text = " ".join((BENCH / "archive/slice-1gpu-mbs4-precision-aware" / "README.md").read_text().split())
     checks = {c["name"]: c["value"] for c in triton["convergence"]["checks"]}
     assert f"passed, r = {checks['correlation']:.7f}, final loss " \
            f"{checks['final loss']:.1e} apart".replace("e-04", "e-4") in text
@@ -181,7 +181,7 @@ def test_the_profile_is_stated():
 
 
 def test_readme_states_the_shipped_figure():
-    results = _json("slice-1gpu-mbs4-precision-aware/results.json")
+    results = _json("archive/slice-1gpu-mbs4-precision-aware/results.json")
     readme = (BENCH.parents[1] / "README.md").read_text()
     # the README's figure: the median of the three runs of the recipe as shipped in gc-steady/, and FP8's
     runs = sorted(_json(f"gc-steady/manual{i}/results.json")["mfu"] for i in (1, 2, 3))

@@ -117,8 +117,8 @@ def test_committed_parity_results_within_tolerance():
                                                                          for k in ("full", "part", "again")),
                                   "det/proxy-1gpu-det-a", "det/proxy-1gpu-det-b", "det/proxy-1gpu-default-a",
                                   "det/slice-1gpu-det-a", "det/slice-1gpu-det-b", "export-roundtrip/run",
-                                  "slice-1gpu-mbs4-allgather", "remeasure/proxy-1gpu", "slice-1gpu-mbs4-precision-aware",
-                                  "slice-1gpu-mbs4-precision-aware/run1", "det/slice-1gpu-default-a",
+                                  "archive/slice-1gpu-mbs4-allgather", "remeasure/proxy-1gpu", "archive/slice-1gpu-mbs4-precision-aware",
+                                  "archive/slice-1gpu-mbs4-precision-aware/run1", "det/slice-1gpu-default-a",
                                   "det/before-seed-fix/slice-1gpu-det-a", "remeasure/eager-restored/proxy-1gpu",
                                   "resume-1gpu-precision-aware/resume1-full"])
 def test_committed_results_follow_from_their_metrics(name):
@@ -127,7 +127,7 @@ def test_committed_results_follow_from_their_metrics(name):
     results = json.loads((folder / "results.json").read_text())
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     fingerprint = json.loads((folder / "fingerprint.json").read_text())
-    if name == "slice-1gpu-mbs4-allgather":  # trained all 30 steps; its final 60.6 GB save then failed (its README.md)
+    if name == "archive/slice-1gpu-mbs4-allgather":  # trained all 30 steps; its final 60.6 GB save then failed (its README.md)
         assert results["status"] == "failed" and results["steps_completed"] == 30
         assert results["error"].startswith("EOFError") and results["checkpoint"] is None
     else:
