@@ -50,10 +50,14 @@ class Metric(_Strict):
 
     name: Annotated[str, Field(min_length=1, description="what was measured, as the source names it")]
     unit: Annotated[str, Field(min_length=1, description="its unit: tokens/s, s, GiB, fraction of peak, ...")]
-    source: Annotated[str, Field(
-        pattern=r"^[^#\s]+(#/.*)?$",
-        description="FILE#/json/pointer: FILE relative to the result folder, a glob allowed (every match must hold "
-                    "the value; a .jsonl FILE is read as a list of its lines); FILE alone for a text file")]
+    source: Annotated[
+        str,
+        Field(
+            pattern=r"^[^#\s]+(#/.*)?$",
+            description="FILE#/json/pointer: FILE relative to the result folder, a glob allowed (every match must hold "
+            "the value; a .jsonl FILE is read as a list of its lines); FILE alone for a text file",
+        ),
+    ]
 
 
 class Method(_Strict):
@@ -75,17 +79,20 @@ class Result(_Strict):
     id: str = Field(pattern=r"^(archive/)?[a-z0-9][a-z0-9.-]*$", description="the folder, relative to results/")
     claim: str = Field(min_length=20, max_length=400, description="one sentence: what this result shows")
     status: str = Field(pattern=r"^(current|superseded-by (archive/)?[a-z0-9][a-z0-9.-]*)$")
-    date: str = Field(pattern=r"^(\d{4}-\d{2}-\d{2}( to \d{4}-\d{2}-\d{2})?|not recorded)$",
-                      description="the day (or first and last day) the measurement ran")
+    date: str = Field(
+        pattern=r"^(\d{4}-\d{2}-\d{2}( to \d{4}-\d{2}-\d{2})?|not recorded)$",
+        description="the day (or first and last day) the measurement ran",
+    )
     hardware: str = Field(min_length=3, description="the machine, as the fingerprint records it")
-    fingerprint: str = Field(min_length=1, description="the stack fingerprint file (a glob for one per run), "
-                                                       "or 'not recorded'")
-    commands: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1,
-                                                                description="the commands that made it")
+    fingerprint: str = Field(
+        min_length=1, description="the stack fingerprint file (a glob for one per run), " "or 'not recorded'"
+    )
+    commands: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1, description="the commands that made it")
     method: Union[Method, Literal["not applicable"]]
     measured: list[Metric] = Field(min_length=1)
-    figures: dict[str, str] = Field(default_factory=dict, description="every data file of the folder (a name or "
-                                                                     "glob) -> what it holds")
+    figures: dict[str, str] = Field(
+        default_factory=dict, description="every data file of the folder (a name or " "glob) -> what it holds"
+    )
     runs: dict[str, str] = Field(default_factory=dict, description="every run folder inside -> what it is")
 
     @model_validator(mode="after")
@@ -211,8 +218,11 @@ def problems(folder: Path, known: set[str] | None = None, results: Path = RESULT
         bad(f"id {r.id!r} is not the folder's path {rel!r}")
     archived = rel.startswith(f"{ARCHIVE}/")
     if archived != r.status.startswith("superseded-by "):
-        bad(f"status {r.status!r}: a superseded result lives under results/{ARCHIVE}/ and only it"
-            if archived else f"status {r.status!r}: move a superseded result under results/{ARCHIVE}/")
+        bad(
+            f"status {r.status!r}: a superseded result lives under results/{ARCHIVE}/ and only it"
+            if archived
+            else f"status {r.status!r}: move a superseded result under results/{ARCHIVE}/"
+        )
     if r.status.startswith("superseded-by ") and known is not None:
         target = r.status.split(" ", 1)[1]
         if target not in known or target == rel:

@@ -29,8 +29,13 @@ schema = _schema()
 
 
 def test_benchmarks_holds_the_results_the_scripts_the_schema_and_the_index():
-    assert {p.name for p in BENCH.iterdir() if not p.name.startswith((".", "__"))} == \
-        {"README.md", "index.yaml", "results", "schema.py", "scripts"}
+    assert {p.name for p in BENCH.iterdir() if not p.name.startswith((".", "__"))} == {
+        "README.md",
+        "index.yaml",
+        "results",
+        "schema.py",
+        "scripts",
+    }
 
 
 def test_every_result_folder_is_in_the_index_and_only_those():
@@ -52,8 +57,12 @@ def test_each_index_entry_is_its_folders_result_file():
     folder's, so neither has a second owner."""
     for entry in INDEX["results"]:
         r = schema.load(BENCH / entry["path"])
-        assert (entry["claim"], entry["status"], entry["date"], entry["hardware"]) == \
-            (r.claim, r.status, r.date, r.hardware), entry["path"]
+        assert (entry["claim"], entry["status"], entry["date"], entry["hardware"]) == (
+            r.claim,
+            r.status,
+            r.date,
+            r.hardware,
+        ), entry["path"]
         assert entry["command"] == r.commands[0]
 
 
@@ -76,8 +85,14 @@ def test_renamed_folders_live_under_their_new_names():
         assert (BENCH / new).is_dir(), f"{old} was renamed to {new}, which does not exist"
     # no old name is left in the tree's docs, scripts and tests
     root = BENCH.parent
-    docs = [*root.glob("*.md"), *(root / "docs").glob("*.md"), *(root / "tests").glob("*.py"),
-            *BENCH.rglob("*.md"), *BENCH.rglob("*.sh"), *(BENCH / "scripts").rglob("*.py")]
+    docs = [
+        *root.glob("*.md"),
+        *(root / "docs").glob("*.md"),
+        *(root / "tests").glob("*.py"),
+        *BENCH.rglob("*.md"),
+        *BENCH.rglob("*.sh"),
+        *(BENCH / "scripts").rglob("*.py"),
+    ]
     for old in renamed:
         name = old.removeprefix("results/")
         for doc in docs:
@@ -90,8 +105,11 @@ def test_scripts_holds_exactly_the_listed_scripts():
     for script in listed:
         assert (BENCH / script).is_file(), f"{script}: listed under scripts: in benchmarks/index.yaml, not there"
         assert INDEX["scripts"][script], script
-    present = {p.relative_to(BENCH).as_posix() for p in (BENCH / "scripts").rglob("*")
-               if p.suffix in (".py", ".sh") and "__pycache__" not in p.parts}
+    present = {
+        p.relative_to(BENCH).as_posix()
+        for p in (BENCH / "scripts").rglob("*")
+        if p.suffix in (".py", ".sh") and "__pycache__" not in p.parts
+    }
     assert present - listed == set(), "scripts missing from benchmarks/index.yaml's scripts:"
 
 
@@ -107,20 +125,42 @@ def test_no_command_needs_a_file_outside_the_repository():
 
 # ---- the schema catches each way a folder goes wrong ----------------------------------------------------------------
 
+
 def _good(tmp_path: Path) -> Path:
     """A results tree holding one valid folder."""
     folder = tmp_path / "results" / "demo-run"
     folder.mkdir(parents=True)
     (folder / "results.json").write_text(json.dumps({"tokens_per_s_per_gpu": 100.0, "mfu": 0.5}))
-    (folder / "fingerprint.json").write_text(json.dumps(
-        {"capture": {"captured_at": "2026-12-01T10:00:00+00:00"}, "gpu": {"names": ["NVIDIA H200"], "count": 1}}))
-    (folder / "result.json").write_text(json.dumps({
-        "schema": schema.SCHEMA, "id": "demo-run", "claim": "A demo run trains at the speed its results state.",
-        "status": "current", "date": "2026-12-01", "hardware": "1 x NVIDIA H200", "fingerprint": "fingerprint.json",
-        "commands": ["python benchmarks/schema.py"],
-        "method": {"steps": 30, "warmup_steps": 10, "window": "steps 11-30", "repeats": "one run", "how": "a demo"},
-        "measured": [{"name": "tokens_per_s_per_gpu", "unit": "tokens/s", "source": "results.json#/tokens_per_s_per_gpu"}],
-        "figures": {"results.json": "the run's results"}}))
+    (folder / "fingerprint.json").write_text(
+        json.dumps(
+            {"capture": {"captured_at": "2026-12-01T10:00:00+00:00"}, "gpu": {"names": ["NVIDIA H200"], "count": 1}}
+        )
+    )
+    (folder / "result.json").write_text(
+        json.dumps(
+            {
+                "schema": schema.SCHEMA,
+                "id": "demo-run",
+                "claim": "A demo run trains at the speed its results state.",
+                "status": "current",
+                "date": "2026-12-01",
+                "hardware": "1 x NVIDIA H200",
+                "fingerprint": "fingerprint.json",
+                "commands": ["python benchmarks/schema.py"],
+                "method": {
+                    "steps": 30,
+                    "warmup_steps": 10,
+                    "window": "steps 11-30",
+                    "repeats": "one run",
+                    "how": "a demo",
+                },
+                "measured": [
+                    {"name": "tokens_per_s_per_gpu", "unit": "tokens/s", "source": "results.json#/tokens_per_s_per_gpu"}
+                ],
+                "figures": {"results.json": "the run's results"},
+            }
+        )
+    )
     return tmp_path / "results"
 
 
@@ -135,21 +175,24 @@ def test_a_valid_folder_has_no_problems(tmp_path):
     assert schema.check_all(_good(tmp_path)) == []
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"claim": "Two sentences. Not one."}, "one sentence"),
-    ({"status": "old"}, "status"),
-    ({"id": "other"}, "is not the folder's path"),
-    ({"date": "2026-11-30"}, "fingerprints were captured 2026-12-01"),
-    ({"hardware": "1 x NVIDIA H100"}, "does not name NVIDIA H200"),
-    ({"fingerprint": "fp.json"}, "matches no file"),
-    ({"commands": ["python benchmarks/no-such-script.py"]}, "not in the repository"),
-    ({"measured": [{"name": "x", "unit": "s", "source": "results.json#/step_s"}]}, "has no /step_s"),
-    ({"figures": {"results.json": "r", "profile.json": "p"}}, "matches no file"),
-    ({"figures": {"fingerprint.json": "the fingerprint"}}, "results.json is not described"),
-    ({"status": "superseded-by demo-run"}, "under results/archive/"),
-    ({"runs": {"run1": "a run"}}, "not a folder here"),
-    ({"extra": 1}, "extra"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"claim": "Two sentences. Not one."}, "one sentence"),
+        ({"status": "old"}, "status"),
+        ({"id": "other"}, "is not the folder's path"),
+        ({"date": "2026-11-30"}, "fingerprints were captured 2026-12-01"),
+        ({"hardware": "1 x NVIDIA H100"}, "does not name NVIDIA H200"),
+        ({"fingerprint": "fp.json"}, "matches no file"),
+        ({"commands": ["python benchmarks/no-such-script.py"]}, "not in the repository"),
+        ({"measured": [{"name": "x", "unit": "s", "source": "results.json#/step_s"}]}, "has no /step_s"),
+        ({"figures": {"results.json": "r", "profile.json": "p"}}, "matches no file"),
+        ({"figures": {"fingerprint.json": "the fingerprint"}}, "results.json is not described"),
+        ({"status": "superseded-by demo-run"}, "under results/archive/"),
+        ({"runs": {"run1": "a run"}}, "not a folder here"),
+        ({"extra": 1}, "extra"),
+    ],
+)
 def test_a_broken_folder_is_named_with_its_field(tmp_path, change, words):
     results = _good(tmp_path)
     _edit(results, **change)

@@ -53,16 +53,22 @@ def test_a_slot_without_a_figure_and_a_figure_without_a_slot_are_errors():
 
 
 def test_a_table_keeps_the_docs_words_and_takes_the_datas_figures():
-    fill = render.figures.table(lambda cells: cells[0].strip("`"), {
-        1: lambda k: {"a": "1,000", "b": "2,000"}[k], 2: lambda k: render.figures.Whole(f"{k}!")})
+    fill = render.figures.table(
+        lambda cells: cells[0].strip("`"),
+        {1: lambda k: {"a": "1,000", "b": "2,000"}[k], 2: lambda k: render.figures.Whole(f"{k}!")},
+    )
     doc = "| run | tokens/s | note |\n|---|---:|---|\n| `a` | **9** (best) | x |\n| `b` | 8 | y |"
-    assert fill(doc) == "| run | tokens/s | note |\n|---|---:|---|\n| `a` | **1,000** (best) | a! |\n| `b` | 2,000 | b! |"
+    assert (
+        fill(doc) == "| run | tokens/s | note |\n|---|---:|---|\n| `a` | **1,000** (best) | a! |\n| `b` | 2,000 | b! |"
+    )
 
 
 def test_a_yaml_block_is_rendered_between_its_comment_lines():
     text = "results:\n# fig:results\n  - old\n# /fig\nrest: 1\n"
-    assert render.render_text(text, {"results": "  - new\n"}, "index.yaml", yaml_doc=True) == \
-        "results:\n# fig:results\n  - new\n# /fig\nrest: 1\n"
+    assert (
+        render.render_text(text, {"results": "  - new\n"}, "index.yaml", yaml_doc=True)
+        == "results:\n# fig:results\n  - new\n# /fig\nrest: 1\n"
+    )
 
 
 def test_the_command_line_checks_and_exits_nonzero_on_a_difference(tmp_path, monkeypatch, capsys):

@@ -14,8 +14,9 @@ SCRIPT = ROOT / "benchmarks" / "scripts" / "stage-gpu.sh"
 
 def _stage(tmp_path: Path, *args: str, chunk: str = "64k") -> subprocess.CompletedProcess:
     env = {**os.environ, "CHUNK": chunk, "STAGE_CHUNKS": str(tmp_path / "chunks")}
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def _tree(root: Path) -> dict[str, bytes]:

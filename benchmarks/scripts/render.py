@@ -56,8 +56,10 @@ def render_text(text: str, made: dict[str, Figure], where: str, yaml_doc: bool =
     out = pattern.sub(fill, text)
     unplaced = sorted(set(made) - seen)
     if unplaced:
-        raise RenderError(f"{where}: figures {', '.join(unplaced)} are made but placed nowhere: mark them in the doc "
-                          "or drop them from figures.py")
+        raise RenderError(
+            f"{where}: figures {', '.join(unplaced)} are made but placed nowhere: mark them in the doc "
+            "or drop them from figures.py"
+        )
     return out
 
 
@@ -86,8 +88,15 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if args.check:
                 stale.append(path)
-                sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
-                                                           f"{path} (committed)", f"{path} (from the data)", n=1))
+                sys.stdout.writelines(
+                    difflib.unified_diff(
+                        old.splitlines(True),
+                        new.splitlines(True),
+                        f"{path} (committed)",
+                        f"{path} (from the data)",
+                        n=1,
+                    )
+                )
             else:
                 (REPO / path).write_text(new)
                 print(f"rendered {path}")
@@ -95,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"render.py: {e}", file=sys.stderr)
         return 2
     if stale:
-        print(f"render.py: {len(stale)} doc(s) differ from their data: python benchmarks/scripts/render.py",
-              file=sys.stderr)
+        print(
+            f"render.py: {len(stale)} doc(s) differ from their data: python benchmarks/scripts/render.py",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

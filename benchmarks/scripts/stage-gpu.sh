@@ -12,7 +12,7 @@
 # its PyTorch extension built on the GPU machine for sm_$NVTE_CUDA_ARCHS, megatron-core $MCORE_VERSION,
 # on the machine's own python 3.12 and torch) are one such folder and an install step. From the
 # repository root:
-#   here:    bash benchmarks/scripts/stage-gpu.sh te-download [.stage/te-src]   # ~300 MB of wheels and TE's torch sdist
+#   here:    bash benchmarks/scripts/stage-gpu.sh te-download [.stage/te-src]   # ~300 MB: the wheels and TE's torch sdist
 #            bash benchmarks/scripts/stage-gpu.sh pack .stage/te-src [.stage/te] # chunks; prints the device calls
 #   device:  bash benchmarks/scripts/stage-gpu.sh receive K [.stage/te]          # one call per chunk, carry [".stage/te/cK"]
 #            bash benchmarks/scripts/stage-gpu.sh te-install [.stage/te]         # carry [".stage/te/manifest"]
@@ -86,10 +86,24 @@ te-download)
   python3 -m pip download -q --no-deps "${plat[@]}" -d "$d" \
     "transformer-engine-cu13==$TE_VERSION" "transformer-engine==$TE_VERSION" "megatron-core==$MCORE_VERSION" \
     pydantic pydantic-core annotated-types typing-inspection importlib-metadata nvdlfw-inspect "nvidia-cudnn-frontend>=1.29"
-  # TE's PyTorch extension ships as a source archive, built on the GPU machine against its torch; pip reads
-  # the archive's metadata by importing torch, so this step needs a python with torch (PY=.venv/bin/python)
-  "${PY:-python3}" -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$d" \
-    "transformer-engine-torch==$TE_VERSION" || die "TE's torch sdist needs a python with torch: PY=path/to/python $0 te-download"
+  # TE's PyTorch extension ships as a source archive, built on the GPU machine against its torch. pip would build
+  # its metadata here, which needs a CUDA torch; the archive is fetched as the index lists it, its sha256 checked
+  python3 - "$d" "$TE_VERSION" "${INDEX_URL:-https://pypi.org/simple}" <<'PY' || die "TE's torch source archive did not download (above)"
+import hashlib, json, sys, urllib.request
+dest, version, index = sys.argv[1], sys.argv[2], sys.argv[3].rstrip("/")
+page = urllib.request.Request(f"{index}/transformer-engine-torch/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+with urllib.request.urlopen(page, timeout=60) as r:
+    files = [f for f in json.load(r)["files"] if f["filename"] == f"transformer_engine_torch-{version}.tar.gz"]
+if len(files) != 1:
+    sys.exit(f"{index}/transformer-engine-torch/ lists no source archive of version {version}")
+f = files[0]
+with urllib.request.urlopen(f["url"], timeout=300) as r:
+    body = r.read()
+if hashlib.sha256(body).hexdigest() != f["hashes"]["sha256"]:
+    sys.exit(f"{f['filename']}: its sha256 differs from the one the index lists")
+with open(f"{dest}/{f['filename']}", "wb") as out:
+    out.write(body)
+PY
   echo "downloaded $(ls "$d" | wc -l) files, $(du -sh "$d" | cut -f1), into $d; next: $0 pack $d .stage/te"
   ;;
 te-install)
