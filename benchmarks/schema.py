@@ -247,6 +247,20 @@ def problems(folder: Path, known: set[str] | None = None, results: Path = RESULT
                 dt.date.fromisoformat(day)
             except ValueError:
                 bad(f"date {day!r} is not a day")
+    # a folder that is one runner's run: its method is the one the run recorded
+    run = folder / "results.json"
+    if isinstance(r.method, Method) and run.is_file():
+        ran = json.loads(run.read_text())
+        if "steps_completed" in ran and ran.get("status") == "completed":
+            window = ran.get("window") or []
+            recorded = (ran["steps_completed"], ran.get("warmup_steps"))
+            if (r.method.steps, r.method.warmup_steps) != recorded:
+                bad(
+                    f"method says {r.method.steps} steps, {r.method.warmup_steps} warm-up; results.json records "
+                    f"{recorded[0]} and {recorded[1]}"
+                )
+            if len(window) == 2 and not all(str(step) in r.method.window for step in window):
+                bad(f"method's window {r.method.window!r} is not results.json's steps {window}")
     for command in r.commands:
         for path in _command_paths(command):
             if not (REPO / path).exists():

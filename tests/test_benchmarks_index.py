@@ -130,7 +130,18 @@ def _good(tmp_path: Path) -> Path:
     """A results tree holding one valid folder."""
     folder = tmp_path / "results" / "demo-run"
     folder.mkdir(parents=True)
-    (folder / "results.json").write_text(json.dumps({"tokens_per_s_per_gpu": 100.0, "mfu": 0.5}))
+    (folder / "results.json").write_text(
+        json.dumps(
+            {
+                "tokens_per_s_per_gpu": 100.0,
+                "mfu": 0.5,
+                "status": "completed",
+                "steps_completed": 30,
+                "warmup_steps": 10,
+                "window": [11, 30],
+            }
+        )
+    )
     (folder / "fingerprint.json").write_text(
         json.dumps(
             {"capture": {"captured_at": "2026-12-01T10:00:00+00:00"}, "gpu": {"names": ["NVIDIA H200"], "count": 1}}
@@ -191,6 +202,14 @@ def test_a_valid_folder_has_no_problems(tmp_path):
         ({"status": "superseded-by demo-run"}, "under results/archive/"),
         ({"runs": {"run1": "a run"}}, "not a folder here"),
         ({"extra": 1}, "extra"),
+        (
+            {"method": {"steps": 20, "warmup_steps": 10, "window": "steps 11-30", "repeats": "one", "how": "h"}},
+            "results.json records 30",
+        ),
+        (
+            {"method": {"steps": 30, "warmup_steps": 10, "window": "steps 9-20", "repeats": "one", "how": "h"}},
+            "is not results.json's steps",
+        ),
     ],
 )
 def test_a_broken_folder_is_named_with_its_field(tmp_path, change, words):
