@@ -1099,6 +1099,116 @@ def gpu_engine_doc() -> dict:
     }
 
 
+# ---- runner tables: gc-steady, fp8-slice, slice-1gpu-b200-set, overhead ---------------------------------------------
+
+
+def worst_step(r: dict, suffix: str = "") -> Whole:
+    """1.011 (step 11): the worst window step over the median, and which step."""
+    return Whole(f"{r['step_time_worst_ratio']:.3f}{suffix} (step {r['step_time_worst_step']})")
+
+
+def gc_steady() -> dict:
+    def r(run):
+        return data(f"gc-steady/{run}/results.json")
+
+    return {
+        "runs": table(
+            lambda c: c[0].split()[0],
+            {
+                1: lambda run: str(r(run)["steps_completed"]),
+                2: lambda run: Whole("-".join(map(str, r(run)["window"]))),
+                3: lambda run: n0(r(run)["tokens_per_s_per_gpu"]),
+                4: lambda run: pct(r(run)["mfu"]),
+                5: lambda run: f(r(run)["step_time_mean_s"], 4),
+                6: lambda run: f(r(run)["step_time_median_s"], 4),
+                7: lambda run: worst_step(r(run)),
+                8: lambda run: f"{r(run)['step_time_cv_percent']:.2f}%",
+            },
+        )
+    }
+
+
+def fp8_slice() -> dict:
+    def r(run):
+        return data(f"fp8-slice/{run}/results.json")
+
+    return {
+        "runs": table(
+            first_code,
+            {
+                2: lambda run: n0(r(run)["tokens_per_s_per_gpu"]),
+                3: lambda run: pct(r(run)["mfu"]),
+                4: lambda run: f(r(run)["step_time_mean_s"], 4),
+                5: lambda run: f(r(run)["step_time_median_s"], 4),
+                6: lambda run: worst_step(r(run)),
+                7: lambda run: f"{r(run)['step_time_cv_percent']:.2f}%",
+                8: lambda run: f(r(run)["peak_memory_gib"], 2),
+                9: lambda run: f(r(run)["first_loss"], 5),
+                10: lambda run: f(r(run)["final_loss"], 5),
+            },
+        )
+    }
+
+
+def b200_set() -> dict:
+    def r(run):
+        return data(f"slice-1gpu-b200-set/{run}/results.json")
+
+    return {
+        "runs": table(
+            lambda c: c[0],
+            {
+                1: lambda run: n0(r(run)["tokens_per_s_per_gpu"]),
+                2: lambda run: pct(r(run)["mfu"]),
+                3: lambda run: f(r(run)["step_time_median_s"], 4),
+                4: lambda run: worst_step(r(run), "x"),
+                5: lambda run: f"{r(run)['step_time_cv_percent']:.1f}%",
+                6: lambda run: f(r(run)["peak_memory_gib"], 2),
+            },
+        )
+    }
+
+
+def overhead() -> dict:
+    def r(folder):
+        return json.loads(next((RESULTS / folder).glob("overhead-*.json")).read_text())
+
+    return {
+        "cases": table(
+            first_code,
+            {
+                1: lambda k: f(r(k)["engine_mean_s"], 4),
+                2: lambda k: f(r(k)["minimal_mean_s"], 4),
+                3: lambda k: spct(r(k)["overhead_percent_mean"] / 100),
+                4: lambda k: spct(r(k)["overhead_percent_median"] / 100),
+            },
+        )
+    }
+
+
+# ---- results/replay ---------------------------------------------------------------------------------------------------
+
+
+def replay() -> dict:
+    """The isolated replay's run, and how far its flash-attn build got."""
+    r = data("replay-b200-isolated/results.json")
+    done = re.search(
+        r"objects compiled: (\d+) of (\d+)", (RESULTS / "replay-b200-isolated" / "fa-unfinished.txt").read_text()
+    )
+    return {
+        "isolated.tps": n0(r["tokens_per_s_per_gpu"]),
+        "isolated.mfu": pct(r["mfu"]),
+        "isolated.median-step": f(r["step_time_median_s"], 3),
+        "isolated.worst": f(r["step_time_worst_ratio"], 3),
+        "isolated.cv": f"{r['step_time_cv_percent']:.2f}%",
+        "isolated.peak": f(r["peak_memory_gib"], 2),
+        "isolated.first-loss": f(r["first_loss"], 4),
+        "isolated.final-loss": f(r["final_loss"], 4),
+        "fa.compiled": done.group(1),
+        "fa.objects": done.group(2),
+    }
+
+
 # ---- benchmarks/README.md ---------------------------------------------------------------------------------------------
 
 
@@ -1150,4 +1260,9 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/archive/slice-1gpu-mbs4-precision-aware/README.md": precision_aware,
     "benchmarks/results/slice-1gpu-mbs1-compiled/profile.md": profile_md,
     "benchmarks/README.md": benchmarks_readme,
+    "benchmarks/results/replay/README.md": replay,
+    "benchmarks/results/gc-steady/README.md": gc_steady,
+    "benchmarks/results/fp8-slice/README.md": fp8_slice,
+    "benchmarks/results/slice-1gpu-b200-set/README.md": b200_set,
+    "benchmarks/results/overhead/README.md": overhead,
 }
