@@ -11,7 +11,7 @@ baseline, their relative difference the drift; a change is kept when it gains mo
 least 0.5%) decides, with that drift:
 
 * **the embedding alone:** the baseline against ``without``;
-* **the pair** (stated before the measurement, as ``levers7/`` and ``levers8/`` measured theirs): ``both`` against
+* **the pair** (stated before the measurement, as ``early-expert-counts-and-pre-mlp-norm/`` and ``te-swiglu-backward-and-first-microbatch-writes/`` measured theirs): ``both`` against
   ``without``. Where the embedding alone falls short and the pair clears the rule, both are kept;
 * **the norm backward on top:** ``both`` against the baseline, where the embedding alone is kept.
 

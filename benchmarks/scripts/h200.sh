@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU measurement of the megatron-core engine in one call on a 2 x H200 machine.
-# Needs TE 2.20.2 + megatron-core 0.19.2 importable (staged by shared/device/te-stage.sh into
+# Needs TE 2.20.2 + megatron-core 0.19.2 importable (staged by benchmarks/scripts/stage-gpu.sh into
 # /tmp/site). Writes everything under ${OUT:-bench-out}; each step's result folder is in benchmarks/index.yaml.
 #   usage: bash benchmarks/scripts/h200.sh STEP...   (default: smoke)
 #   all of benchmarks/: fingerprint parity proxy1 slice slice1 slice2 slicee slicee2 overhead proxy2 proxy2c
@@ -82,9 +82,9 @@ for what in "${@:-smoke}"; do
     # on slice-1gpu (engine_steps.py, 20 steps, window 9-20, one process each): shipped; the tree before both (BEFORE:
     # a folder holding an earlier commit's muse_stack/, benchmarks/scripts/, recipes/ and data/, e.g. `git archive 978a570 muse_stack
     # benchmarks/scripts recipes data`); shipped with TE's scale every step (--te-clip-scale); shipped again (the drift). Then the
-    # clip kernel's GPU test and GPU time, and a profile of the shipped step. Outputs: $OUT/levers6.tgz.
+    # clip kernel's GPU test and GPU time, and a profile of the shipped step. Outputs: $OUT/clip-skip-and-gated-residual.tgz.
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
-    D=$(realpath -m "$OUT/levers6"); mkdir -p "$D"
+    D=$(realpath -m "$OUT/clip-skip-and-gated-residual"); mkdir -p "$D"
     one $MS fingerprint -o "$D/fingerprint.json"
     one python3 -m pytest -q -p no:cacheprovider tests/test_clip_scale_gpu.py 2>&1 | tail -3 | tee "$D/gpu-test.txt"
     one python3 benchmarks/scripts/clip_scale_bench.py --out "$D/clip-scale.json"
@@ -93,13 +93,13 @@ for what in "${@:-smoke}"; do
     one $ES --te-clip-scale $W --out "$D/te-clip-scale.json"
     one $ES $W --out "$D/shipped-again.json"
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$D/profile-shipped.json"
-    tar czf "$OUT/levers6.tgz" -C "$(dirname "$D")" levers6 ;;
+    tar czf "$OUT/clip-skip-and-gated-residual.tgz" -C "$(dirname "$D")" clip-skip-and-gated-residual ;;
   levers7) # the experts' token counts read before the latent GEMM and the pre-MLP norm in the post-attention
     # residual's chain, attributed on slice-1gpu (engine_steps.py, 20 steps, window 9-20, one process each): shipped;
     # both off (the engine before them); each off alone; shipped again (the drift). Then the dispatcher's GPU test
-    # and a profile of the shipped step. Outputs: $OUT/levers7.tgz.
+    # and a profile of the shipped step. Outputs: $OUT/early-expert-counts-and-pre-mlp-norm.tgz.
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
-    D=$(realpath -m "$OUT/levers7"); mkdir -p "$D"
+    D=$(realpath -m "$OUT/early-expert-counts-and-pre-mlp-norm"); mkdir -p "$D"
     one $MS fingerprint -o "$D/fingerprint.json"
     one python3 -m pytest -q -p no:cacheprovider tests/test_dispatch_gpu.py 2>&1 | tail -15 | tee "$D/gpu-test.txt"
     one $ES $W --out "$D/shipped.json"
@@ -108,20 +108,20 @@ for what in "${@:-smoke}"; do
     one $ES --separate-pre-mlp-norm $W --out "$D/separate-pre-mlp-norm.json"
     one $ES $W --out "$D/shipped-again.json"
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$D/profile-shipped.json"
-    tar czf "$OUT/levers7.tgz" -C "$(dirname "$D")" levers7 ;;
+    tar czf "$OUT/early-expert-counts-and-pre-mlp-norm.tgz" -C "$(dirname "$D")" early-expert-counts-and-pre-mlp-norm ;;
   levers8gpu) # the GPU tests of the first micro-batch's gradient writes and of the experts' SwiGLU, then the slice's largest
-    # memory-bound passes alone (benchmarks/scripts/kernels.py). Outputs: $OUT/levers8/{gpu-test.txt,kernels.json}
-    D=$(realpath -m "$OUT/levers8"); mkdir -p "$D"
+    # memory-bound passes alone (benchmarks/scripts/kernels.py). Outputs: $OUT/te-swiglu-backward-and-first-microbatch-writes/{gpu-test.txt,kernels.json}
+    D=$(realpath -m "$OUT/te-swiglu-backward-and-first-microbatch-writes"); mkdir -p "$D"
     one python3 -m pytest -q -p no:cacheprovider tests/test_first_write_gpu.py tests/test_dispatch_gpu.py 2>&1 \
       | tail -25 | tee "$D/gpu-test.txt"
     one python3 benchmarks/scripts/kernels.py --out "$D/kernels.json" > /dev/null ;;
   levers8) # the experts' SwiGLU as TE's kernels and the first micro-batch's gradient writes, attributed on slice-1gpu
     # (engine_steps.py, 20 steps, window 9-20, one process each): shipped; both off (the engine before them); each
     # off alone; shipped again (the drift); a candidate (the chains under Inductor's multi-kernel). Then a profile of
-    # the shipped step. Outputs: $OUT/levers8.tgz.
+    # the shipped step. Outputs: $OUT/te-swiglu-backward-and-first-microbatch-writes.tgz.
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
     WHOLE="performance.first_micro_batch_writes=false"
-    D=$(realpath -m "$OUT/levers8"); mkdir -p "$D"
+    D=$(realpath -m "$OUT/te-swiglu-backward-and-first-microbatch-writes"); mkdir -p "$D"
     one $MS fingerprint -o "$D/fingerprint.json"
     one $ES $W --out "$D/shipped.json"
     one $ES $WHOLE --mcore-swiglu $W --out "$D/before.json"
@@ -130,7 +130,7 @@ for what in "${@:-smoke}"; do
     one $ES $W --out "$D/shipped-again.json"
     one $ES --inductor-multi-kernel $W --out "$D/candidate-multi-kernel.json"
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$D/profile-shipped.json"
-    tar czf "$OUT/levers8.tgz" -C "$(dirname "$D")" levers8 ;;
+    tar czf "$OUT/te-swiglu-backward-and-first-microbatch-writes.tgz" -C "$(dirname "$D")" te-swiglu-backward-and-first-microbatch-writes ;;
   normbwd) # the post-expert norm's one-pass backward (norm_backward.py, off as shipped): its GPU test, the norm's
     # kernels alone (the launch grid), the fastest launch written into norm_backward.py (normbwd_choose.py launch),
     # then slice-1gpu with it / without it (as shipped) / with it again (engine_steps.py, 20 steps, window 9-20), and
@@ -195,8 +195,8 @@ for what in "${@:-smoke}"; do
     # the weight-gradient accumulation into main_grad off (on as shipped), the clip's host path (the norm read with
     # .item(); on the GPU as shipped), megatron-core's optimizer CUDA graph, TE's fused router, the unfused token
     # permutation (fused as shipped), DDP's overlapped gradient reduce; then the shipped recipe again (the drift).
-    # Outputs: $OUT/levers5/NAME.json, the stack's $OUT/levers5/fingerprint.json, all in $OUT/levers5.tgz.
-    ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"; D="$OUT/levers5"
+    # Outputs: $OUT/engine-options-each-alone/NAME.json, the stack's $OUT/engine-options-each-alone/fingerprint.json, all in $OUT/engine-options-each-alone.tgz.
+    ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"; D="$OUT/engine-options-each-alone"
     mkdir -p "$D"
     one $MS fingerprint -o "$D/fingerprint.json"
     one $ES $W --out "$D/shipped.json"
@@ -206,7 +206,7 @@ for what in "${@:-smoke}"; do
     one $ES $W --out "$D/shipped-again.json"
     python3 benchmarks/scripts/levers_choose.py "$D" --write "$D/kept.txt" | tee "$D/choice.txt"
     cp "$D/kept.txt" /tmp/levers-kept.txt  # for side-by-side/run.sh in the next call on this machine
-    tar czf "$OUT/levers5.tgz" -C "$OUT" levers5 ;;
+    tar czf "$OUT/engine-options-each-alone.tgz" -C "$OUT" engine-options-each-alone ;;
   slice1) rm -rf runs/slice-1gpu1; one $MS run slice-1gpu $ASRAN --out runs/slice-1gpu1 --no-progress; keep slice-1gpu-mbs1-compiled runs/slice-1gpu1 ;;
   slice2) rm -rf runs/slice-1gpu-mbs2; one $MS run slice-1gpu $ASRAN batch.mbs=2 --out runs/slice-1gpu-mbs2 --no-progress
           keep slice-1gpu-mbs2-compiled runs/slice-1gpu-mbs2 ;;

@@ -5,8 +5,8 @@
 #
 #   here:   bash benchmarks/scripts/replay.sh files LOCK     # every file of the set prepare fetches
 #           bash benchmarks/scripts/replay.sh prepare LOCK   # fetch them all, hash-checked, into .whl/replay-LOCK-src
-#           CHUNK=54m bash ../shared/device/stage.sh pack .whl/replay-LOCK-src .whl/replay-LOCK-stage
-#   device: bash .whl/replay-LOCK-stage/stage.sh receive K .whl/replay-LOCK-stage   # one call per chunk
+#           CHUNK=54m bash benchmarks/scripts/stage-gpu.sh pack .whl/replay-LOCK-src .whl/replay-LOCK-stage
+#   device: bash benchmarks/scripts/stage-gpu.sh receive K .whl/replay-LOCK-stage   # one call per chunk
 #           bash benchmarks/scripts/replay.sh install LOCK   # unpack; venv; every wheel, --require-hashes
 #           bash benchmarks/scripts/replay.sh fa-start LOCK  # flash-attn from the set's sdist, in the background
 #           bash benchmarks/scripts/replay.sh te LOCK        # TE's PyTorch extension from the set's sdist
@@ -360,8 +360,8 @@ PY
 install)  # device: unpack the staged set, make the venv, install every wheel of the set into it
   mkdir -p "$WORK" "$RES"
   if [ ! -f "$SRC/set-files.txt" ]; then
-    bash "$STAGE/stage.sh" unpack "$SRC" "$STAGE" || exit 1
-    rm -rf /tmp/stage-chunks
+    bash benchmarks/scripts/stage-gpu.sh unpack "$SRC" "$STAGE" || exit 1
+    rm -rf "/tmp/stage-chunks/$(basename "$STAGE")"
   fi
   cmp -s "$SRC/set-files.txt" <(set_files) || { echo "$SRC holds another set than $PYLOCK: prepare and stage again" >&2; exit 1; }
   rm -rf "$VENV"

@@ -3,7 +3,7 @@
 # slice-1gpu: the GPU tests, TE's FusedAdam alone stepped by TE and by the Triton step over the launch grid, the fastest
 # launch written into the module, then the step as shipped / with TE's step / as shipped again / with the one-pass
 # norm backward too, and the verdict; then a profile of the shipped step. TE 2.20.2 + megatron-core 0.19.2 staged into
-# /tmp/site (shared/device/te-stage.sh). Device, from the project root, two calls:
+# /tmp/site (benchmarks/scripts/stage-gpu.sh te-install). Device, from the project root, two calls:
 #   STEP_TIMEOUT=170 OUT=out bash benchmarks/results/adam/run.sh
 #     -> out/adam.tgz: adam/{fingerprint,kernels,with,without,with-again,with-norm-backward}.json, gpu-test.txt,
 #        launch.txt, verdict.txt

@@ -3,7 +3,7 @@
 # post-expert norm's one-pass backward (norm_backward.py), measured on slice-1gpu: the GPU tests, then the step with
 # the embedding's change / with megatron-core's dense lookup / with the change again (each with the norm backward as
 # the compiled chain's), then with both, and the verdict, which sets the norm backward's switch in layers.py. One
-# device call; TE 2.20.2 + megatron-core 0.19.2 staged into /tmp/site (shared/device/te-stage.sh). Device, from the
+# device call; TE 2.20.2 + megatron-core 0.19.2 staged into /tmp/site (benchmarks/scripts/stage-gpu.sh te-install). Device, from the
 # project root:
 #   OUT=out bash benchmarks/results/embedgrad/run.sh
 #     -> out/embedgrad.tgz: embedgrad/{fingerprint,with,without,with-again,both,verdict}.json, gpu-test.txt,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The experts' GEMMs of one slice-1gpu micro-batch, isolated: TE's GroupedLinear against one cuBLAS matmul per
 # expert and torch._grouped_mm (benchmarks/scripts/expert_gemm_bench.py), on one H200 with TE 2.20.2 staged into
-# /tmp/site (shared/device/te-stage.sh). From the project root, in one device call:
+# /tmp/site (benchmarks/scripts/stage-gpu.sh te-install). From the project root, in one device call:
 #   OUT=out bash benchmarks/results/expert-gemm/run.sh
 set -euo pipefail
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-}:.

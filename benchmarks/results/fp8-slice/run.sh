@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # slice-1gpu with precision: fp8 (TE per-tensor current scaling, hybrid format) against the same recipe in bf16,
 # in one call on one H200, and `compare` of the two. Needs TE 2.20.2 + megatron-core 0.19.2 importable
-# (shared/device/te-stage.sh stages them into /tmp/site); the environment is benchmarks/scripts/h200.sh's.
+# (benchmarks/scripts/stage-gpu.sh te-install stages them into /tmp/site); the environment is benchmarks/scripts/h200.sh's.
 #   usage: OUT=dir bash benchmarks/results/fp8-slice/run.sh [shipped|alltoall]   (default: shipped)
 #   shipped: fp8 on the recipe as shipped (allgather dispatcher), then bf16 as shipped, then compare.
 #   alltoall: fp8 and bf16 both with layout.dispatcher=alltoall (the shipped allgather dispatcher refuses

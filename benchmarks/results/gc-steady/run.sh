@@ -3,7 +3,7 @@
 # times back to back in one sitting on one H200, and with Python's automatic collector
 # (training.gc.manual=false) for contrast. Each run's results.json, metrics.jsonl, fingerprint.json and
 # recipe.yaml are kept under $OUT/gc-steady/NAME. Needs TE 2.20.2 + megatron-core 0.19.2 importable
-# (../shared/device/te-stage.sh stages them into /tmp/site); the environment is benchmarks/scripts/h200.sh's.
+# (benchmarks/scripts/stage-gpu.sh te-install stages them into /tmp/site); the environment is benchmarks/scripts/h200.sh's.
 #   usage: OUT=dir bash benchmarks/results/gc-steady/run.sh [NAME...]   (default: manual1 manual2 manual3 auto1)
 #   NAME: manualN (as shipped) or autoN (training.gc.manual=false), 30 steps (the recipe's, window 11-30);
 #         manual-100 / auto-100: the same at --steps 100 (window 11-100; the hand collection falls after step 100)

@@ -4,7 +4,7 @@
 # audio clip in the row, forward and 3 training steps), then `muse-stack run slice-1gpu-mm` (the
 # released towers + two decoder layers at real width on receipt images drawn by
 # `data/make_tiny_receipts.py --scale 6`). Needs TE 2.20.2 + megatron-core 0.19.2 in /tmp/site
-# (../shared/device/te-stage.sh).   usage: OUT=dir bash benchmarks/results/mm-slice/run.sh [parity] [slice]
+# (benchmarks/scripts/stage-gpu.sh te-install).   usage: OUT=dir bash benchmarks/results/mm-slice/run.sh [parity] [slice]
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-}:.:benchmarks

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # From the project root on a 2 x H200 machine with TE 2.20.2 + megatron-core 0.19.2 staged in /tmp/site
-# (shared/device/te-stage.sh). The fingerprint.json beside this file is the stack that ran it.
+# (benchmarks/scripts/stage-gpu.sh te-install). The fingerprint.json beside this file is the stack that ran it.
 # packed rows built from the shipped chat fixture (needs the tokenizers package), CP 2 with a2a
 # h200.sh's `packedcp` step runs the command (its environment; it keeps the run's files in $OUT/packed-cp2/):
 set -euo pipefail

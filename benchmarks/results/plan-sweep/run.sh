@@ -3,7 +3,7 @@
 # eleven engine_steps.py runs on one H200, then the fit on a CPU. See README.md here.
 #
 #   device (1 x H200, no registry), from the project root, with TE 2.20.2 + megatron-core 0.19.2 staged
-#   into /tmp/site (shared/device/te-stage.sh), two calls on the same machine (each call has 10 minutes):
+#   into /tmp/site (benchmarks/scripts/stage-gpu.sh te-install), two calls on the same machine (each call has 10 minutes):
 #       PART=1 OUT=dir bash benchmarks/results/plan-sweep/run.sh device
 #       PART=2 OUT=dir bash benchmarks/results/plan-sweep/run.sh device
 #     write dir/plan-sweep/runs/NAME.json (runs/ here) and dir/plan-sweep/fingerprint.json (here).

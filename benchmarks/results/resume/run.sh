@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # From the project root on a 2 x H200 machine with TE 2.20.2 + megatron-core 0.19.2 staged in /tmp/site
-# (shared/device/te-stage.sh); the same as `bash benchmarks/scripts/h200.sh resume resumectl`. Each run folder's
+# (benchmarks/scripts/stage-gpu.sh te-install); the same as `bash benchmarks/scripts/h200.sh resume resumectl`. Each run folder's
 # fingerprint.json is the stack that ran it (fingerprint.resumed.json: the stack of the resumed half).
 # Per layout: an uninterrupted 6-step run (full), a run interrupted after step 3 with a dist-checkpoint
 # and resumed from it (part), and a second uninterrupted run (again) that measures the run-to-run spread.

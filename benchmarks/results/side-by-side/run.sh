@@ -3,7 +3,7 @@
 # 0.6.2's own pretrain loop on the same shapes and settings (benchmarks/scripts/bridge_slice.py),
 # alternated three times each (runner, Bridge, runner, Bridge, ...), each its own process. Kept per run:
 # results.json, metrics.jsonl, fingerprint.json, recipe.yaml (runner) and bridge-slice.json (Bridge).
-# Needs TE 2.20.2 + megatron-core 0.19.2 in /tmp/site (../shared/device/te-stage.sh) and Bridge's
+# Needs TE 2.20.2 + megatron-core 0.19.2 in /tmp/site (benchmarks/scripts/stage-gpu.sh te-install) and Bridge's
 # wheels installed by `bash benchmarks/scripts/bridge/stage.sh install DIR` into /tmp/site-bridge.
 #   usage: OUT=dir [RUNNER_OVERRIDES="a.b=c ..."] bash benchmarks/results/side-by-side/run.sh [N]   (N pairs, default 3)
 # RUNNER_OVERRIDES: recipe overrides for the runner's runs (each run's recipe.yaml records the result); empty: as shipped

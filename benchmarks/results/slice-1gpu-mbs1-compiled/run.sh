@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # From the project root on a 2 x H200 machine with TE 2.20.2 + megatron-core 0.19.2 staged in /tmp/site
-# (shared/device/te-stage.sh). The fingerprint.json beside this file is the stack that ran it.
+# (benchmarks/scripts/stage-gpu.sh te-install). The fingerprint.json beside this file is the stack that ran it.
 # h200.sh's `slice1` step runs the command (its environment; it keeps the run's files in $OUT/slice-1gpu-mbs1-compiled/):
 # (the step pins the recipe's settings of then: MBS 1 or 2, alltoall, no precision-aware optimizer)
 set -euo pipefail
@@ -8,4 +8,4 @@ OUT=benchmarks/results bash benchmarks/scripts/h200.sh slice1
 # (measured as `slice-1gpu fusions.compile_elementwise=true`, which is the recipe's own setting)
 # profile.json / profile.md (a lent 1 x H200, the same stack): OUT=benchmarks/results/slice-1gpu-mbs1-compiled bash benchmarks/scripts/h200.sh profile
 # (batch.mbs=1 layout.dispatcher=alltoall: the recipe's settings when this ran; it ships MBS 4 with allgather since)
-# profile-mbs4.json: OUT=benchmarks/results/levers bash benchmarks/scripts/h200.sh levers2 (then moved here); profile.md describes both
+# profile-mbs4.json: OUT=benchmarks/results/slice-1gpu-candidate-settings bash benchmarks/scripts/h200.sh levers2 (then moved here); profile.md describes both

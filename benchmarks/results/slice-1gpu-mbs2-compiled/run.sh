@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # From the project root on a 2 x H200 machine with TE 2.20.2 + megatron-core 0.19.2 staged in /tmp/site
-# (shared/device/te-stage.sh). The fingerprint.json beside this file is the stack that ran it.
+# (benchmarks/scripts/stage-gpu.sh te-install). The fingerprint.json beside this file is the stack that ran it.
 # h200.sh's `slice2` step runs the command (its environment; it keeps the run's files in $OUT/slice-1gpu-mbs2-compiled/):
 # (the step pins the recipe's settings of then: MBS 1 or 2, alltoall, no precision-aware optimizer)
 set -euo pipefail

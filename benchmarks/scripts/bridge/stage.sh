@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Megatron-Bridge 0.6.2 for a GPU machine with no package registry: the wheels its pretrain path
 # imports and the H200 image lacks (wheels.txt; the image has torch 2.11, numpy, pyarrow, pandas,
-# huggingface-hub, tensorboard, ...; TE 2.20.2 + megatron-core 0.19.2 come from shared/device/te-stage.sh).
+# huggingface-hub, tensorboard, ...; TE 2.20.2 + megatron-core 0.19.2 come from benchmarks/scripts/stage-gpu.sh).
 #   here:    bash benchmarks/scripts/bridge/stage.sh download [.whl/bridge]   # ~46 MB, then carry it (one call)
 #   device:  bash benchmarks/scripts/bridge/stage.sh install  [DIR]           # into /tmp/site-bridge
 #            PYTHONPATH=/tmp/site-bridge:/tmp/site:. python3 benchmarks/scripts/bridge_slice.py slice-1gpu ...

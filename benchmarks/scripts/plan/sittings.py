@@ -28,7 +28,8 @@ from muse_stack.recipes.catalogue import load_recipe  # noqa: E402
 
 SIDE_BY_SIDE = BENCH / "side-by-side"
 #: the sittings the plan-sweep README states, oldest first
-SITTINGS = ("2026-12-03c", "2026-12-03d", "2026-12-03e", "2026-12-04")
+SITTINGS = ("2026-12-03-early-expert-counts-and-pre-mlp-norm", "2026-12-03-te-swiglu-backward-and-first-microbatch-writes",
+            "2026-12-03-triton-adam", "2026-12-04")
 
 
 def sitting(name: str) -> dict:

@@ -7,7 +7,7 @@ both moments, and updates them with ``multi_tensor_adam``: a CUDA kernel launche
 parameter moves 30 bytes (it reads the gradient, the master and both moments in fp32, and writes
 the master, the moments and the bf16 weight); at the slice's 4.33 B parameters that is 130 GB a
 step, which TE's kernel moves at about 3.1 TB/s of an H200's 4.8
-(``benchmarks/results/levers8/kernels.json``).
+(``benchmarks/results/te-swiglu-backward-and-first-microbatch-writes/kernels.json``).
 
 :func:`step` replaces ``FusedAdam.step`` for the case the engine runs (:func:`unsupported` says
 which): each parameter group's tensors become a table of work items, a row per chunk of one

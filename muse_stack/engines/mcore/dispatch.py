@@ -5,7 +5,7 @@ allgather dispatcher reads them in ``dispatch_postprocess`` with a blocking ``.c
 selects each slot's routing weight with ``masked_select``, whose output size is data-dependent, so
 it blocks too. After each, the GPU has nothing queued, and it idles while Python prepares the
 permutation and the first grouped GEMM (1.3 to 2.6 ms per MoE layer and micro-batch on the slice;
-``benchmarks/results/levers6/profile-shipped.json``).
+``benchmarks/results/clip-skip-and-gated-residual/profile-shipped.json``).
 
 Where the dispatch moves no tokens (tensor and expert parallel sizes 1: every expert is local and
 ``token_dispatch`` is the identity), the counts are known as soon as the router has run. Here:

@@ -218,7 +218,7 @@ class SwiGLUTEBackward(torch.autograd.Function):
     ``bias_swiglu_impl``); the backward by Transformer Engine's ``dswiglu`` kernel (the backward of
     its ``ops.SwiGLU``), which reads the input and the gradient once each and writes both halves'
     gradients. Both compute in fp32 and round once to the input's dtype. Measured alone at the
-    slice's shape (benchmarks/results/levers8/kernels.json): megatron-core's forward is the faster
+    slice's shape (benchmarks/results/te-swiglu-backward-and-first-microbatch-writes/kernels.json): megatron-core's forward is the faster
     forward, TE's backward the faster backward."""
 
     @staticmethod

@@ -15,7 +15,7 @@ Its gradients, from ``dy``, with ``zh = z * r``::
 
 TorchInductor compiles that backward as two kernels: the row pass (``dx``, ``dp``) and the column
 sum for ``dw``, which reads ``x`` and ``dy`` a second time (on slice-1gpu: 1.28 + 0.75 ms a call,
-``benchmarks/results/levers8/kernels.json``; its mix-order reduction, which fuses the two, needs a
+``benchmarks/results/te-swiglu-backward-and-first-microbatch-writes/kernels.json``; its mix-order reduction, which fuses the two, needs a
 persistent row pass, and at 4,096 columns Inductor's is not). :func:`weighted_gain_first_norm`
 here runs the same compiled forward and this backward: one Triton kernel in which each program
 takes a run of rows, writes their ``dx`` and ``dp``, and keeps its share of ``dw`` in registers;

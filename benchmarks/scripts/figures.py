@@ -1,0 +1,1268 @@
+"""Every figure the benchmarks' docs state, made from the result files (render.py writes them into the docs).
+
+``DOCS`` maps a doc (relative to the repository) to a function returning its figures: slot name -> the slot's text,
+or a function of the slot's committed text. The formats here are the docs' formats (tokens/s with thousands
+separators, MFU as a percentage to two places, ...), so a figure is written once, from its data, in one place.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks"
+RESULTS = BENCH / "results"
+
+
+def _load_schema():
+    spec = importlib.util.spec_from_file_location("benchmarks_schema", BENCH / "schema.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # pydantic resolves the models' annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+schema = _load_schema()
+
+
+# ---- reading the data ---------------------------------------------------------------------------------------------
+
+
+def data(rel: str) -> dict:
+    """A JSON file under benchmarks/results/."""
+    return json.loads((RESULTS / rel).read_text())
+
+
+def lines(rel: str) -> list[dict]:
+    """A JSON-lines file under benchmarks/results/."""
+    return [json.loads(line) for line in (RESULTS / rel).read_text().splitlines() if line.strip()]
+
+
+def median_step(rel: str, warmup: int = 8) -> float:
+    """The median window step of an engine_steps.py run (its steps after ``warmup``)."""
+    return statistics.median(s["step_time_s"] for s in data(rel)["steps"][warmup:])
+
+
+# ---- formats --------------------------------------------------------------------------------------------------------
+
+
+def n0(x: float) -> str:
+    """30,677"""
+    return f"{x:,.0f}"
+
+
+def pct(x: float, places: int = 2) -> str:
+    """0.4967 -> 4.97% (a fraction shown as a percentage)"""
+    return f"{100 * x:.{places}f}%"
+
+
+def spct(x: float, places: int = 2) -> str:
+    """a signed percentage: +1.11%"""
+    return f"{100 * x:+.{places}f}%"
+
+
+def f(x: float, places: int) -> str:
+    """``x`` to ``places`` decimals: f(0.67471, 4) -> 0.6747"""
+    return f"{x:.{places}f}"
+
+
+def sci(x: float, places: int = 1) -> str:
+    """3.1e-4 (no zero-padded exponent, as the docs write it)"""
+    mant, exp = f"{x:.{places}e}".split("e")
+    return f"{mant}e{int(exp)}"
+
+
+# ---- tables whose figure cells come from the data -------------------------------------------------------------------
+
+_NUMBER = re.compile(r"^(\*\*)?([-+]?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?%?|-)(\*\*)?")
+
+
+def _cells(row: str) -> list[str]:
+    return [c.strip() for c in row.strip().strip("|").split("|")]
+
+
+def set_number(cell: str, value: str) -> str:
+    """``cell`` with its leading figure replaced by ``value``; bold and the words after the figure stay."""
+    m = _NUMBER.match(cell)
+    if not m:
+        raise ValueError(f"cell {cell!r} does not start with a figure")
+    bold = "**" if m.group(1) and m.group(3) else ""
+    return f"{bold}{value}{bold}{cell[m.end():]}"
+
+
+class Whole:
+    """A table cell's whole text (its figure and the words the data also owns, e.g. "1.008 (step 15)")."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def table(key: Callable[[list[str]], str | None], columns: dict[int, Callable[[str], str]]) -> Callable[[str], str]:
+    """A markdown table in a slot whose figure cells are the data's: for each body row, ``key(cells)`` names the
+    row's data (None: a row with no figures), and ``columns[i](key)`` is column i's figure: a string replaces the
+    cell's leading figure, a ``Whole`` the cell, None leaves it. The header, the row order and every other cell
+    are the doc's."""
+
+    def fill(text: str) -> str:
+        out, body = [], False
+        for line in text.split("\n"):
+            indent = line[: len(line) - len(line.lstrip())]
+            if not line.lstrip().startswith("|"):
+                body = False
+                out.append(line)
+                continue
+            if set(line.replace("|", "").strip()) <= set("-: "):  # the separator: the body follows
+                body = True
+                out.append(line)
+                continue
+            if not body:  # the header
+                out.append(line)
+                continue
+            cells = _cells(line)
+            k = key(cells)
+            if k is None:
+                out.append(line)
+                continue
+            for i, fig in columns.items():
+                value = fig(k)
+                if value is None:  # no figure in this row's cell (a "-")
+                    continue
+                cells[i] = value.text if isinstance(value, Whole) else set_number(cells[i], value)
+            out.append(indent + "|" + "|".join(f" {c} " if c else " " for c in cells) + "|")
+        return "\n".join(out)
+
+    return fill
+
+
+def first_code(cells: list[str]) -> str:
+    """The first `code` span of a row's first cell: the row's file or folder."""
+    m = re.search(r"`([^`]+)`", cells[0])
+    if not m:
+        raise ValueError(f"row {cells!r} names no file in its first cell")
+    return m.group(1)
+
+
+# ---- the attribution folders (engine_steps.py runs, kept or rejected by levers_choose.py's rule) -------------------
+
+
+class Runs:
+    """The engine_steps.py runs of one folder, and levers_choose.py's baseline: the mean of ``first`` and ``again``
+    (the same engine run first and last), their difference the drift."""
+
+    def __init__(self, folder: str, first: str = "shipped", again: str = "shipped-again") -> None:
+        self.folder, self.first, self.again = folder, first, again
+
+    def json(self, run: str) -> dict:
+        return data(f"{self.folder}/{run}.json")
+
+    def tps(self, run: str) -> float:
+        return self.json(run)["tokens_per_s_per_gpu"]
+
+    @property
+    def base(self) -> float:
+        return (self.tps(self.first) + self.tps(self.again)) / 2
+
+    @property
+    def drift(self) -> float:
+        return abs(self.tps(self.first) - self.tps(self.again)) / self.base
+
+    def median(self, run: str) -> float:
+        return median_step(f"{self.folder}/{run}.json")
+
+    def worst_grad_norm(self, runs, warmup: int = 8) -> float:
+        return max(max(s["grad_norm"] for s in self.json(r)["steps"][warmup:]) for r in runs)
+
+    def run_table(self, median: bool = False, gain: bool = False) -> Callable[[str], str]:
+        """The table of runs: | `NAME.json` | what | tokens/s | MFU | mean step | [median step |] [vs baseline |]
+        final loss |."""
+        cols = {
+            2: lambda r: n0(self.tps(r)),
+            3: lambda r: pct(self.json(r)["mfu"]),
+            4: lambda r: f(self.json(r)["step_time_mean_s"], 4),
+        }
+        i = 5
+        if median:
+            cols[i] = lambda r: f(self.median(r), 4)
+            i += 1
+        if gain:
+            cols[i] = lambda r: spct(self.tps(r) / self.base - 1)
+            i += 1
+        cols[i] = lambda r: f(self.json(r)["final_loss"], 5)
+        return table(lambda c: first_code(c).removesuffix(".json"), cols)
+
+
+def profile_idle(p: dict) -> dict:
+    """A profile's span, busy and idle time per step, and its idle time by gap length."""
+    bins = {b["gap_us"]: b for b in p.get("idle_by_gap_length", [])}
+    out = {
+        "span": f(p["span_seconds_per_step"], 4),
+        "busy": f(p["busy_seconds_per_step"], 4),
+        "idle-ms": f(1e3 * p["idle_seconds_per_step"], 1),
+        "idle-pct": pct(p["idle_seconds_per_step"] / p["span_seconds_per_step"], 1),
+        "busy-pct": pct(p["busy_seconds_per_step"] / p["span_seconds_per_step"], 1),
+    }
+    for key, name in (("0-100", "short"), ("100-1000", "mid"), ("1000-inf", "long")):
+        if key in bins:
+            out[f"{name}-ms"] = f(1e3 * bins[key]["seconds_per_step"], 2)
+            out[f"{name}-count"] = f"{bins[key]['count_per_step']:,g}"
+    return out
+
+
+def profile_classes(p: dict) -> Callable[[str], str]:
+    """The table | class | ms a step | of a profile's GPU time by class."""
+    secs = {c["class"]: c["seconds_per_step"] for c in p["classes"]}
+    return table(lambda c: c[0], {1: lambda name: f(1e3 * secs[name], 1)})
+
+
+def class_ms(p: dict, name: str, places: int = 1) -> str:
+    return f(1e3 * next(c["seconds_per_step"] for c in p["classes"] if c["class"] == name), places)
+
+
+def top_kernel(p: dict, cls: str, words: str) -> float:
+    """Seconds a step of the first top kernel of class ``cls`` whose name holds ``words``."""
+    kernels = dict(next(c for c in p["classes"] if c["class"] == cls)["top_kernels"])
+    return next(v for k, v in kernels.items() if words in k)
+
+
+def prefixed(prefix: str, figs: dict) -> dict:
+    return {f"{prefix}.{k}": v for k, v in figs.items()}
+
+
+# ---- results/engine-options-each-alone -------------------------------------------------------------------------------
+
+OPTIONS = Runs("engine-options-each-alone")
+OPTION_RUNS = (
+    "shipped",
+    "no-wgrad-accumulation-fusion",
+    "clip-host-sync",
+    "optimizer-cuda-graph",
+    "router-fusion",
+    "no-permute-fusion",
+    "overlap-grad-reduce",
+    "shipped-again",
+)
+
+
+def options_gain(run: str) -> float:
+    return OPTIONS.tps(run) / OPTIONS.base - 1
+
+
+def engine_options() -> dict:
+    o = OPTIONS
+    out = {
+        "runs": o.run_table(gain=True),
+        "base": n0(o.base),
+        "drift": pct(o.drift),
+        "twice-drift": pct(2 * o.drift),
+        "losses-agree": sci(
+            max(o.json(r)["final_loss"] for r in OPTION_RUNS) / min(o.json(r)["final_loss"] for r in OPTION_RUNS) - 1, 0
+        ),
+    }
+    for run in OPTION_RUNS[1:-1]:
+        out[f"gain.{run}"] = pct(abs(options_gain(run)))
+    out["idle-ms"] = f(1e3 * data("side-by-side/2026-12-03/profile-shipped.json")["idle_seconds_per_step"], 1)
+    return out
+
+
+# ---- results/side-by-side --------------------------------------------------------------------------------------------
+
+SITTINGS = (
+    "2026-12-02",
+    "2026-12-03",
+    "2026-12-03-clip-skip-and-gated-residual",
+    "2026-12-03-early-expert-counts-and-pre-mlp-norm",
+    "2026-12-03-te-swiglu-backward-and-first-microbatch-writes",
+    "2026-12-03-triton-adam",
+    "2026-12-04",
+)
+
+
+def bridge_run(sitting: str, i: int) -> dict:
+    """A Bridge run's result: its bridge-slice.json, or where that file did not come back from the device, the same
+    result as the run printed it, its log's last line (the side-by-side README says which)."""
+    folder = RESULTS / "side-by-side" / sitting / f"bridge{i}"
+    if (folder / "bridge-slice.json").exists():
+        return json.loads((folder / "bridge-slice.json").read_text())
+    return json.loads((folder / "bridge-iterations.log").read_text().strip().splitlines()[-1])
+
+
+def runner_runs(sitting: str) -> list[dict]:
+    return [data(f"side-by-side/{sitting}/runner{i}/results.json") for i in (1, 2, 3)]
+
+
+def sitting_summary(sitting: str) -> dict:
+    return data(f"side-by-side/{sitting}/summary.json")
+
+
+def sitting_mfu(sitting: str) -> float:
+    return statistics.median(r["mfu"] for r in runner_runs(sitting))
+
+
+#: tokens/s at 53% MFU on the slice, and the step that takes (GBS 8 x 4,096 tokens)
+def target_53(runner: dict) -> tuple[float, float]:
+    tps = 0.53 * runner["peak_tflops"] * 1e12 / runner["flops_per_token"]["training"]
+    return tps, 8 * 4096 / tps
+
+
+def side_by_side() -> dict:
+    out: dict = {}
+
+    def sitting_row(cells):
+        return first_code(cells).rstrip("/")
+
+    out["sittings"] = table(
+        sitting_row,
+        {
+            1: lambda s: n0(sitting_summary(s)["runner_median"]),
+            2: lambda s: pct(sitting_mfu(s)),
+            3: lambda s: n0(sitting_summary(s)["bridge_median"]),
+            4: lambda s: f(sitting_summary(s)["ratio_of_medians"], 3),
+            5: lambda s: f(max(r["step_time_worst_ratio"] for r in runner_runs(s)), 3),
+        },
+    )
+    for s in SITTINGS:
+
+        def run(name, s=s):
+            kind, i = name[:-1], int(name[-1])
+            return data(f"side-by-side/{s}/runner{i}/results.json") if kind == "runner" else bridge_run(s, i)
+
+        out[f"{s}.runs"] = table(
+            lambda c: c[0],
+            {
+                1: lambda n, run=run: n0(run(n)["tokens_per_s_per_gpu"]),
+                2: lambda n, run=run: pct(run(n)["mfu"]),
+                3: lambda n, run=run: f(
+                    run(n)["step_time_median_s" if n.startswith("runner") else "step_time_mean_s"], 4
+                ),
+                4: lambda n, run=run: (
+                    Whole(f"{run(n)['step_time_worst_ratio']:.3f} (step {run(n)['step_time_worst_step']})")
+                    if n.startswith("runner")
+                    else None
+                ),
+                5: lambda n, run=run: f"{run(n)['step_time_cv_percent']:.2f}%" if n.startswith("runner") else None,
+            },
+        )
+        summary = sitting_summary(s)
+        out[f"{s}.runner-median"] = n0(summary["runner_median"])
+        out[f"{s}.bridge-median"] = n0(summary["bridge_median"])
+        out[f"{s}.ratio"] = f"{summary['ratio_of_medians']:.3f}x"
+    # the second sitting's profile
+    p = data("side-by-side/2026-12-03/profile-shipped.json")
+    idle = profile_idle(p)
+    idle["short-count"] = n0(next(b for b in p["idle_by_gap_length"] if b["gap_us"] == "0-100")["count_per_step"])
+    out.update(prefixed("profile", {k: idle[k] for k in idle if k not in ("busy-pct", "long-count")}))
+    for name in (
+        "grouped expert GEMM",
+        "dense GEMM",
+        "norms and elementwise",
+        "optimizer",
+        "attention",
+        "router and permutation",
+    ):
+        out[f"profile.{name.replace(' ', '-')}"] = class_ms(p, name)
+    # the reading
+    out["worst"] = f(max(r["step_time_worst_ratio"] for s in SITTINGS for r in runner_runs(s)), 3)
+    for s in SITTINGS:
+        out[f"{s}.ahead"] = pct(sitting_summary(s)["ratio_of_medians"] - 1, 1)
+    last = runner_runs(SITTINGS[-1])
+    out["mfu"] = pct(statistics.median(r["mfu"] for r in last))
+    tps53, step53 = target_53(last[0])
+    step = statistics.median(r["step_time_median_s"] for r in last)
+    out["target-tps"] = n0(tps53)
+    out["target-step"] = f(step53, 3)
+    out["median-step"] = f(step, 4)
+    out["under-ms"] = f(1e3 * (step53 - step), 0)
+    out["under-pct"] = pct(1 - step / step53, 1)
+    sixth = runner_runs("2026-12-03-triton-adam")
+    step6 = statistics.median(r["step_time_median_s"] for r in sixth)
+    out["sixth.mfu"] = pct(statistics.median(r["mfu"] for r in sixth))
+    out["sixth.median-step"] = f(step6, 4)
+    out["sixth.over-ms"] = f(1e3 * (step6 - step53), 0)
+    out["sixth.over-pct"] = pct(step6 / step53 - 1, 1)
+    q = data("adam/profile-shipped.json")
+    gemm = sum(c["seconds_per_step"] for c in q["classes"] if c["class"] in ("grouped expert GEMM", "dense GEMM"))
+    out["adam.idle-ms"] = f(1e3 * q["idle_seconds_per_step"], 1)
+    out["adam.busy-pct"] = pct(q["busy_seconds_per_step"] / q["span_seconds_per_step"], 1)
+    out["adam.gemm-ms"] = f(1e3 * gemm, 1)
+    out["adam.busy-ms"] = f(1e3 * q["busy_seconds_per_step"], 1)
+    out["adam.adam-ms"] = f(1e3 * top_kernel(q, "optimizer", "_adam"), 2)
+    out["adam.l2norm-ms"] = f(1e3 * top_kernel(q, "optimizer", "L2NormFunctor"), 2)
+    te = data("te-swiglu-backward-and-first-microbatch-writes/profile-shipped.json")
+    out["te.adam-ms"] = f(1e3 * top_kernel(te, "optimizer", "AdamFunctorMaster"), 2)
+    out["clip-profile.idle-ms"] = f(
+        1e3 * data("clip-skip-and-gated-residual/profile-shipped.json")["idle_seconds_per_step"], 1
+    )
+    return out
+
+
+# ---- results/clip-skip-and-gated-residual and results/expert-gemm ---------------------------------------------------
+
+CLIP = Runs("clip-skip-and-gated-residual")
+CLIP_RUNS = ("shipped", "te-clip-scale", "shipped-again", "before", "shipped-third")
+
+
+def clip_skip() -> dict:
+    c = CLIP
+    skip = c.base / c.tps("te-clip-scale") - 1
+    losses = [c.json(r)["final_loss"] for r in CLIP_RUNS]
+    spread = max(losses) / min(losses) - 1
+    early = [s["grad_norm"] for s in c.json("shipped")["steps"][:4]]
+    k = data("clip-skip-and-gated-residual/clip-scale.json")
+    p = data("clip-skip-and-gated-residual/profile-shipped.json")
+    morning = data("side-by-side/2026-12-03/profile-shipped.json")
+    idle = profile_idle(p)
+    out = {
+        "runs": c.run_table(),
+        "skip": spct(skip),
+        "base": n0(c.base),
+        "drift": pct(c.drift),
+        "against": spct(c.tps("te-clip-scale") / c.base - 1),
+        "twice-drift": pct(2 * c.drift),
+        "both": spct(c.tps("shipped-third") / c.tps("before") - 1),
+        "elementwise-ms": class_ms(p, "norms and elementwise"),
+        "morning.elementwise-ms": class_ms(morning, "norms and elementwise"),
+        "morning.idle-ms": f(1e3 * morning["idle_seconds_per_step"], 1),
+        "later": pct(1 - c.tps("shipped-third") / c.tps("shipped-again")),
+        "losses-agree": sci(spread, 0),
+        "losses-spread": f"{spread:.1e}",
+        "worst-grad-norm": f(c.worst_grad_norm(CLIP_RUNS), 3),
+        "early-norms": f"{early[0]:.2f}-{early[-1]:.2f}",
+        "elements": n0(k["elements"]),
+        "views": str(k["views"]),
+        "spans": str(k["spans"]),
+        "kernel": table(
+            lambda cells: cells[0].split()[0],
+            {
+                1: lambda coeff: Whole(
+                    f"{k[f'te_coeff_{coeff}_ms']:.2f} ms"
+                    + ("" if coeff == "1" else f" ({k[f'te_coeff_{coeff}_TBps']:.2f} TB/s)")
+                ),
+                2: lambda coeff: Whole(
+                    f"{k[f'ours_coeff_{coeff}_ms']:.2f} ms"
+                    + ("" if coeff == "1" else f" ({k[f'ours_coeff_{coeff}_TBps']:.2f} TB/s)")
+                ),
+            },
+        ),
+        "ours-1-ms": f(k["ours_coeff_1_ms"], 2),
+        "bitwise": "yes" if k["bitwise_equal_to_te"] else "no",
+        "classes": profile_classes(p),
+        "optimizer-ms": class_ms(p, "optimizer"),
+        "adam-ms": f(1e3 * top_kernel(p, "optimizer", "AdamFunctorMaster"), 2),
+        "l2norm-ms": f(1e3 * top_kernel(p, "optimizer", "L2NormFunctor"), 2),
+    }
+    out.update(prefixed("profile", {k2: v for k2, v in idle.items() if k2 != "busy-pct"}))
+    return out
+
+
+def expert_gemm() -> dict:
+    d = data("expert-gemm/expert-gemm.json")
+    by = {(r["gemm"], r["split"]): r for r in d["rows"]}
+    cell = lambda way: lambda key: Whole(
+        f"{1e3 * by[key][f'{way}_s']:.2f} ms, {by[key][f'{way}_tflops']:.0f} TFLOP/s"
+    )  # noqa: E731
+    slower = [r["grouped_mm_s"] / r["te_s"] - 1 for r in d["rows"]]
+    p = data("clip-skip-and-gated-residual/profile-shipped.json")
+    grouped = next(c["seconds_per_step"] for c in p["classes"] if c["class"] == "grouped expert GEMM")
+    step = {s: 4 * (by[("fc1", s)]["te_s"] + by[("fc2", s)]["te_s"]) for s in ("even", "uneven")}
+    return {
+        "rows": table(lambda c: (c[0], c[1]), {2: cell("te"), 3: cell("loop"), 4: cell("grouped_mm")}),
+        "grouped-mm-slower": f"{100 * min(slower):.0f}-{100 * max(slower):.0f}%",
+        "even-ms": f(1e3 * step["even"], 1),
+        "uneven-ms": f(1e3 * step["uneven"], 1),
+        "in-step-ms": f(1e3 * grouped, 1),
+        "above": f"{100 * (grouped / step['uneven'] - 1):.0f}-{100 * (grouped / step['even'] - 1):.0f}%",
+        "elementwise-ms": class_ms(p, "norms and elementwise"),
+        "optimizer-ms": class_ms(p, "optimizer"),
+        "idle-ms": f(1e3 * p["idle_seconds_per_step"], 1),
+    }
+
+
+# ---- results/early-expert-counts-and-pre-mlp-norm and results/te-swiglu-backward-and-first-microbatch-writes ---------
+
+
+def both_kept(r: Runs, runs: tuple[str, ...]) -> dict:
+    """The standard attribution of two changes kept together against ``before`` (both off): the gain, the baseline,
+    its drift and twice it; the final losses' spread; the largest window gradient norm."""
+    losses = [r.json(run)["final_loss"] for run in runs]
+    spread = max(losses) / min(losses) - 1
+    return {
+        "both": spct(r.base / r.tps("before") - 1),
+        "base": n0(r.base),
+        "drift": pct(r.drift),
+        "twice-drift": pct(2 * r.drift),
+        "losses-agree": sci(spread, 0),
+        "losses-spread": f"{spread:.1e}",
+        "worst-grad-norm": f(r.worst_grad_norm(runs), 3),
+        "runs": r.run_table(),
+    }
+
+
+EARLY = Runs("early-expert-counts-and-pre-mlp-norm")
+EARLY_RUNS = ("shipped", "before", "late-counts", "separate-pre-mlp-norm", "shipped-again")
+
+
+def early_counts() -> dict:
+    e = EARLY
+    out = both_kept(e, EARLY_RUNS)
+    out["counts"] = spct(e.base / e.tps("late-counts") - 1)
+    out["norm"] = spct(e.base / e.tps("separate-pre-mlp-norm") - 1)
+    p = data("early-expert-counts-and-pre-mlp-norm/profile-shipped.json")
+    before = data("clip-skip-and-gated-residual/profile-shipped.json")
+    out.update(prefixed("profile", profile_idle(p)))
+    out.update(
+        prefixed(
+            "before",
+            {k: v for k, v in profile_idle(before).items() if k in ("idle-ms", "idle-pct", "long-ms", "long-count")},
+        )
+    )
+    blocked = p["idle_after_blocking_calls"]
+    out["blocked-count"] = f"{blocked['count_per_step']:g}"
+    out["blocked-ms"] = f(1e3 * blocked["seconds_per_step"], 2)
+    drains = {f"{d['seconds']:.2f}" for d in (g["drained_by"] for g in p["longest_gaps"]) if d}
+    if len(drains) != 1:
+        raise ValueError(f"the profile's blocking waits differ ({sorted(drains)}): say each in the README")
+    out["waited-s"] = drains.pop()
+    gl = [g["seconds"] for g in p["longest_gaps"] if "_GroupedLinear" in g["operators"] and g["seconds"] > 5e-4]
+    out["grouped-linear-gaps"] = f"{1e3 * min(g for g in gl if g > 8e-4):.1f}-{1e3 * max(gl):.1f}"
+    out["classes"] = profile_classes(p)
+    return out
+
+
+TE_SWIGLU = Runs("te-swiglu-backward-and-first-microbatch-writes")
+TE_SWIGLU_RUNS = ("shipped", "before", "mcore-swiglu", "whole-buffer", "shipped-again", "candidate-multi-kernel")
+
+
+def site_ms(c: dict, words: str) -> float:
+    """Seconds a step of a profile class's top sites whose kernel or operators hold ``words``."""
+    return sum(s["seconds_per_step"] for s in c["top_sites"] if words in s["kernel"] + s["operators"])
+
+
+def te_swiglu() -> dict:
+    r = TE_SWIGLU
+    out = both_kept(r, TE_SWIGLU_RUNS)
+    out["swiglu"] = spct(r.tps("whole-buffer") / r.tps("before") - 1)
+    out["writes"] = spct(r.base / r.tps("whole-buffer") - 1)
+    out["candidate"] = pct(-(r.base / r.tps("candidate-multi-kernel") - 1))
+    steps = [s["step_time_s"] for s in r.json("mcore-swiglu")["steps"]]
+    worst = max(steps[8:])
+    out["stall-s"] = f(worst, 3)
+    out["stall-step"] = str(steps.index(worst) + 1)
+    out["stall-ratio"] = f(worst / r.median("mcore-swiglu"), 2)
+    shipped = (r.median("shipped") + r.median("shipped-again")) / 2
+    out["mcore-median"] = f(r.median("mcore-swiglu"), 4)
+    out["shipped-median"] = f(shipped, 4)
+    out["mcore-median-gain"] = spct(r.median("mcore-swiglu") / shipped - 1)
+    elements = re.search(r"\(([\d,]+) of ([\d,]+) elements\)", r.json("shipped")["levers"]["grad_buffer_zeroing"])
+    out["written-elements"], out["buffer-elements"] = elements.group(1), elements.group(2)
+    k = data("te-swiglu-backward-and-first-microbatch-writes/kernels.json")
+    sw = k["swiglu"]
+    mc, te = sw["megatron-core bias_swiglu_impl (compiled)"], sw["transformer_engine ops.SwiGLU"]
+    mine = sw["the engine's: megatron-core's forward, TE's dswiglu backward"]
+    out.update(
+        {
+            "mc.backward-ms": f(mc["backward_ms"], 2),
+            "te.backward-ms": f(te["backward_ms"], 2),
+            "te.backward-gbps": n0(te["backward_gb_per_s"]),
+            "mc.forward-ms": f(mc["forward"]["median_ms"], 2),
+            "te.forward-ms": f(te["forward"]["median_ms"], 2),
+        }
+    )
+    norm = k["post_expert_norm"]
+    default, forced, multi = (
+        norm["inductor default"],
+        norm["mix-order reduction forced (non-strict)"]["backward"],
+        norm["multi-kernel"],
+    )
+    out.update(
+        {
+            "multi.forward-ms": f(multi["forward"]["median_ms"], 2),
+            "default.forward-ms": f(default["forward"]["median_ms"], 2),
+            "multi.backward-ms": f(multi["backward"]["median_ms"], 2),
+            "default.backward-ms": f(default["backward"]["median_ms"], 2),
+        }
+    )
+    adam = k["adam"]
+    first = adam[f"chunk {adam['default_chunk_size']}"]
+    larger = [adam[f"chunk {c * adam['default_chunk_size']}"]["median_ms"] for c in (4, 16)]
+    zero = k["zero_grad_buffer"]
+    mine_kernels = list(mine["forward_and_backward"]["kernels_ms"].values())[:2]
+    dk = list(default["backward"]["kernels_ms"].values())
+    rows = {
+        "megatron-core's SwiGLU, forward + backward": (
+            mc["forward_and_backward"]["median_ms"],
+            f"backward {mc['backward_ms']:.2f} ms",
+        ),
+        "TE's `ops.SwiGLU`, forward + backward": (
+            te["forward_and_backward"]["median_ms"],
+            f"forward {te['forward']['median_ms']:.2f} ms, backward {te['backward_ms']:.2f} ms",
+        ),
+        "the engine's: megatron-core's forward, TE's backward": (
+            mine["forward_and_backward"]["median_ms"],
+            f"its kernels: {min(mine_kernels):.2f} + {max(mine_kernels):.2f} ms",
+        ),
+        "the post-expert norm's backward, as compiled": (
+            default["backward"]["median_ms"],
+            f"two kernels: the row pass ({dk[0]:.2f} ms) and the weight's column sum ({dk[1]:.2f} ms), which reads the input again",
+        ),
+        "the same with Inductor's mix-order reduction forced": (forced["median_ms"], None),
+        f"TE's multi-tensor Adam (fp32 master), {adam['parameters'] / 1e9:.2f} B parameters": (
+            first["median_ms"],
+            f"{first['gb_per_s']:,.0f} GB/s; {first['slice_ms_at_this_rate']:.1f} ms at the slice's 4.33 B; larger chunks are "
+            f"slower ({larger[0]:.2f}, {larger[1]:.2f} ms)",
+        ),
+        "zeroing 4.33 B fp32": (zero["median_ms"], f"{zero['gb_per_s']:,.0f} GB/s"),
+    }
+    out["kernels"] = table(
+        lambda c: c[0],
+        {1: lambda key: f(rows[key][0], 2), 2: lambda key: None if rows[key][1] is None else Whole(rows[key][1])},
+    )
+    p = data("te-swiglu-backward-and-first-microbatch-writes/profile-shipped.json")
+    before = data("early-expert-counts-and-pre-mlp-norm/profile-shipped.json")
+    idle = profile_idle(p)
+    out.update(prefixed("profile", {k2: idle[k2] for k2 in ("span", "busy", "idle-ms", "idle-pct")}))
+    out["classes"] = profile_classes(p)
+    ew = next(c for c in p["classes"] if c["class"] == "norms and elementwise")
+    ew_old = next(c for c in before["classes"] if c["class"] == "norms and elementwise")
+    out["ew-ms"], out["ew-old-ms"] = f(1e3 * ew["seconds_per_step"], 1), f(1e3 * ew_old["seconds_per_step"], 1)
+    out["dgated-ms"] = f(1e3 * site_ms(ew, "dgated_act_kernel"), 2)
+    out["mcore-dswiglu-ms"] = f(1e3 * site_ms(ew_old, "triton_poi_fused_add_cat_mul_rsub_sigmoid_silu_split"), 2)
+    out["zero-old-ms"] = f(1e3 * site_ms(ew_old, "aten::zero_"), 2)
+    gemm = lambda q: sum(c["seconds_per_step"] for c in q["classes"] if "GEMM" in c["class"])  # noqa: E731
+    out["gemm-ms"], out["gemm-old-ms"] = f(1e3 * gemm(p), 1), f(1e3 * gemm(before), 1)
+    out["norm-bwd-ms"] = f(1e3 * site_ms(ew, "CompiledFunctionBackward[[131072,4096]]"), 1)
+    return out
+
+
+# ---- results/det, ckpt-save, export-roundtrip, peft-lora-slice --------------------------------------------------------
+
+
+def first_loss(run: str) -> float:
+    return lines(f"{run}/metrics.jsonl")[0]["loss"]
+
+
+def det() -> dict:
+    runs = {"deterministic a": "det-a", "deterministic b": "det-b", "default": "default-a"}
+    proxy = {name: data(f"det/proxy-1gpu-{run}/results.json") for name, run in runs.items()}
+    diff = data("det/proxy-1gpu-default-vs-det.json")["bitwise"]["first_difference"]
+    slower = [
+        1 - proxy[n]["tokens_per_s_per_gpu"] / proxy["default"]["tokens_per_s_per_gpu"]
+        for n in ("deterministic a", "deterministic b")
+    ]
+    old = {r: data(f"det/before-seed-fix/proxy-1gpu-{r}/results.json") for r in ("det-a", "det-b", "default-a")}
+    old_slice = {r: data(f"det/before-seed-fix/slice-1gpu-{r}/results.json") for r in ("det-a", "det-b")}
+    sl = {r: data(f"det/slice-1gpu-{r}/results.json") for r in ("det-a", "det-b", "default-a")}
+    slice_slower = sorted(
+        1 - sl[r]["tokens_per_s_per_gpu"] / sl["default-a"]["tokens_per_s_per_gpu"] for r in ("det-a", "det-b")
+    )
+    return {
+        "proxy": table(
+            lambda c: c[0],
+            {
+                1: lambda n: n0(proxy[n]["tokens_per_s_per_gpu"]),
+                2: lambda n: repr(first_loss(f"det/proxy-1gpu-{runs[n]}")),
+                3: lambda n: (
+                    Whole(
+                        f"grad norm differs from step {diff['step']} ({diff['golden']:.7f} vs {diff['candidate']:.7f})"
+                    )
+                    if n == "default"
+                    else None
+                ),
+            },
+        ),
+        "proxy-cost": f"{100 * min(slower):.0f}-{100 * max(slower):.0f}%",
+        "old.loss-a": f(first_loss("det/before-seed-fix/proxy-1gpu-det-a"), 6),
+        "old.loss-b": f(first_loss("det/before-seed-fix/proxy-1gpu-det-b"), 6),
+        "old.tps-a": n0(old["det-a"]["tokens_per_s_per_gpu"]),
+        "old.tps-b": n0(old["det-b"]["tokens_per_s_per_gpu"]),
+        "old.tps-default": n0(old["default-a"]["tokens_per_s_per_gpu"]),
+        "old-slice.loss-a": f(first_loss("det/before-seed-fix/slice-1gpu-det-a"), 6),
+        "old-slice.loss-b": f(first_loss("det/before-seed-fix/slice-1gpu-det-b"), 6),
+        "old-slice.tps-a": n0(old_slice["det-a"]["tokens_per_s_per_gpu"]),
+        "old-slice.tps-b": n0(old_slice["det-b"]["tokens_per_s_per_gpu"]),
+        "old-slice.mfu-a": pct(old_slice["det-a"]["mfu"], 1),
+        "old-slice.mfu-b": pct(old_slice["det-b"]["mfu"], 1),
+        "old-slice.peak": f(old_slice["det-a"]["peak_memory_gib"], 2),
+        "slice.tps-a": n0(sl["det-a"]["tokens_per_s_per_gpu"]),
+        "slice.tps-b": n0(sl["det-b"]["tokens_per_s_per_gpu"]),
+        "slice.tps-default": n0(sl["default-a"]["tokens_per_s_per_gpu"]),
+        "slice-cost": f"{100 * slice_slower[0]:.1f}-{100 * slice_slower[1]:.1f}%",
+        "slice.peak": f(sl["det-a"]["peak_memory_gib"], 2),
+        "slice.peak-default": f(sl["default-a"]["peak_memory_gib"], 2),
+    }
+
+
+def ckpt_save() -> dict:
+    d = data("ckpt-save/ckpt-save.json")
+    base, s, a = d["baseline_step_s"], d["sync"], d["async"]
+    rows = {
+        "synchronous": {
+            1: f(s["blocking_s"], 1),
+            2: f(s["complete_s"], 1),
+            3: None,
+            4: Whole(f"{s['step_time_cost_s']:.1f} s ({s['step_time_cost_s'] / base:.0f} steps)"),
+        },
+        "asynchronous": {
+            1: f(a["blocking_s"], 2),
+            2: Whole(f"{a['complete_s']:.1f} s ({a['steps_during_write']} steps later)"),
+            3: Whole(
+                f"+{1e3 * a['mean_excess_during_write_s']:.1f} ms per step "
+                f"(+{100 * a['mean_excess_during_write_s'] / base:.1f}%)"
+            ),
+            4: Whole(f"{a['step_time_cost_s']:.2f} s ({a['step_time_cost_s'] / base:.1f} steps)"),
+        },
+    }
+    every = 500 * base  # training time between two saves every 500 steps
+    return {
+        "saves": table(lambda c: c[0], {i: (lambda i: lambda k: rows[k][i])(i) for i in (1, 2, 3, 4)}),
+        "baseline": f(base, 3),
+        "bytes-gb": f(s["bytes"] / 1e9, 1),
+        "bytes-gib": f(s["bytes"] / 2**30, 1),
+        "async-blocking": f(a["blocking_s"], 1),
+        "async-slower": pct(a["mean_excess_during_write_s"] / base, 1),
+        "sync-rate": f(s["bytes"] / s["complete_s"] / 1e9, 2),
+        "async-cost": f(a["step_time_cost_s"], 1),
+        "less": f"{s['step_time_cost_s'] / a['step_time_cost_s']:.0f}x",
+        "peak": f(d["peak_memory_gib"], 2),
+        "staged-gib": f(s["bytes"] / 2**30, 0),
+        "sync-every-500": pct(s["step_time_cost_s"] / every, 0),
+        "async-every-500": pct(a["step_time_cost_s"] / every, 1),
+    }
+
+
+def export_roundtrip() -> dict:
+    d = data("export-roundtrip/export-roundtrip.json")
+    return {
+        "tensors": str(d["tensors_bitwise_equal"]),
+        "engine-rms": f(d["logits_rel_rms_engine_bf16_vs_reference_fp32"], 3),
+        "reference-rms": f(d["logits_rel_rms_reference_bf16_vs_fp32"], 3),
+    }
+
+
+def peft_slice() -> dict:
+    def r(name):
+        return data(f"peft-lora-slice/{name}")
+
+    full = data("peft-lora-slice/full/results.json")
+    return {
+        "table": table(
+            first_code,
+            {
+                1: lambda n: n0(r(n)["tokens_per_s_per_gpu"]),
+                2: lambda n: f(r(n)["step_time_mean_s"], 3),
+                3: lambda n: pct(r(n)["mfu"], 1),
+                4: lambda n: f(r(n)["peak_memory_gib"], 2),
+                5: lambda n: f(r(n)["device_memory"]["device_used_gib"], 2),
+            },
+        ),
+        "adapter-gflop": f(r("slice-lora64.json")["flops_per_token"] / 1e9, 2),
+        "full-gflop": f(r("slice-full.json")["flops_per_token"] / 1e9, 2),
+        "run.first-loss": f(full["first_loss"], 3),
+        "run.final-loss": f(full["final_loss"], 3),
+        "run.tps": n0(full["tokens_per_s_per_gpu"]),
+    }
+
+
+def parity() -> dict:
+    d = data("parity/parity-strict.json")
+    eng = d["fp32"]["engine"]
+    lg = eng["logits"]
+    ratios = d["bf16"]["ratios"]
+    return {
+        "strict": table(
+            lambda c: c[0],
+            {
+                1: lambda k: f"{lg['distance_vs_fp64']:.2e}" if k.startswith("logits") else None,
+                2: lambda k: f"{lg['limit']:.2e}" if k.startswith("logits") else None,
+                3: lambda k: (
+                    f(lg["ratio"], 2)
+                    if k.startswith("logits")
+                    else f(eng["gradients_max_ratio"], 2) if k.endswith("gradients (worst)") else None
+                ),
+                0: lambda k: (
+                    Whole(f"{len(eng['gradients'])} gradients (worst)") if k.endswith("gradients (worst)") else None
+                ),
+            },
+        ),
+        "bf16.logits": f"{ratios['logits']:.2f}x",
+        "bf16.per-token": f"{ratios['per_token_loss']:.2f}x",
+        "bf16.loss": f"{ratios['loss']:.2f}x",
+        "bf16.factor": f"{d['bf16']['factor']:g}x",
+    }
+
+
+# ---- results/archive/slice-1gpu-mbs4-allgather and -precision-aware -------------------------------------------------
+
+
+def tps_of(rel: str) -> float:
+    return data(rel)["tokens_per_s_per_gpu"]
+
+
+def gain(a: str, b: str) -> str:
+    """+3.5%: the first file's tokens/s against the second's."""
+    return spct(tps_of(a) / tps_of(b) - 1, 1)
+
+
+def file_table(gains: dict, first_cells: dict | None = None) -> Callable[[str], str]:
+    """The slice tables: | step | `file` | tokens/s | MFU | step s | peak GiB | gain |, each row's figures from its
+    file; ``gains``: file -> the gain cell's figure (or a Whole), ``first_cells``: file -> a Whole step cell."""
+
+    def key(cells):
+        return first_code(cells[1:])
+
+    cols = {
+        2: lambda rel: n0(tps_of(rel)),
+        3: lambda rel: pct(data(rel)["mfu"]),
+        4: lambda rel: f(data(rel)["step_time_mean_s"], 3),
+        5: lambda rel: f(data(rel)["peak_memory_gib"], 2),
+        6: lambda rel: gains.get(rel),
+        0: lambda rel: (first_cells or {}).get(rel),
+    }
+    return table(key, cols)
+
+
+def memory_in_use(rel: str) -> str:
+    mem = data(rel)["device_memory"]
+    return f"{mem['device_used_gib']:.1f} of {mem['device_total_gib']:.1f}"
+
+
+def compare_check(rel: str, name: str) -> float:
+    return next(c["value"] for c in data(rel)["convergence"]["checks"] if c["name"] == name)
+
+
+def remeasured(into: str) -> dict:
+    out = {}
+    for name in ("proxy-1gpu", "packed-1gpu"):
+        now, before = data(f"{into}/{name}/results.json"), data(f"{name}/results.json")
+        out[f"{name}.tps"] = n0(now["tokens_per_s_per_gpu"])
+        out[f"{name}.committed"] = n0(before["tokens_per_s_per_gpu"])
+        out[f"{name}.change"] = spct(now["tokens_per_s_per_gpu"] / before["tokens_per_s_per_gpu"] - 1, 1)
+        out[f"{name}.cv"] = f"{now['step_time_cv_percent']:.1f}%"
+        out[f"{name}.committed-cv"] = f"{before['step_time_cv_percent']:.1f}%"
+    return out
+
+
+C = "slice-1gpu-candidate-settings"
+ALLGATHER = "archive/slice-1gpu-mbs4-allgather/results.json"
+PRECISION = "archive/slice-1gpu-mbs4-precision-aware/results.json"
+
+
+def allgather() -> dict:
+    base = f"{C}/lever-base.json"
+    mbs4 = f"{C}/lever-mbs4.json"
+    ours, peer = data(ALLGATHER), data("bridge/bridge-slice.json")
+    gains = {
+        base: gain(base, "peft-lora-slice/slice-full.json"),
+        ALLGATHER: gain(ALLGATHER, f"{C}/lever-mbs4-allgather.json"),
+        "bridge/bridge-slice.json": Whole(f"ours {ours['tokens_per_s_per_gpu'] / peer['tokens_per_s_per_gpu']:.3f}x"),
+    }
+    for name in ("mbs2", "mbs4", "mbs8"):
+        gains[f"{C}/lever-{name}.json"] = gain(f"{C}/lever-{name}.json", base)
+    for name in ("mbs4-cutlass", "mbs4-connections8", "mbs4-allgather"):
+        gains[f"{C}/lever-{name}.json"] = gain(f"{C}/lever-{name}.json", mbs4)
+    mem = data(f"{C}/lever-mbs8.json")["device_memory"]
+    log = (RESULTS / C / "cutlass-fallback.log").read_text().splitlines()
+    fallbacks = next(int(line.split()[0]) for line in log if "Fallback to cuBLAS" in line)
+    strict = data("parity/parity-tp1-loss-chain.json")
+    compare = "archive/slice-1gpu-mbs4-allgather/compare-vs-slice-1gpu.json"
+    ratio = ours["tokens_per_s_per_gpu"] / peer["tokens_per_s_per_gpu"]
+    out = {
+        "table": file_table(
+            gains,
+            {f"{C}/lever-mbs8.json": Whole(f"MBS 8, not shipped: {memory_in_use(f'{C}/lever-mbs8.json')} GiB in use")},
+        ),
+        "fallbacks": str(fallbacks),
+        "runner-mbs1": n0(tps_of("slice-1gpu-mbs1-compiled/results.json")),
+        "engine-steps-mbs1": n0(tps_of("peft-lora-slice/slice-full.json")),
+        "mbs8-free": f(mem["device_total_gib"] - mem["device_used_gib"], 1),
+        "loss-curve-r": f(compare_check(compare, "correlation"), 6),
+        "final-loss": f(ours["final_loss"], 5),
+        "parity-rel": sci(strict["rel_diff_vs_fp32"], 1),
+        "parity-steps": sci(round(strict["max_step_loss_rel_diff"], 5), 2),
+        "mfu": pct(ours["mfu"]),
+        "short": pct(1 - ours["mfu"] / 0.50, 1),
+        "shipped-mfu": pct(data(PRECISION)["mfu"]),
+        "peer.tps": n0(peer["tokens_per_s_per_gpu"]),
+        "peer.mfu": pct(peer["mfu"]),
+        "peer.peak": f(peer["peak_memory_gib"], 2),
+        "ours.tps": n0(ours["tokens_per_s_per_gpu"]),
+        "ours.peak": f(ours["peak_memory_gib"], 2),
+        "ratio": f"{ratio:.3f}x",
+        "bridge-flops": f(peer["bridge_own_flops_per_token"] / 1e9, 3),
+        "our-flops": f(peer["flops_per_token"] / 1e9, 3),
+        "bridge-flops-fewer": pct(1 - peer["bridge_own_flops_per_token"] / peer["flops_per_token"]),
+    }
+    out.update(prefixed("remeasured", remeasured("remeasure")))
+    return out
+
+
+def precision_aware() -> dict:
+    lev = f"{C}/lever3-"
+    base, swiglu = f"{lev}base.json", f"{lev}swiglu.json"
+    run1 = "archive/slice-1gpu-mbs4-precision-aware/run1"
+    gains = {
+        swiglu: gain(swiglu, base),
+        f"{lev}precision-aware.json": gain(f"{lev}precision-aware.json", swiglu),
+        f"{lev}mbs8.json": gain(f"{lev}mbs8.json", swiglu),
+        f"{lev}precision-aware-fp32.json": gain(f"{lev}precision-aware-fp32.json", swiglu),
+        PRECISION: gain(PRECISION, base),
+    }
+    steps = [r for r in lines(f"{run1}/metrics.jsonl") if "step_time_s" in r]
+    slow = max(steps[1:], key=lambda r: r["step_time_s"])
+    rest = [r["step_time_s"] for r in steps[1:] if r["step"] != slow["step"]]
+    first = data(f"{run1}/results.json")
+    shipped, rerun = data(PRECISION), data("det/slice-1gpu-default-a/results.json")
+    strict = data("parity/parity-tp1-shipped.json")
+    compare = "archive/slice-1gpu-mbs4-precision-aware/compare-vs-slice-1gpu-mbs4.json"
+    sizes = {
+        n: int((RESULTS / "resume-1gpu-precision-aware" / f"{n}-sizes.txt").read_text().split()[0])
+        for n in ("resume1", "fp32-master", "resumeadam")
+    }
+    prof = data("slice-1gpu-mbs1-compiled/profile-shipped.json")
+    secs = {c["class"]: c["seconds_per_step"] for c in prof["classes"]}
+
+    def lists(
+        n: int,
+    ) -> str:  # multi_tensor_apply over n lists: 5 = FusedAdam's update, 2 = the clip's scale, 1 = the norm
+        return f(
+            1e3
+            * sum(
+                s["seconds_per_step"]
+                for c in prof["classes"]
+                if c["class"] == "optimizer"
+                for s in c["top_sites"]
+                if f"TensorListMetadata<{n}," in s["kernel"]
+            ),
+            1,
+        )
+
+    d = {r: data(f"det/slice-1gpu-{r}/results.json")["tokens_per_s_per_gpu"] for r in ("det-a", "det-b", "default-a")}
+    slower = sorted(1 - d[r] / d["default-a"] for r in ("det-a", "det-b"))
+    out = {
+        "table": file_table(
+            gains,
+            {f"{lev}mbs8.json": Whole(f"that at MBS 8, not shipped: {memory_in_use(f'{lev}mbs8.json')} GiB in use")},
+        ),
+        "step1-loss": f(round(data(base)["steps"][0]["loss"], 5), 5),
+        "remainders-save": f(
+            data(swiglu)["peak_memory_gib"] - data(f"{lev}precision-aware.json")["peak_memory_gib"], 2
+        ),
+        "mbs8-in-use": memory_in_use(f"{lev}mbs8.json"),
+        "mbs8-mfu": pct(data(f"{lev}mbs8.json")["mfu"]),
+        "mbs8-peak": f(data(f"{lev}mbs8.json")["peak_memory_gib"], 2),
+        "runner-tps": n0(shipped["tokens_per_s_per_gpu"]),
+        "engine-steps-tps": n0(tps_of(f"{lev}precision-aware-fp32.json")),
+        "slow-s": f(slow["step_time_s"], 3),
+        "slow-step": str(slow["step"]),
+        "other-steps": f"{min(rest):.3f}-{max(rest):.3f}",
+        "first-mean": f(first["step_time_mean_s"], 3),
+        "first-mfu": pct(first["mfu"]),
+        "shipped-mfu": pct(shipped["mfu"]),
+        "rerun-mfu": pct(rerun["mfu"]),
+        "loss-curve-r": f(compare_check(compare, "correlation"), 10),
+        "parity-rel": sci(strict["rel_diff_vs_fp32"], 2),
+        "parity-steps": sci(strict["max_step_loss_rel_diff"], 2),
+        "det.tps-a": n0(d["det-a"]),
+        "det.tps-b": n0(d["det-b"]),
+        "det.cost": f"{100 * slower[0]:.1f}-{100 * slower[1]:.1f}%",
+        "resume1-gb": f(sizes["resume1"] / 1e9, 2),
+        "fp32-master-gb": f(sizes["fp32-master"] / 1e9, 2),
+        "resumeadam-gb": f(sizes["resumeadam"] / 1e9, 2),
+        "resumeadam-r": f(compare_check("resume-1gpu-precision-aware/resumeadam-compare.json", "correlation"), 7),
+        "resumeadam-final": sci(compare_check("resume-1gpu-precision-aware/resumeadam-compare.json", "final loss"), 1),
+        "profile.step": f(prof["wall_seconds_per_step_profiled"], 3),
+        "profile.grouped": f(secs["grouped expert GEMM"], 3),
+        "profile.dense": f(secs["dense GEMM"], 3),
+        "profile.elementwise": f(secs["norms and elementwise"], 3),
+        "profile.optimizer": f(secs["optimizer"], 3),
+        "profile.adam": lists(5),
+        "profile.clip-scale": lists(2),
+        "profile.grad-norm": lists(1),
+        "profile.attention": f(secs["attention"], 3),
+        "profile.routing": f(secs["router and permutation"], 3),
+        "profile.idle": f(prof["idle_seconds_per_step"], 3),
+        "peer.tps": n0(tps_of("bridge/bridge-slice.json")),
+        "vs-bridge": f"{shipped['tokens_per_s_per_gpu'] / tps_of('bridge/bridge-slice.json'):.3f}x",
+        "vs-bridge-then": f"{tps_of(ALLGATHER) / tps_of('bridge/bridge-slice.json'):.3f}x",
+    }
+    again = remeasured("remeasure/eager-restored")
+    out.update(
+        prefixed(
+            "remeasured",
+            {
+                k: v
+                for k, v in again.items()
+                if not k.startswith("proxy-1gpu.") or k.endswith((".tps", ".committed", ".change"))
+            },
+        )
+    )
+    return out
+
+
+def profile_md() -> dict:
+    """slice-1gpu-mbs1-compiled/profile.md: each profile's GPU time by class and its share of the kernel time."""
+    out = {}
+    for name in ("profile", "profile-mbs4", "profile-shipped"):
+        p = data(f"slice-1gpu-mbs1-compiled/{name}.json")
+        secs = {c["class"]: c["seconds_per_step"] for c in p["classes"]}
+        total = sum(secs.values())
+        out[name] = table(
+            lambda c: c[0],
+            {1: lambda k, secs=secs: f(secs[k], 3), 2: lambda k, secs=secs, total=total: pct(secs[k] / total, 1)},
+        )
+    return out
+
+
+# ---- the project README and docs/gpu-engine.md -----------------------------------------------------------------------
+
+
+def project_readme() -> dict:
+    manual = [data(f"gc-steady/manual{i}/results.json") for i in (1, 2, 3)]
+    out = {
+        "shipped-mfu": pct(statistics.median(r["mfu"] for r in manual)),
+        "shipped-worst": f(max(r["step_time_worst_ratio"] for r in manual), 3),
+        "fp8-mfu": pct(data("fp8-slice/fp8-alltoall/results.json")["mfu"]),
+    }
+    for i, s in enumerate(SITTINGS):
+        out[f"sitting{i + 1}.ratio"] = f"{sitting_summary(s)['ratio_of_medians']:.3f}x"
+        if i >= 2:
+            out[f"sitting{i + 1}.mfu"] = pct(sitting_mfu(s))
+    return out
+
+
+#: docs/gpu-engine.md's GPU table: each row's layout words -> the run it shows
+GPU_ENGINE_ROWS = {
+    "MBS 1": "proxy-1gpu",
+    "EP 2, DP 2, distributed optimizer": "proxy-2gpu",
+    "EP 2, `fusions.compile_elementwise=true`": "proxy-2gpu-compiled",
+    "PP 2 (1 + 3 layers), 8 micro-batches": "pp2",
+    "CP 2 (a2a)": "cp2",
+    "ETP 2, EP 1, dense DP 2": "etp2",
+    "packed rows (THD), 1,024-token rows of ~30-token chats": "packed-1gpu",
+    "packed rows (THD), CP 2 (a2a), EP 1": "packed-cp2",
+    "the recipe as shipped, with the collector by hand (`training.gc`): the median of three runs in one sitting "
+    "(`gc-steady/manual1`)": "gc-steady/manual1",
+    "the same with `precision: fp8` (tensorwise, hybrid) and the alltoall dispatcher (`fp8-slice/fp8-alltoall`)": "fp8-slice/fp8-alltoall",
+    "the recipe as shipped: MBS 4, allgather, chains compiled, precision-aware optimizer, an earlier lease": "archive/slice-1gpu-mbs4-precision-aware",
+    "MBS 4, allgather dispatcher (chains compiled; before the precision-aware optimizer), a later lease": "archive/slice-1gpu-mbs4-allgather",
+    "MBS 1, alltoall (the recipe before MBS 4; the engine before its last chains)": "slice-1gpu-mbs1-compiled",
+    "MBS 2 (compiled)": "slice-1gpu-mbs2-compiled",
+    "MBS 1, `fusions.compile_elementwise=false`": "slice-1gpu-mbs1-eager",
+    "MBS 2, `fusions.compile_elementwise=false`": "slice-1gpu-mbs2-eager",
+}
+
+
+def single_step(results: dict) -> bool:
+    """A window of one step has no step-time spread to state."""
+    window = results.get("window") or [0, 0]
+    return window[1] <= window[0]
+
+
+def run_columns(first: int, step: bool = False) -> dict[int, Callable[[str], str]]:
+    """A runner's figures as the summary tables print them, from column ``first``: tokens/s per GPU, MFU, MFU 6N,
+    peak GiB, step-time CV [, mean step s]."""
+
+    def r(run):
+        return data(f"{run}/results.json")
+
+    cols = {
+        first: lambda run: n0(r(run)["tokens_per_s_per_gpu"]),
+        first + 1: lambda run: pct(r(run)["mfu"]),
+        first + 2: lambda run: pct(r(run)["mfu_6n"]),
+        first + 3: lambda run: f(r(run)["peak_memory_gib"], 2),
+        first
+        + 4: lambda run: (
+            "-"
+            if r(run).get("step_time_cv_percent") is None or single_step(r(run))
+            else f"{r(run)['step_time_cv_percent']:.1f}%"
+        ),
+    }
+    if step:
+        cols[first + 5] = lambda run: f(r(run)["step_time_mean_s"], 3)
+    return cols
+
+
+def gpu_engine_doc() -> dict:
+    clip = Runs("clip-skip-and-gated-residual")
+    skip = clip.base / clip.tps("te-clip-scale") - 1
+    both = clip.tps("shipped-third") / clip.tps("before") - 1
+    return {
+        "gpu-table": table(lambda c: GPU_ENGINE_ROWS[c[2]], run_columns(3)),
+        "clip.skip": spct(skip),
+        "clip.twice-drift": pct(2 * clip.drift),
+        "clip.both": spct(both),
+    }
+
+
+# ---- runner tables: gc-steady, fp8-slice, slice-1gpu-b200-set, overhead ---------------------------------------------
+
+
+def worst_step(r: dict, suffix: str = "") -> Whole:
+    """1.011 (step 11): the worst window step over the median, and which step."""
+    return Whole(f"{r['step_time_worst_ratio']:.3f}{suffix} (step {r['step_time_worst_step']})")
+
+
+def gc_steady() -> dict:
+    def r(run):
+        return data(f"gc-steady/{run}/results.json")
+
+    return {
+        "runs": table(
+            lambda c: c[0].split()[0],
+            {
+                1: lambda run: str(r(run)["steps_completed"]),
+                2: lambda run: Whole("-".join(map(str, r(run)["window"]))),
+                3: lambda run: n0(r(run)["tokens_per_s_per_gpu"]),
+                4: lambda run: pct(r(run)["mfu"]),
+                5: lambda run: f(r(run)["step_time_mean_s"], 4),
+                6: lambda run: f(r(run)["step_time_median_s"], 4),
+                7: lambda run: worst_step(r(run)),
+                8: lambda run: f"{r(run)['step_time_cv_percent']:.2f}%",
+            },
+        )
+    }
+
+
+def fp8_slice() -> dict:
+    def r(run):
+        return data(f"fp8-slice/{run}/results.json")
+
+    return {
+        "runs": table(
+            first_code,
+            {
+                2: lambda run: n0(r(run)["tokens_per_s_per_gpu"]),
+                3: lambda run: pct(r(run)["mfu"]),
+                4: lambda run: f(r(run)["step_time_mean_s"], 4),
+                5: lambda run: f(r(run)["step_time_median_s"], 4),
+                6: lambda run: worst_step(r(run)),
+                7: lambda run: f"{r(run)['step_time_cv_percent']:.2f}%",
+                8: lambda run: f(r(run)["peak_memory_gib"], 2),
+                9: lambda run: f(r(run)["first_loss"], 5),
+                10: lambda run: f(r(run)["final_loss"], 5),
+            },
+        )
+    }
+
+
+def b200_set() -> dict:
+    def r(run):
+        return data(f"slice-1gpu-b200-set/{run}/results.json")
+
+    return {
+        "runs": table(
+            lambda c: c[0],
+            {
+                1: lambda run: n0(r(run)["tokens_per_s_per_gpu"]),
+                2: lambda run: pct(r(run)["mfu"]),
+                3: lambda run: f(r(run)["step_time_median_s"], 4),
+                4: lambda run: worst_step(r(run), "x"),
+                5: lambda run: f"{r(run)['step_time_cv_percent']:.1f}%",
+                6: lambda run: f(r(run)["peak_memory_gib"], 2),
+            },
+        )
+    }
+
+
+def overhead() -> dict:
+    def r(folder):
+        return json.loads(next((RESULTS / folder).glob("overhead-*.json")).read_text())
+
+    return {
+        "cases": table(
+            first_code,
+            {
+                1: lambda k: f(r(k)["engine_mean_s"], 4),
+                2: lambda k: f(r(k)["minimal_mean_s"], 4),
+                3: lambda k: spct(r(k)["overhead_percent_mean"] / 100),
+                4: lambda k: spct(r(k)["overhead_percent_median"] / 100),
+            },
+        )
+    }
+
+
+# ---- results/replay ---------------------------------------------------------------------------------------------------
+
+
+def replay() -> dict:
+    """The isolated replay's run, and how far its flash-attn build got."""
+    r = data("replay-b200-isolated/results.json")
+    done = re.search(
+        r"objects compiled: (\d+) of (\d+)", (RESULTS / "replay-b200-isolated" / "fa-unfinished.txt").read_text()
+    )
+    return {
+        "isolated.tps": n0(r["tokens_per_s_per_gpu"]),
+        "isolated.mfu": pct(r["mfu"]),
+        "isolated.median-step": f(r["step_time_median_s"], 3),
+        "isolated.worst": f(r["step_time_worst_ratio"], 3),
+        "isolated.cv": f"{r['step_time_cv_percent']:.2f}%",
+        "isolated.peak": f(r["peak_memory_gib"], 2),
+        "isolated.first-loss": f(r["first_loss"], 4),
+        "isolated.final-loss": f(r["final_loss"], 4),
+        "fa.compiled": done.group(1),
+        "fa.objects": done.group(2),
+    }
+
+
+# ---- benchmarks/README.md ---------------------------------------------------------------------------------------------
+
+
+def benchmarks_readme() -> dict:
+    """The main table: per run, tokens/s per GPU, MFU, MFU 6N, peak GiB, step-time CV and mean step."""
+    return {"summary": table(first_code, run_columns(3, step=True))}
+
+
+# ---- benchmarks/index.yaml ------------------------------------------------------------------------------------------
+
+
+def index_results() -> str:
+    """benchmarks/index.yaml's list of result folders, from each folder's result.json."""
+    out = []
+    for folder in schema.result_folders(RESULTS):
+        r = schema.load(folder)
+        command = next((c for c in r.commands), "")
+        out.append(
+            f"  - path: results/{r.id}\n"
+            f"    claim: {json.dumps(r.claim)}\n"
+            f"    status: {r.status}\n"
+            f"    date: {json.dumps(r.date)}\n"
+            f"    hardware: {json.dumps(r.hardware)}\n"
+            f"    command: {json.dumps(command)}\n"
+        )
+    return "".join(out)
+
+
+def index() -> dict:
+    return {"results": index_results()}
+
+
+DOCS: dict[str, Callable[[], dict]] = {
+    "benchmarks/index.yaml": index,
+    "benchmarks/results/engine-options-each-alone/README.md": engine_options,
+    "benchmarks/results/side-by-side/README.md": side_by_side,
+    "README.md": project_readme,
+    "docs/gpu-engine.md": gpu_engine_doc,
+    "benchmarks/results/clip-skip-and-gated-residual/README.md": clip_skip,
+    "benchmarks/results/expert-gemm/README.md": expert_gemm,
+    "benchmarks/results/early-expert-counts-and-pre-mlp-norm/README.md": early_counts,
+    "benchmarks/results/te-swiglu-backward-and-first-microbatch-writes/README.md": te_swiglu,
+    "benchmarks/results/det/README.md": det,
+    "benchmarks/results/ckpt-save/README.md": ckpt_save,
+    "benchmarks/results/export-roundtrip/README.md": export_roundtrip,
+    "benchmarks/results/peft-lora-slice/README.md": peft_slice,
+    "benchmarks/results/parity/README.md": parity,
+    "benchmarks/results/archive/slice-1gpu-mbs4-allgather/README.md": allgather,
+    "benchmarks/results/archive/slice-1gpu-mbs4-precision-aware/README.md": precision_aware,
+    "benchmarks/results/slice-1gpu-mbs1-compiled/profile.md": profile_md,
+    "benchmarks/README.md": benchmarks_readme,
+    "benchmarks/results/replay/README.md": replay,
+    "benchmarks/results/gc-steady/README.md": gc_steady,
+    "benchmarks/results/fp8-slice/README.md": fp8_slice,
+    "benchmarks/results/slice-1gpu-b200-set/README.md": b200_set,
+    "benchmarks/results/overhead/README.md": overhead,
+}
