@@ -3,7 +3,9 @@
 # Calibration) to the peak allocated memory of every uncompiled GPU run in benchmarks/, and print
 # each run's estimate with the fitted and the current defaults. fit.json is its output.
 # Then fit the step-time model's efficiencies (muse_stack/plan/cost.py, TimeCalibration) to the
-# runs' step times; fit_time.json is its output. fit_used.json: the allocator reserve and the memory
+# runs' step times; fit_time.json is its output. Its host times and eager passes reach the planner's
+# calibration (muse_stack/plan/calibration.json) through the sweep's refit, which holds them
+# (bash benchmarks/results/plan-sweep/run.sh, after this). fit_used.json: the allocator reserve and the memory
 # outside the allocator, measured on the runs that recorded device memory. Then the B200 record check and tune.
 set -euo pipefail
 python benchmarks/scripts/plan/fit.py --json benchmarks/results/plan/fit.json
