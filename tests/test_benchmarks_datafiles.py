@@ -6,6 +6,9 @@ whose every value, folder and command is wrong, by the functions the commands th
 * ``normbwd_choose.py launch benchmarks/results/normbwd/kernels.json --write`` and ``adam_choose.py launch
   benchmarks/results/adam/kernels.json --write``: each kernel's launch and bandwidth shares;
 * ``embedgrad_choose.py benchmarks/results/embedgrad --ship``: the norm backward the engine ships;
+* ``plan/fit.py --json benchmarks/results/plan/fit.json --write`` and ``plan/fit_used.py --json
+  benchmarks/results/plan/fit_used.json --write``: the memory calibration, fitted and measured here from the
+  committed runs;
 * ``plan/fit_time.py --sweep benchmarks/results/plan-sweep/runs --json benchmarks/results/plan-sweep/fit.json
   --write``: the step-time calibration, from the sweep's fit as committed (tests/test_plan_cost.py checks that
   fit.json is what fit_time.py computes from the runs) and the older runs' fit it holds (PRIOR, read from
@@ -27,9 +30,9 @@ CALIBRATION = ROOT / "muse_stack" / "plan" / "calibration.json"
 LAUNCH = ROOT / "muse_stack" / "engines" / "mcore" / "launch.json"
 
 
-def _fit_time():
-    spec = importlib.util.spec_from_file_location("plan_fit_time_datafiles",
-                                                  ROOT / "benchmarks" / "scripts" / "plan" / "fit_time.py")
+def _plan_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"plan_{name}_datafiles",
+                                                  ROOT / "benchmarks" / "scripts" / "plan" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -38,7 +41,7 @@ def _fit_time():
 def _wrong(tmp_path: Path) -> tuple[Path, Path]:
     """Copies of both files with every entry wrong (yet valid to the product)."""
     cal = json.loads(CALIBRATION.read_text())
-    for e in cal["time"].values():
+    for e in (*cal["time"].values(), *cal["memory"].values(), *cal["used"].values()):
         e.update(value=1.0, source="nowhere", command="nothing")
     cal["engine_kernels"]["post_expert_norm_backward"].update(value="compiled", source="nowhere", command="nothing")
     launch = json.loads(LAUNCH.read_text())
@@ -58,9 +61,14 @@ def test_the_commands_rewrite_the_committed_data_files_byte_for_byte(tmp_path):
     embedgrad = script("embedgrad_choose")
     folder = RESULTS / "embedgrad"
     embedgrad.ship(folder, embedgrad.verdict(folder)["one_pass_norm_backward_kept"], cal)
-    ft = _fit_time()
+    plan = RESULTS / "plan"
+    fit = _plan_script("fit")
+    fit.write_calibration(fit.fit(), plan / "fit.json", cal)
+    fit_used = _plan_script("fit_used")
+    fit_used.write_calibration(fit_used.measure(), plan / "fit_used.json", cal)
     sweep = RESULTS / "plan-sweep"
-    ft.write_calibration(json.loads((sweep / "fit.json").read_text()), sweep / "runs", sweep / "fit.json", cal)
+    _plan_script("fit_time").write_calibration(json.loads((sweep / "fit.json").read_text()), sweep / "runs",
+                                               sweep / "fit.json", cal)
     assert launch.read_text() == LAUNCH.read_text()
     assert cal.read_text() == CALIBRATION.read_text()
 
@@ -68,7 +76,8 @@ def test_the_commands_rewrite_the_committed_data_files_byte_for_byte(tmp_path):
 def test_each_entry_names_a_committed_folder_and_a_script_of_the_lab():
     """A renamed result folder or script leaves no entry pointing nowhere: rerun the entry's command."""
     cal = json.loads(CALIBRATION.read_text())
-    for e in [*cal["time"].values(), *cal["engine_kernels"].values(), *json.loads(LAUNCH.read_text()).values()]:
+    for e in [*cal["time"].values(), *cal["memory"].values(), *cal["used"].values(), *cal["engine_kernels"].values(),
+              *json.loads(LAUNCH.read_text()).values()]:
         assert (ROOT / e["source"]).is_dir(), e["source"]
         python, path, *_ = e["command"].split()
         assert python == "python" and path.startswith("benchmarks/scripts/") and (ROOT / path).is_file(), e["command"]

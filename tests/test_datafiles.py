@@ -17,7 +17,9 @@ import pytest
 
 from muse_stack.plan import calibration as calibration_file
 from muse_stack.plan.cost import TimeCalibration, step_kernels
+from muse_stack.plan.memory import Calibration
 from muse_stack.plan.planner import make_plan
+from muse_stack.plan.used import UsedCalibration
 from muse_stack.recipes.catalogue import load_recipe
 from muse_stack.util.errors import InputError
 
@@ -44,11 +46,37 @@ def _time():
 
 
 def test_the_defaults_are_the_files_values():
-    entries = json.loads(CALIBRATION.read_text())["time"]
-    cal = TimeCalibration()
-    assert {k: getattr(cal, k) for k in entries} == {k: e["value"] for k, e in entries.items()}
-    # every fitted or measured field has its entry; the two that are neither are the code's
-    assert set(TimeCalibration.model_fields) - set(entries) == {"link_efficiency", "source"}
+    data = json.loads(CALIBRATION.read_text())
+    # every fitted or measured field has its entry; those that are neither (a policy, a count of bytes, a
+    # published figure, a description) are the code's
+    for section, model, code in (("time", TimeCalibration, {"link_efficiency", "source"}),
+                                 ("memory", Calibration, {"logits_bytes", "headroom_fraction", "source"}),
+                                 ("used", UsedCalibration, {"allocator_reserve_source", "ring_channels",
+                                                            "p2p_channels_per_peer", "simple_mib", "ll128_mib",
+                                                            "ll_mib"})):
+        entries, cal = data[section], model()
+        assert {k: getattr(cal, k) for k in entries} == {k: e["value"] for k, e in entries.items()}, section
+        assert set(model.model_fields) - set(entries) == code, section
+
+
+def test_a_changed_memory_calibration_changes_the_plan(tmp_path, monkeypatch):
+    before, _ = make_plan(load_recipe("slice-1gpu"))
+    stage = before.memory[0]
+    data = json.loads(CALIBRATION.read_text())
+    factor = data["memory"]["compiled_activation_factor"]["value"]  # slice-1gpu's chains are compiled
+    outside = data["used"]["outside_allocator_gib"]["value"]
+
+    def edit(d):
+        d["memory"]["compiled_activation_factor"]["value"] = 2 * factor
+        d["used"]["outside_allocator_gib"]["value"] = outside + 1.0
+
+    monkeypatch.setattr(calibration_file, "FILE", _copy(tmp_path, "memory.json", edit))
+    after, _ = make_plan(load_recipe("slice-1gpu"))
+    # the peak grows by the activations once more, the used memory by that and the 1 GiB outside the allocator
+    grown = factor * stage.activations_gib
+    assert after.memory[0].total_gib == pytest.approx(stage.total_gib + grown, rel=REL)
+    assert after.used.outside_allocator_gib == outside + 1.0
+    assert after.used.used_gib > before.used.used_gib + 1.0
 
 
 def test_a_changed_efficiency_changes_the_plan(tmp_path, monkeypatch):
@@ -90,13 +118,15 @@ def test_the_shipped_norm_backward_is_the_files(tmp_path, monkeypatch):
      "engine_kernels.post_expert_norm_backward.value", "one_pass"),
     (lambda d: d["time"].pop("microbatch_overhead_s"), "time.microbatch_overhead_s", "is missing"),
     (lambda d: d["time"].update(gemm_efficiency=d["time"]["gemm_efficiency_dense"]), "time.gemm_efficiency",
-     "no field of the planner's TimeCalibration"),
+     "no field of muse_stack.plan.cost.TimeCalibration"),
+    (lambda d: d.pop("used"), "used", "Field required"),
 ])
 def test_a_calibration_the_planner_cannot_use_names_the_file_and_field(tmp_path, monkeypatch, edit, field, says):
     path = _copy(tmp_path, "bad.json", edit)
     monkeypatch.setattr(calibration_file, "FILE", path)
     with pytest.raises(InputError) as e:
         TimeCalibration()
+        UsedCalibration()
         step_kernels(load_recipe("slice-1gpu"))
     assert e.value.field == field and str(path) in e.value.message and says in e.value.message
     assert e.value.exit_code == 3

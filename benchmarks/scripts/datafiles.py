@@ -4,16 +4,18 @@ The product reads its measured and tuned values from two files of the package:
 
 * ``muse_stack/plan/calibration.json`` (:mod:`muse_stack.plan.calibration`): the planner's step-time
   calibration, written by ``plan/fit_time.py --sweep DIR --write`` and by the choosers' ``launch --write``
-  (each kernel's bandwidth share), and the engine's shipped kernels, written by ``embedgrad_choose.py --ship``;
+  (each kernel's bandwidth share); its memory calibration, written by ``plan/fit.py --write`` and
+  ``plan/fit_used.py --write``; and the engine's shipped kernels, written by ``embedgrad_choose.py --ship``;
 * ``muse_stack/engines/mcore/launch.json`` (:mod:`muse_stack.engines.mcore.launch`): the Triton kernels'
   launches, written by ``adam_choose.py launch --write`` and ``normbwd_choose.py launch --write``.
 
 Each entry carries its value, the benchmark result folder it came from and the command that wrote it
 (paths relative to the repository root). A writer replaces its own entries and keeps the others; the
 file is validated by the product's own model before it is written, written whole or not at all, as
-JSON with two-space indents in the model's order. Fitted numbers are written to ``DIGITS`` significant
-digits: a refit from the same committed results writes the same bytes, and a refit that moves a value
-by less than its rounding leaves the file as it is.
+JSON with two-space indents in the model's order. Fitted numbers are rounded (the step-time calibration
+to ``DIGITS`` significant digits; each writer states its rounding): a refit from the same committed
+results writes the same bytes, and a refit that moves a value by less than its rounding leaves the file
+as it is.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pydantic import BaseModel
 ROOT = Path(__file__).resolve().parents[2]
 CALIBRATION = ROOT / "muse_stack" / "plan" / "calibration.json"
 LAUNCH = ROOT / "muse_stack" / "engines" / "mcore" / "launch.json"
-#: significant digits of a fitted or measured number in a data file (relative rounding <= 5e-4)
+#: significant digits of the step-time calibration's numbers (a relative rounding of at most 5e-4)
 DIGITS = 4
 
 
@@ -90,20 +92,29 @@ def write(path: Path, text: str) -> None:
     atomic.write_text(path, text, field=str(path))
 
 
-def calibration_text(time: dict[str, dict] | None = None, engine_kernels: dict[str, dict] | None = None,
-                     path: Path = CALIBRATION) -> str:
-    """calibration.json with these entries replaced (``time``: TimeCalibration's fields; ``engine_kernels``) and
-    the others kept; ``time`` in TimeCalibration's field order."""
-    from muse_stack.plan.calibration import CalibrationFile
+def _section_models() -> dict[str, type[BaseModel]]:
+    """calibration.json's sections of numbers -> the calibration whose fields they hold."""
     from muse_stack.plan.cost import TimeCalibration
+    from muse_stack.plan.memory import Calibration
+    from muse_stack.plan.used import UsedCalibration
+
+    return {"time": TimeCalibration, "memory": Calibration, "used": UsedCalibration}
+
+
+def calibration_text(entries: dict[str, dict[str, dict]], path: Path = CALIBRATION) -> str:
+    """calibration.json with ``entries`` ({section: {name: entry}}) replaced and the others kept; a section of
+    numbers in its calibration's field order."""
+    from muse_stack.plan.calibration import CalibrationFile
 
     data = read(path)
-    merged = {**data.get("time", {}), **(time or {})}
-    unknown = sorted(set(merged) - set(TimeCalibration.model_fields))
-    if unknown:
-        raise SystemExit(f"{path}: time.{unknown[0]} is no field of TimeCalibration (muse_stack/plan/cost.py)")
-    data["time"] = {f: merged[f] for f in TimeCalibration.model_fields if f in merged}
-    data["engine_kernels"] = {**data.get("engine_kernels", {}), **(engine_kernels or {})}
+    for section, new in entries.items():
+        data[section] = {**data.get(section, {}), **new}
+    for section, model in _section_models().items():
+        merged = data.get(section, {})
+        unknown = sorted(set(merged) - set(model.model_fields))
+        if unknown:
+            raise SystemExit(f"{path}: {section}.{unknown[0]} is no field of {model.__name__}")
+        data[section] = {f: merged[f] for f in model.model_fields if f in merged}
     return validated(path, CalibrationFile, data)
 
 
@@ -116,10 +127,9 @@ def launch_text(name: str, launch: dict, path: Path = LAUNCH) -> str:
     return validated(path, Launches, data)
 
 
-def write_calibration(time: dict[str, dict] | None = None, engine_kernels: dict[str, dict] | None = None,
-                      path: Path = CALIBRATION) -> str:
+def write_calibration(entries: dict[str, dict[str, dict]], path: Path = CALIBRATION) -> str:
     """Replace these entries of calibration.json (:func:`calibration_text`); the text written."""
-    text = calibration_text(time, engine_kernels, path)
+    text = calibration_text(entries, path)
     write(path, text)
     return text
 

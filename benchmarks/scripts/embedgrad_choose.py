@@ -53,8 +53,8 @@ def ship(folder: pathlib.Path, on: bool, path: pathlib.Path = datafiles.CALIBRAT
     (``path``), with ``folder`` and the command that writes it."""
     cmd = datafiles.command(__file__, folder, "--ship")
     value = "one_pass" if on else "compiled"
-    return datafiles.write_calibration(engine_kernels={"post_expert_norm_backward": datafiles.entry(value, folder, cmd)},
-                                       path=path)
+    entry = datafiles.entry(value, folder, cmd)
+    return datafiles.write_calibration({"engine_kernels": {"post_expert_norm_backward": entry}}, path)
 
 
 def main(argv: list[str] | None = None) -> int:

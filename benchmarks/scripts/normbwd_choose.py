@@ -65,8 +65,8 @@ def write_chosen(kernels_path: pathlib.Path, launch_key: str, launch: dict, shar
     source = kernels_path.parent
     # both validated before either is written
     launch_text = datafiles.launch_text(launch_key, datafiles.entry(launch, source, cmd), launch_file)
-    cal_text = datafiles.calibration_text({k: datafiles.entry(v, source, cmd) for k, v in shares.items()},
-                                          path=calibration_file)
+    cal_text = datafiles.calibration_text({"time": {k: datafiles.entry(v, source, cmd) for k, v in shares.items()}},
+                                          calibration_file)
     datafiles.write(launch_file, launch_text)
     datafiles.write(calibration_file, cal_text)
 

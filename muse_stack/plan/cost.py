@@ -99,7 +99,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from muse_stack.models.muse_spark.flops import mean_keys_causal, mean_keys_sliding, training_flops_per_token
 from muse_stack.machine.hardware import GpuSpec
@@ -122,7 +122,7 @@ DDP_BUCKET_PARAMS = 40_000_000
 
 def _calibrated(name: str):
     """A default of TimeCalibration read from muse_stack/plan/calibration.json (``time.<name>``)."""
-    return Field(default_factory=lambda: calibration_file.time_value(name, TimeCalibration.model_fields))
+    return calibration_file.calibrated("time", name)
 
 
 class TimeCalibration(BaseModel):

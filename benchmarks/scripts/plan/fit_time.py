@@ -691,7 +691,7 @@ def write_calibration(out: dict, folder: Path, json_out: Path | None,
     entries = {f: datafiles.entry(datafiles.significant(out["calibration"][f]),
                                   PRIOR_FIT.parent if f in held else folder, cmd)
                for fields in SWEEP_UNKNOWNS.values() for f in fields}
-    return datafiles.write_calibration(entries, path=path)
+    return datafiles.write_calibration({"time": entries}, path)
 
 
 def main(argv: list[str] | None = None) -> int:
