@@ -113,6 +113,7 @@ def test_the_shipped_norm_backward_is_the_files(tmp_path, monkeypatch):
 @pytest.mark.parametrize("edit, field, says", [
     (lambda d: d["time"]["layer_overhead_s"].update(value="fast"), "time.layer_overhead_s.value", "valid number"),
     (lambda d: d["time"]["remainder_passes"].update(value=-1.0), "time.remainder_passes.value", ">= 0"),
+    (lambda d: d["time"]["attention_efficiency"].update(value=0.0), "time", "time.attention_efficiency.value is 0.0"),
     (lambda d: d["time"]["adam_bandwidth_te"].pop("command"), "time.adam_bandwidth_te.command", "Field required"),
     (lambda d: d["engine_kernels"]["post_expert_norm_backward"].update(value="two_pass"),
      "engine_kernels.post_expert_norm_backward.value", "one_pass"),
@@ -174,9 +175,9 @@ PROBE = textwrap.dedent("""
     norm_backward._backward = Recorder("norm")
     x = torch.zeros(8, 16)
     norm_backward.backward(x, torch.zeros(16), torch.zeros(8), x, 1e-8)
+    nb = norm_backward
     print(json.dumps({"adam": [adam_step.PROGRAMS_PER_SM, adam_step.NUM_WARPS, adam_step.BLOCK],
-                      "norm": [norm_backward.PROGRAMS_PER_SM, norm_backward.NUM_WARPS, norm_backward.ROWS_PER_ITERATION],
-                      "seen": seen}))
+                      "norm": [nb.PROGRAMS_PER_SM, nb.NUM_WARPS, nb.ROWS_PER_ITERATION], "seen": seen}))
 """)
 
 

@@ -32,7 +32,7 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from muse_stack.util.datafile import Entry, load
 from muse_stack.util.errors import InputError
@@ -69,6 +69,17 @@ class CalibrationFile(BaseModel):
     memory: dict[str, Number]
     used: dict[str, Number]
     engine_kernels: EngineKernels
+
+    @field_validator("time")
+    @classmethod
+    def _shares(cls, time: dict[str, Entry]) -> dict[str, Entry]:
+        """An efficiency or a bandwidth share is a share of a datasheet peak: above 0 (the model divides by it)
+        and at most 1."""
+        for name, entry in time.items():
+            if ("efficiency" in name or "bandwidth" in name) and not 0 < entry.value <= 1:
+                raise ValueError(f"time.{name}.value is {entry.value}: a share of a datasheet peak, above 0 and at "
+                                 "most 1")
+        return time
 
 
 def calibration() -> CalibrationFile:

@@ -699,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--sweep", type=Path, help="a folder of engine_steps.py results of one machine (h200.sh plansweep)")
     ap.add_argument("--write", action="store_true",
-                    help="with --sweep: write the fit into the planner's calibration (muse_stack/plan/calibration.json)")
+                    help="with --sweep: write the fit into muse_stack/plan/calibration.json")
     args = ap.parse_args(argv)
     if args.write and args.sweep is None:
         ap.error("--write takes a sweep's fit (--sweep DIR): the older runs' fit reaches the planner as the values "
