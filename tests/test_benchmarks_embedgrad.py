@@ -1,12 +1,13 @@
 """The word embedding's gradient into main_grad and the norm backward with it, measured
 (benchmarks/results/embedgrad/): embedgrad_choose.py's rule on made-up runs, the committed verdict recomputed from the
-committed runs, the switch in layers.py equal to it, each run's levers read back from what the engine recorded, and
-every figure the README states. CPU only; nothing is timed."""
+committed runs (the switch it writes into the planner's calibration is tests/test_benchmarks_datafiles.py's), each
+run's levers read back from what the engine recorded, and every figure the README states. CPU only; nothing is
+timed."""
 
 from __future__ import annotations
 
 import json
-import re
+import shutil
 import statistics
 
 import pytest
@@ -17,7 +18,7 @@ choose = script("embedgrad_choose")
 _json, _text = FOLDER.json, FOLDER.text
 INTO, DENSE = "each token's gradient added into the fp32 main gradient (embedding_grad.py)", "a dense bf16 gradient"
 ONE_PASS, INDUCTOR = "one Triton pass (norm_backward.py)", "the compiled chain's (TorchInductor)"
-LAYERS = RESULTS.parents[1] / "muse_stack" / "engines" / "mcore" / "layers.py"
+CALIBRATION = RESULTS.parents[1] / "muse_stack" / "plan" / "calibration.json"
 
 
 def _runs(tmp_path, **tps):
@@ -45,14 +46,19 @@ def test_the_rule_on_made_up_runs(tmp_path):
         choose.verdict(tmp_path)
 
 
-def test_ship_sets_the_one_switch(tmp_path):
-    layers = tmp_path / "layers.py"
-    layers.write_text("class A:\n    fused_norm_backward: bool = False\n")
-    choose.ship(layers, True)
-    assert layers.read_text() == "class A:\n    fused_norm_backward: bool = True\n"
-    layers.write_text("class A:\n    fused_norm_backward: bool = False\n    fused_norm_backward: bool = False\n")
-    with pytest.raises(SystemExit, match="assigned 2 times"):
-        choose.ship(layers, True)
+def test_ship_writes_the_one_entry(tmp_path):
+    cal = tmp_path / "calibration.json"
+    shutil.copy(CALIBRATION, cal)
+    before = json.loads(cal.read_text())
+    folder = tmp_path / "embedgrad-x"
+    choose.ship(folder, False, cal)
+    after = json.loads(cal.read_text())
+    assert after["engine_kernels"]["post_expert_norm_backward"] == {
+        "value": "compiled", "source": folder.as_posix(),
+        "command": f"python benchmarks/scripts/embedgrad_choose.py {folder.as_posix()} --ship"}
+    assert after["time"] == before["time"]
+    choose.ship(folder, True, cal)
+    assert json.loads(cal.read_text())["engine_kernels"]["post_expert_norm_backward"]["value"] == "one_pass"
 
 
 def test_each_run_ran_what_it_is_named_for():
@@ -67,16 +73,13 @@ def test_each_run_ran_what_it_is_named_for():
     assert "4 passed" in gpu and "failed" not in gpu
 
 
-def test_the_committed_verdict_is_the_rule_and_the_engine_ships_it(capsys):
+def test_the_committed_verdict_is_the_rule(capsys):
     r = choose.verdict(FOLDER.path)
     assert r == _json("verdict.json")
     assert r["embedding_into_main_grad_kept"] and r["one_pass_norm_backward_kept"]
     assert choose.main([str(FOLDER.path)]) == 0
     printed = capsys.readouterr().out
     assert printed in (FOLDER.path / "verdict.txt").read_text()
-    # the switch in layers.py (read from the source: the module needs megatron-core, which a CPU lacks)
-    assert re.findall(r"^    fused_norm_backward: bool = (\w+)$", LAYERS.read_text(), flags=re.M) == \
-        [str(r["one_pass_norm_backward_kept"])]
 
 
 def test_the_readme_restates_the_runs_and_the_verdict():

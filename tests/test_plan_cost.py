@@ -197,20 +197,16 @@ def test_used_is_allocated_plus_each_term():
 
 # ---- the fit and the validation the README prints ----------------------------------------
 
-def test_used_defaults_are_the_committed_measurement():
-    """The used-memory terms are fit_used.json's measurements (defaults rounded to 3 significant
-    digits: relative rounding <= 5e-3), and fit_used.json is what its script computes from the
-    committed benchmark files."""
+def test_the_used_measurement_is_the_committed_one():
+    """fit_used.json is what its script computes from the committed benchmark files (the planner's used-memory
+    terms are written from it: tests/test_benchmarks_datafiles.py)."""
     fit = json.loads((PLAN / "fit_used.json").read_text())
     assert _module("fit_used").measure() == fit
-    cal = UsedCalibration()
-    assert cal.allocator_reserve_fraction == pytest.approx(fit["allocator_reserve_fraction"], rel=5e-3)
-    assert cal.outside_allocator_gib == pytest.approx(fit["outside_allocator_gib"], rel=5e-3)
 
 
-def test_time_defaults_are_the_committed_sweep_fit():
-    """TimeCalibration's defaults are the fit of the committed sweep (plan-sweep/fit.json), and
-    fit.json is what fit_time.py --sweep computes from the committed runs."""
+def test_the_committed_sweep_fit_is_the_fit_of_its_runs():
+    """plan-sweep/fit.json is what fit_time.py --sweep computes from the committed runs (the planner's
+    calibration is written from it: tests/test_benchmarks_datafiles.py)."""
     fit = json.loads((SWEEP / "fit.json").read_text())
     out = _module("fit_time").fit_sweep(SWEEP / "runs")
     # the same float64 least squares on the same inputs; another BLAS may order the sums
@@ -224,13 +220,8 @@ def test_time_defaults_are_the_committed_sweep_fit():
     for got, want in zip(out["points"], fit["points"], strict=True):
         assert got["run"] == want["run"] and got["predicted_s"] == pytest.approx(want["predicted_s"], rel=1e-9)
         assert got["leave_one_out_predicted_s"] == pytest.approx(want["leave_one_out_predicted_s"], rel=1e-9)
-    cal = TimeCalibration()
-    # defaults carry 4 significant digits: relative rounding <= 5e-4 (a value fitted to 0 is 0)
-    for k, v in fit["calibration"].items():
-        if k != "source":
-            assert getattr(cal, k) == (pytest.approx(v, rel=5e-4) if v else 0), k
     assert fit["defaults_differ"] == []
-    assert "plan-sweep/fit.json" in cal.source
+    assert "plan-sweep/fit.json" in TimeCalibration().source
 
 
 def test_the_planner_predicts_the_shipped_slice_within_the_target():
@@ -281,16 +272,12 @@ def test_the_older_runs_are_checked_with_the_adopted_calibration():
 
 
 def test_the_host_times_are_the_older_runs_fit():
-    """The sweep is GPU-bound and holds the host times (and the eager passes) at fit_time.PRIOR; PRIOR
-    is the fit to the older runs (fit_time.json's ``fitted``, 4 significant digits: relative rounding
-    <= 5e-4), and the planner's defaults carry PRIOR's values of them."""
+    """The sweep is GPU-bound and holds the host times (and the eager passes) at fit_time.PRIOR, the fit
+    to the older runs (read from fit_time.json's ``fitted``), and the planner's defaults carry PRIOR's
+    values of them."""
     fit = json.loads((PLAN / "fit_time.json").read_text())
     ft = _module("fit_time")
     assert fit["prior_differs"] == [] and fit["defaults_differ"] == [] and fit["stable"]
-    for u, fields in ft.UNKNOWNS.items():
-        v = fit["fitted"][u]
-        for f in fields:
-            assert getattr(ft.PRIOR, f) == (pytest.approx(v, rel=5e-4) if v else 0), f
     cal = TimeCalibration()
     for u in ft.HELD_BY_SWEEP:
         assert getattr(cal, u) == getattr(ft.PRIOR, u), u

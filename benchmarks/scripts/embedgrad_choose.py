@@ -2,7 +2,7 @@
 the post-expert norm's one-pass backward (``norm_backward.py``): whether the engine runs them, chosen from the
 step (``h200.sh embedgrad``).
 
-    python3 benchmarks/scripts/embedgrad_choose.py DIR [--write FILE] [--ship muse_stack/engines/mcore/layers.py]
+    python benchmarks/scripts/embedgrad_choose.py DIR [--write FILE] [--ship]
 
 Reads ``with.json`` and ``with-again.json`` (``engine_steps.py`` as shipped: the embedding's lookup adds into
 main_grad; first and last in one call), ``without.json`` (``--dense-embedding-grad``) and ``both.json`` (as
@@ -15,8 +15,10 @@ least 0.5%) decides, with that drift:
   ``without``. Where the embedding alone falls short and the pair clears the rule, both are kept;
 * **the norm backward on top:** ``both`` against the baseline, where the embedding alone is kept.
 
-``--write`` writes the verdict as JSON; ``--ship`` sets ``MuseSparkExperts.fused_norm_backward`` in ``layers.py``
-to whether the norm backward is kept.
+``--write`` writes the verdict as JSON; ``--ship`` writes which post-expert norm backward the engine runs
+(``one_pass`` where the norm backward is kept, else ``compiled``) as ``engine_kernels.post_expert_norm_backward`` in
+``muse_stack/plan/calibration.json``, with DIR and this command (:mod:`datafiles`): the engine
+(``MuseSparkExperts.fused_norm_backward``) and the planner read it there.
 """
 
 from __future__ import annotations
@@ -24,14 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import datafiles  # noqa: E402
 from levers_choose import baseline, runs_tps  # noqa: E402
 
 RUNS = ("with", "with-again", "without", "both")
-ATTRIBUTE = re.compile(r"^(    fused_norm_backward: bool = )(True|False)$", re.M)
 
 
 def verdict(folder: pathlib.Path) -> dict:
@@ -47,19 +48,21 @@ def verdict(folder: pathlib.Path) -> dict:
             "embedding_into_main_grad_kept": embedding, "one_pass_norm_backward_kept": norm_backward}
 
 
-def ship(layers: pathlib.Path, on: bool) -> None:
-    """Set the experts' ``fused_norm_backward`` class attribute in ``layers`` (assigned once) to ``on``."""
-    text, n = ATTRIBUTE.subn(lambda m: m.group(1) + str(on), layers.read_text())
-    if n != 1:
-        raise SystemExit(f"{layers}: fused_norm_backward is assigned {n} times as a class attribute, not once")
-    layers.write_text(text)
+def ship(folder: pathlib.Path, on: bool, path: pathlib.Path = datafiles.CALIBRATION) -> str:
+    """Write the post-expert norm backward the engine runs (the one pass where ``on``) into calibration.json
+    (``path``), with ``folder`` and the command that writes it."""
+    cmd = datafiles.command(__file__, folder, "--ship")
+    value = "one_pass" if on else "compiled"
+    entry = datafiles.entry(value, folder, cmd)
+    return datafiles.write_calibration({"engine_kernels": {"post_expert_norm_backward": entry}}, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=pathlib.Path)
     ap.add_argument("--write", type=pathlib.Path, help="write the verdict here (JSON)")
-    ap.add_argument("--ship", type=pathlib.Path, help="layers.py, whose fused_norm_backward to set to the verdict")
+    ap.add_argument("--ship", action="store_true",
+                    help="write the norm backward the verdict keeps into muse_stack/plan/calibration.json")
     args = ap.parse_args(argv)
     r = verdict(args.folder)
     t = r["tokens_per_s"]
@@ -72,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         args.write.write_text(json.dumps(r, indent=1) + "\n")
     if args.ship:
-        ship(args.ship, r["one_pass_norm_backward_kept"])
-        print(f"{args.ship}: fused_norm_backward = {r['one_pass_norm_backward_kept']}")
+        ship(args.folder, r["one_pass_norm_backward_kept"])
+        print(f"{datafiles.rel(datafiles.CALIBRATION)}: engine_kernels.post_expert_norm_backward = "
+              f"{'one_pass' if r['one_pass_norm_backward_kept'] else 'compiled'}")
     return 0
 
 

@@ -132,7 +132,7 @@ for what in "${@:-smoke}"; do
     one python3 benchmarks/scripts/profile_step.py slice-1gpu --warmup 5 --steps 2 --shapes --out "$D/profile-shipped.json"
     tar czf "$OUT/te-swiglu-backward-and-first-microbatch-writes.tgz" -C "$(dirname "$D")" te-swiglu-backward-and-first-microbatch-writes ;;
   normbwd) # the post-expert norm's one-pass backward (norm_backward.py, off as shipped): its GPU test, the norm's
-    # kernels alone (the launch grid), the fastest launch written into norm_backward.py (normbwd_choose.py launch),
+    # kernels alone (the launch grid), the fastest launch written into the engine's launch.json (normbwd_choose.py launch),
     # then slice-1gpu with it / without it (as shipped) / with it again (engine_steps.py, 20 steps, window 9-20), and
     # the verdict by levers_choose.py's rule (normbwd_choose.py keep). Outputs: $OUT/normbwd.tgz
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
@@ -140,8 +140,7 @@ for what in "${@:-smoke}"; do
     one $MS fingerprint -o "$D/fingerprint.json"
     one python3 -m pytest -q -p no:cacheprovider tests/test_norm_backward_gpu.py 2>&1 | tail -5 | tee "$D/gpu-test.txt"
     one python3 benchmarks/scripts/kernels.py --only post_expert_norm --out "$D/kernels.json" > /dev/null
-    python3 benchmarks/scripts/normbwd_choose.py launch "$D/kernels.json" --write muse_stack/engines/mcore/norm_backward.py \
-      | tee "$D/launch.txt"
+    python3 benchmarks/scripts/normbwd_choose.py launch "$D/kernels.json" --write | tee "$D/launch.txt"
     one $ES --fused-norm-backward $W --out "$D/with.json"
     one $ES $W --out "$D/without.json"
     one $ES --fused-norm-backward $W --out "$D/with-again.json"
@@ -149,8 +148,8 @@ for what in "${@:-smoke}"; do
     tar czf "$OUT/normbwd.tgz" -C "$(dirname "$D")" normbwd ;;
   adam) # the Triton Adam step (adam_step.py, on as shipped): the GPU tests (its own, and the engine-side ones of the
     # first writes, the norm backward and the dispatcher), TE's FusedAdam alone stepped by TE and by the Triton step
-    # over the launch grid (kernels.py --only adam), the fastest launch written into adam_step.py (adam_choose.py
-    # launch), then slice-1gpu as shipped / with TE's step (--te-adam) / as shipped again / with the one-pass norm
+    # over the launch grid (kernels.py --only adam), the fastest launch written into the engine's launch.json
+    # (adam_choose.py launch), then slice-1gpu as shipped / with TE's step (--te-adam) / as shipped again / with the one-pass norm
     # backward too (engine_steps.py, 20 steps, window 9-20), and the verdict by levers_choose.py's rule
     # (adam_choose.py keep). Outputs: $OUT/adam.tgz
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
@@ -160,8 +159,7 @@ for what in "${@:-smoke}"; do
       tests/test_norm_backward_gpu.py tests/test_dispatch_gpu.py 2>&1 | grep -E "differ from TE|passed|failed|Error" \
       | tee "$D/gpu-test.txt"
     one python3 benchmarks/scripts/kernels.py --only adam --out "$D/kernels.json" > /dev/null
-    python3 benchmarks/scripts/adam_choose.py launch "$D/kernels.json" --write muse_stack/engines/mcore/adam_step.py \
-      | tee "$D/launch.txt"
+    python3 benchmarks/scripts/adam_choose.py launch "$D/kernels.json" --write | tee "$D/launch.txt"
     one $ES $W --out "$D/with.json"
     one $ES --te-adam $W --out "$D/without.json"
     one $ES $W --out "$D/with-again.json"
@@ -173,7 +171,8 @@ for what in "${@:-smoke}"; do
     # the norm backward's), then slice-1gpu with it / with megatron-core's dense lookup (--dense-embedding-grad) /
     # with it again, each with the norm backward as the compiled chain's (--compiled-norm-backward), then with both
     # (engine_steps.py, 20 steps, window 9-20), and the verdict (embedgrad_choose.py: the embedding alone, the pair,
-    # the norm backward on top), which sets the norm backward's class attribute in layers.py; the folder also stays
+    # the norm backward on top), which writes the norm backward the engine runs into the planner's calibration.json
+    # (engine_kernels, which layers.py reads); the folder also stays
     # in /tmp/embedgrad for a side-by-side sitting in the next call. Outputs: $OUT/embedgrad.tgz
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"; C=--compiled-norm-backward
     D=$(realpath -m "$OUT/embedgrad"); mkdir -p "$D"
@@ -184,8 +183,7 @@ for what in "${@:-smoke}"; do
     one $ES $C --dense-embedding-grad $W --out "$D/without.json"
     one $ES $C $W --out "$D/with-again.json"
     one $ES --fused-norm-backward $W --out "$D/both.json"
-    python3 benchmarks/scripts/embedgrad_choose.py "$D" --write "$D/verdict.json" \
-      --ship muse_stack/engines/mcore/layers.py | tee "$D/verdict.txt"
+    python3 benchmarks/scripts/embedgrad_choose.py "$D" --write "$D/verdict.json" --ship | tee "$D/verdict.txt"
     rm -rf /tmp/embedgrad && cp -r "$D" /tmp/embedgrad
     tar czf "$OUT/embedgrad.tgz" -C "$(dirname "$D")" embedgrad ;;
   profile2) # one step of the slice as shipped by class of GPU work, with operator shapes

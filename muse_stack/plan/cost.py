@@ -4,7 +4,8 @@ Every term is a formula over the layout, the model's shapes, the GPU's datasheet
 (:mod:`muse_stack.machine.hardware`) and the published bus bandwidths of the links the collectives cross
 (:mod:`muse_stack.plan.fabrics`, each figure cited); the only fitted constants are the kernel efficiencies,
 HBM passes and fixed times of :class:`TimeCalibration`, fitted by ``benchmarks/scripts/plan/fit_time.py``
-to this project's H200 measurements in ``benchmarks/`` and to nothing else.
+to this project's H200 measurements in ``benchmarks/`` and to nothing else, and read from
+``muse_stack/plan/calibration.json`` (:mod:`muse_stack.plan.calibration`).
 
 One micro-batch on one pipeline stage costs, per decoder layer (forward; backward is twice the
 forward for GEMMs and elementwise work, 2.5 x for attention, which recomputes QK^T):
@@ -103,6 +104,7 @@ from pydantic import BaseModel, ConfigDict
 from muse_stack.models.muse_spark.flops import mean_keys_causal, mean_keys_sliding, training_flops_per_token
 from muse_stack.machine.hardware import GpuSpec
 from muse_stack.models.muse_spark.config import ModelConfig
+from muse_stack.plan import calibration as calibration_file
 from muse_stack.plan.fabrics import Fabric, Figure, Links, machine_links
 from muse_stack.plan.memory import layer_activation_bytes_per_token
 from muse_stack.recipes.engines import embedding_into_main_grad_blocker, triton_adam_blocker
@@ -118,49 +120,63 @@ PIPELINE_DTYPE, PIPELINE_BYTES = "fp32", 4
 DDP_BUCKET_PARAMS = 40_000_000
 
 
+def _calibrated(name: str):
+    """A default of TimeCalibration read from muse_stack/plan/calibration.json (``time.<name>``)."""
+    return calibration_file.calibrated("time", name)
+
+
 class TimeCalibration(BaseModel):
-    """Kernel efficiencies, HBM passes and fixed times of the step-time model. The GPU terms' H200
-    values are ``benchmarks/scripts/plan/fit_time.py --sweep``'s fit to one machine's sweep of
-    slice-1gpu as shipped and each neighbour of its settings (``h200.sh plansweep``; least squares on
-    the relative error, each unknown at or above its bound; benchmarks/results/plan-sweep/fit.json is
-    its output). The sweep's runs are GPU-bound and hide the host time, so the host times (per layer
-    pass, per micro-batch, per local expert) and the eager passes, which the sweep does not separate,
-    are the fit to the older H200 runs of benchmarks/ (``fit_time.PRIOR``, fit_time.py without
-    ``--sweep``: its proxy-model runs are host-bound; other machines and stacks than the sweep's).
-    fit_time.py without ``--sweep`` checks this calibration on those runs
-    (benchmarks/results/plan/fit_time.json, ``adopted_error`` and ``adopted_leave_one_out_error``)."""
+    """Kernel efficiencies, HBM passes and fixed times of the step-time model. Each default is an entry
+    of muse_stack/plan/calibration.json, with the benchmark folder it came from and the command that
+    writes it (:mod:`muse_stack.plan.calibration`). The GPU terms' H200 values are
+    ``benchmarks/scripts/plan/fit_time.py --sweep``'s fit to one machine's sweep of slice-1gpu as
+    shipped and each neighbour of its settings (``h200.sh plansweep``; least squares on the relative
+    error, each unknown at or above its bound; benchmarks/results/plan-sweep/fit.json is its output).
+    The sweep's runs are GPU-bound and hide the host time, so the host times (per layer pass, per
+    micro-batch, per local expert) and the eager passes, which the sweep does not separate, are the
+    fit to the older H200 runs of benchmarks/ (``fit_time.PRIOR``, fit_time.py without ``--sweep``:
+    its proxy-model runs are host-bound; other machines and stacks than the sweep's). fit_time.py
+    without ``--sweep`` checks this calibration on those runs (benchmarks/results/plan/fit_time.json,
+    ``adopted_error`` and ``adopted_leave_one_out_error``)."""
 
     model_config = ConfigDict(frozen=True)
 
     # one efficiency for dense GEMMs, expert GEMMs and attention: fitted apart, the H200 runs do
     # not identify them (fit_time.py); the roofline in gemm_time still tells the shapes apart
-    gemm_efficiency_dense: float = 0.5583
-    gemm_efficiency_expert: float = 0.5583
-    attention_efficiency: float = 0.5583
-    elementwise_passes: float = 6.600  # HBM passes over the activation bytes, eager (the older runs': the sweep is compiled)
-    elementwise_passes_compiled: float = 0  # the same with fusions.compile_elementwise (fitted to 0)
+    gemm_efficiency_dense: float = _calibrated("gemm_efficiency_dense")
+    gemm_efficiency_expert: float = _calibrated("gemm_efficiency_expert")
+    attention_efficiency: float = _calibrated("attention_efficiency")
+    # HBM passes over the activation bytes: eager (the older runs': the sweep is compiled), and with
+    # fusions.compile_elementwise
+    elementwise_passes: float = _calibrated("elementwise_passes")
+    elementwise_passes_compiled: float = _calibrated("elementwise_passes_compiled")
     # host time (launches and host work; it overlaps the GPU work, see estimate_step), fitted to the
-    # older runs (the sweep is GPU-bound): per decoder layer and forward pass (backward counts 2)
-    layer_overhead_s: float = 0.006172
-    microbatch_overhead_s: float = 0.02506  # per micro-batch and stage, forward and backward together
-    expert_overhead_s: float = 6.240e-05  # per local expert, decoder layer and forward pass (grouped GEMM launches)
+    # older runs (the sweep is GPU-bound): per decoder layer and forward pass (backward counts 2), per
+    # micro-batch and stage (forward and backward together), and per local expert, decoder layer and
+    # forward pass (grouped GEMM launches)
+    layer_overhead_s: float = _calibrated("layer_overhead_s")
+    microbatch_overhead_s: float = _calibrated("microbatch_overhead_s")
+    expert_overhead_s: float = _calibrated("expert_overhead_s")
     # HBM passes over the routed slots' latent bytes per layer and forward pass, by dispatcher
-    # (permute and unpermute; fit_time.py --sweep)
-    dispatch_passes_allgather: float = 0  # fitted to 0 (its bound)
-    dispatch_passes_alltoall: float = 0  # flex priced the same; fitted to 0 (its bound)
-    # HBM passes over the optimizer layout's extra bytes per sharded parameter and step (fitted to 0,
-    # their bound: the sweep's runs of these layouts are within 1.8% of the shipped run's step, and
-    # its run at MBS 8 with the remainders is faster than the shipped one)
-    optimizer_copy_passes: float = 0  # megatron-core's fp32 master -> bf16 weight copy (6 B), precision_aware off
-    remainder_passes: float = 0  # int16 remainders read and written (4 B), param_remainders on
+    # (permute and unpermute; fit_time.py --sweep; flex is priced as alltoall)
+    dispatch_passes_allgather: float = _calibrated("dispatch_passes_allgather")
+    dispatch_passes_alltoall: float = _calibrated("dispatch_passes_alltoall")
+    # HBM passes over the optimizer layout's extra bytes per sharded parameter and step (fit_time.py
+    # --sweep): megatron-core's fp32 master -> bf16 weight copy (6 B, precision_aware off), and the int16
+    # remainders read and written (4 B, param_remainders on)
+    optimizer_copy_passes: float = _calibrated("optimizer_copy_passes")
+    remainder_passes: float = _calibrated("remainder_passes")
     # Measured, not fitted: the share of the HBM bandwidth a kernel the engine chooses between reached
-    # alone on an H200 (its minimum bytes over its median time, over the datasheet's 4,800 GB/s; held
-    # on other GPUs). The Adam update over 1.61 B parameters (benchmarks/results/adam/kernels.json):
-    adam_bandwidth_te: float = 0.6490  # TE's multi_tensor_adam, 65,536-element chunks: 3,115 GB/s
-    adam_bandwidth_triton: float = 0.8102  # the engine's Triton step (performance.triton_adam): 3,889 GB/s
-    # the post-expert norm's backward over [131,072, 4,096] (benchmarks/results/normbwd/kernels.json):
-    norm_backward_bandwidth_compiled: float = 0.2913  # TorchInductor's row pass and column sum: 1,398 GB/s
-    norm_backward_bandwidth_one_pass: float = 0.5356  # the engine's one Triton pass: 2,571 GB/s
+    # alone on an H200 (its minimum bytes over its median time, over the datasheet's HBM bandwidth; held
+    # on other GPUs), at the launch the engine ships. The Adam update over one MoE layer's experts, TE's
+    # multi_tensor_adam at its default chunk and the engine's Triton step (performance.triton_adam)
+    # (benchmarks/results/adam/kernels.json; adam_choose.py launch --write):
+    adam_bandwidth_te: float = _calibrated("adam_bandwidth_te")
+    adam_bandwidth_triton: float = _calibrated("adam_bandwidth_triton")
+    # the post-expert norm's backward at the slice's shape, TorchInductor's row pass and column sum and
+    # the engine's one Triton pass (benchmarks/results/normbwd/kernels.json; normbwd_choose.py launch --write):
+    norm_backward_bandwidth_compiled: float = _calibrated("norm_backward_bandwidth_compiled")
+    norm_backward_bandwidth_one_pass: float = _calibrated("norm_backward_bandwidth_one_pass")
     # Not fitted (no measurement in benchmarks/ resolves it): collectives run at the published bus
     # bandwidth of the fabric they cross (plan/fabrics.py), times this factor.
     link_efficiency: float = 1.0
@@ -513,11 +529,6 @@ class StepKernels(BaseModel):
         return f"Adam update: {adam}; word embedding's gradient: {emb}; post-expert norm's backward: {norm}"
 
 
-#: the engine's post-expert norm backward as shipped (``MuseSparkExperts.fused_norm_backward`` in
-#: muse_stack/engines/mcore/layers.py, which imports megatron-core: a test keeps the two the same)
-ONE_PASS_NORM_BACKWARD = True
-
-
 def step_kernels(recipe: Recipe) -> StepKernels:
     """The kernels the megatron engine runs for ``recipe``: its own where it applies them (unset: on
     where they apply; the same checks as the engine's, :mod:`muse_stack.recipes.engines`)."""
@@ -529,8 +540,10 @@ def step_kernels(recipe: Recipe) -> StepKernels:
         emb = "main_grad"
     else:
         emb = "dense"
-    return StepKernels(adam=adam, embedding_grad=emb,
-                       post_expert_norm_backward="one_pass" if ONE_PASS_NORM_BACKWARD else "compiled")
+    # the norm's backward as the engine ships it (calibration.json's engine_kernels, which
+    # MuseSparkExperts.fused_norm_backward reads too)
+    norm = "one_pass" if calibration_file.one_pass_norm_backward() else "compiled"
+    return StepKernels(adam=adam, embedding_grad=emb, post_expert_norm_backward=norm)
 
 
 def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int, stages: list[int], dp: int,

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from muse_stack.models.muse_spark.config import ModelConfig
+from muse_stack.plan.calibration import calibrated
 from muse_stack.recipes.peft import adapter_params_per_layer
 from muse_stack.recipes.schema import Recipe
 
@@ -28,8 +29,9 @@ GIB = 2**30
 class Calibration(BaseModel):
     """Terms the formulas do not derive: how much the activations really keep, and runtime buffers.
 
-    Defaults are the values measured on an H200 with megatron-core + TE (benchmarks/); they
-    are stated in every plan.
+    The measured defaults are the values fitted on an H200 with megatron-core + TE (benchmarks/), read
+    from muse_stack/plan/calibration.json (``memory``, with the folder and command of each); they are
+    stated in every plan.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -39,12 +41,14 @@ class Calibration(BaseModel):
     # full and selective recompute): peak = static + logits + activation_factor x activations +
     # runtime_overhead_gib, least squares. Static memory (bf16 weights, fp32 gradient buffers, Adam
     # state) is allocated exactly and is not scaled. The CUDA context and NCCL's own buffers sit
-    # outside the caching allocator and are not in these peaks.
-    activation_factor: float = 1.83  # measured activation bytes per modelled byte (fp32 temporaries of the norms and gates)
+    # outside the caching allocator and are not in these peaks. activation_factor: measured activation
+    # bytes per modelled byte (fp32 temporaries of the norms and gates).
+    activation_factor: float = calibrated("memory", "activation_factor")
     # The same, fitted (with runtime_overhead_gib fixed) to the runs whose elementwise chains were
     # fused by torch.compile (recipe fusions.compile_elementwise): fused chains keep fewer temporaries.
-    compiled_activation_factor: float = 1.12
-    runtime_overhead_gib: float = 0.2  # cuBLAS/TE workspaces and other allocations outside the formulas
+    compiled_activation_factor: float = calibrated("memory", "compiled_activation_factor")
+    # cuBLAS/TE workspaces and other allocations outside the formulas
+    runtime_overhead_gib: float = calibrated("memory", "runtime_overhead_gib")
     logits_bytes: int = 10  # per logit on the last stage: fp32 logits, their gradient, bf16 copy
     # Policy, not a measurement: the estimate is of allocated memory (what the calibration above was
     # fitted to); a plan fits only if this share of the GPU stays free for what that leaves out:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from muse_stack.plan.calibration import calibrated
+
 MIB = 2**20
 GIB = 2**30
 
@@ -25,16 +27,17 @@ GIB = 2**30
 class UsedCalibration(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    # Measured (benchmarks/scripts/plan/fit_used.py): max_memory_reserved / max_memory_allocated - 1, the mean
-    # over the default-numerics full-training runs on one H200 (1.6% and 2.7%; the deterministic
-    # mode and adapter runs reach 6-8%)
-    allocator_reserve_fraction: float = 0.0216
+    # Measured (benchmarks/scripts/plan/fit_used.py, muse_stack/plan/calibration.json's ``used``):
+    # max_memory_reserved / max_memory_allocated - 1, the mean over the default-numerics full-training
+    # runs on one H200 (the deterministic mode and adapter runs reach more)
+    allocator_reserve_fraction: float = calibrated("used", "allocator_reserve_fraction")
     allocator_reserve_source: str = ("measured: max reserved over max allocated, mean of 2 default-numerics H200 "
                                      "training runs (benchmarks/results/plan/fit_used.json)")
     # Measured the same way: NVML's used memory at the end of a run minus the allocator's peak
     # reservation, one process on the GPU (no NCCL peers): the CUDA context, the loaded kernels and
-    # the library workspaces. Median of 5 runs, which span 9.44 to 9.61 GiB whatever the workload.
-    outside_allocator_gib: float = 9.50
+    # the library workspaces. The median over the runs, which spread little whatever the workload
+    # (fit_used.json's outside_allocator_range_gib).
+    outside_allocator_gib: float = calibrated("used", "outside_allocator_gib")
     ring_channels: int = 16
     p2p_channels_per_peer: int = 2
     simple_mib: float = 4.0

@@ -1,6 +1,6 @@
 """Fit the planner's memory calibration to the measured H200 peaks (CPU only).
 
-    python benchmarks/scripts/plan/fit.py [--json FILE]
+    python benchmarks/scripts/plan/fit.py [--json FILE] [--write]
 
 Every benchmark of benchmarks/ that trained is one point: the recipe and overrides it ran with
 (its run.sh), and the peak allocated memory of rank 0 (``peak_memory_gib`` in its
@@ -13,20 +13,26 @@ by least squares over (activation_factor, runtime_overhead) on the eager runs, t
 compiled_activation_factor alone (runtime_overhead fixed) on the runs whose elementwise chains
 were fused by torch.compile. Static memory is what the DDP buffers and the optimizer allocate
 exactly, so it is not scaled. Prints each point's estimate with the fitted and with the current
-defaults of ``Calibration``.
+defaults of ``Calibration``. ``--write`` writes the fit, rounded as ``ROUNDING`` says, into the planner's
+calibration (``memory`` in ``muse_stack/plan/calibration.json``), each value with benchmarks/results/plan and
+this command: the defaults of ``Calibration``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from muse_stack.plan.memory import Calibration
-from muse_stack.plan.planner import make_plan
-from muse_stack.recipes.catalogue import load_recipe
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import datafiles  # noqa: E402
+
+from muse_stack.plan.memory import Calibration  # noqa: E402
+from muse_stack.plan.planner import make_plan  # noqa: E402
+from muse_stack.recipes.catalogue import load_recipe  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[2] / "results"
 PACKED = ["data.kind=sft", "data.builder=packed", "data.files=[data/tiny-chat.jsonl]",
@@ -105,10 +111,25 @@ def fit() -> dict:
             "compiled_activation_factor": compiled_factor, "current": current.model_dump(), "points": table}
 
 
-def main() -> None:
+#: decimals each fitted value keeps in the calibration: the activation factors 0.01 (a rounding of at most
+#: 0.005, 0.3% of them), the runtime buffers 0.1 GiB (at most 0.05 GiB)
+ROUNDING = {"activation_factor": 2, "compiled_activation_factor": 2, "runtime_overhead_gib": 1}
+
+
+def write_calibration(out: dict, json_out: Path | None, path: Path = datafiles.CALIBRATION) -> str:
+    """Write the fit (``out``; ``json_out``: where its JSON went) into the planner's calibration (``memory``),
+    each value rounded as ``ROUNDING`` says, with benchmarks/results/plan and this command."""
+    cmd = datafiles.command(__file__, *(("--json", json_out) if json_out else ()), "--write")
+    entries = {k: datafiles.entry(round(out[k], d), BENCH / "plan", cmd) for k, d in ROUNDING.items()}
+    return datafiles.write_calibration({"memory": entries}, path)
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    ap.add_argument("--write", action="store_true",
+                    help="write the fit into the planner's calibration (muse_stack/plan/calibration.json)")
+    args = ap.parse_args(argv)
     out = fit()
     cur = out["current"]
     print(f"fit: activation_factor {out['activation_factor']:.3f}, runtime_overhead_gib "
@@ -120,6 +141,9 @@ def main() -> None:
               f"{r['estimate_fitted_gib']:8.2f} {r['estimate_current_gib']:9.2f} {r['error_current']:+7.1%}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
+    if args.write:
+        write_calibration(out, args.json)
+        print(f"written to {datafiles.rel(datafiles.CALIBRATION)}")
 
 
 if __name__ == "__main__":

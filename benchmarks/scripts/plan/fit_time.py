@@ -1,7 +1,7 @@
 """Fit the step-time model's kernel efficiencies to the measured H200 step times (CPU only).
 
     python benchmarks/scripts/plan/fit_time.py [--json FILE]
-    python benchmarks/scripts/plan/fit_time.py --sweep DIR [--json FILE]
+    python benchmarks/scripts/plan/fit_time.py --sweep DIR [--json FILE] [--write]
 
 Each fitted point is a megatron-core run of benchmarks/ that measured 30 steps (10 warm-up):
 the recipe and overrides it ran with (benchmarks/scripts/plan/fit.py's POINTS and COMPILED, the same
@@ -44,8 +44,12 @@ compiled, so the eager passes are unseen) is held at ``PRIOR`` too and reported 
 is also predicted by a fit to the others (leave-one-out, the same selection redone on the remaining
 runs; an unknown the remaining runs do not separate is held at ``PRIOR`` too, never at a value
 fitted with the run left out), and the shipped run's in-sample and leave-one-out errors are
-reported apart: the target is within 5%. The planner's ``TimeCalibration`` defaults are the fit of
-benchmarks/results/plan-sweep/runs (plan-sweep/fit.json), with PRIOR's host times and eager passes.
+reported apart: the target is within 5%. With ``--write`` the fit's values (fitted and held, to
+``datafiles.DIGITS`` significant digits) are written into the planner's calibration,
+``muse_stack/plan/calibration.json``, each with the folder it came from (DIR for a fitted one,
+benchmarks/results/plan for one held at PRIOR) and this command: the planner's ``TimeCalibration``
+defaults are the fit of benchmarks/results/plan-sweep/runs (plan-sweep/fit.json), with PRIOR's host times
+and eager passes.
 
 Without ``--sweep``, the runs of benchmarks/ above are also predicted with the planner's
 calibration as committed (``TimeCalibration()``; ``adopted_error``): its GPU terms are the sweep's
@@ -67,6 +71,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import datafiles  # noqa: E402
 from fit import COMPILED, POINTS, SLICE_AS_MEASURED  # noqa: E402
 
 from muse_stack.util.errors import InputError, MuseStackError  # noqa: E402
@@ -112,15 +118,28 @@ START = TimeCalibration(gemm_efficiency_dense=0.7246, gemm_efficiency_expert=0.7
                         elementwise_passes=5.879, elementwise_passes_compiled=0.0, layer_overhead_s=0.006226,
                         microbatch_overhead_s=0.0, expert_overhead_s=7.833e-05, dispatch_passes_allgather=0.0,
                         dispatch_passes_alltoall=0.0, optimizer_copy_passes=0.0, remainder_passes=0.0)
-#: the fit to the older runs of benchmarks/ below (this script without --sweep: fit_time.json's
-#: ``fitted``; other machines and stacks than the sweep's), host time overlapping the GPU work; the
-#: dispatch and optimizer-layout passes unfitted (0). A sweep holds at these what its runs (or, left
-#: out, the remaining runs) do not separate: the host times, which a GPU-bound sweep hides, and the
+#: the fit to the older runs of benchmarks/ below, as committed (this script without --sweep writes it)
+PRIOR_FIT = BENCH / "plan" / "fit_time.json"
+
+
+def older_fit(path: Path = PRIOR_FIT) -> TimeCalibration:
+    """The fit to the older runs (``path``'s ``fitted``, to ``datafiles.DIGITS`` significant digits, as the
+    calibration is written), host time overlapping the GPU work; the dispatch and optimizer-layout passes
+    unfitted (0)."""
+    try:
+        fitted = json.loads(path.read_text())["fitted"]
+        values = {u: datafiles.significant(fitted[u]) for u in UNKNOWNS}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"{path}: no fit to the older runs ({e!r}); run this script without --sweep "
+                         f"--json {datafiles.rel(path)}") from None
+    fields = {f: values[u] for u, fs in UNKNOWNS.items() for f in fs}
+    return TimeCalibration(**fields, **{f: 0.0 for u, fs in SWEEP_UNKNOWNS.items() if u not in UNKNOWNS for f in fs})
+
+
+#: the older runs' fit (other machines and stacks than the sweep's). A sweep holds at these what its runs (or,
+#: left out, the remaining runs) do not separate: the host times, which a GPU-bound sweep hides, and the
 #: eager passes
-PRIOR = TimeCalibration(gemm_efficiency_dense=0.4566, gemm_efficiency_expert=0.4566, attention_efficiency=0.4566,
-                        elementwise_passes=6.600, elementwise_passes_compiled=0.0, layer_overhead_s=0.006172,
-                        microbatch_overhead_s=0.02506, expert_overhead_s=6.240e-05, dispatch_passes_allgather=0.0,
-                        dispatch_passes_alltoall=0.0, optimizer_copy_passes=0.0, remainder_passes=0.0)
+PRIOR = older_fit()
 #: fields only a sweep fits (the default mode holds them at their defaults and does not list them)
 SWEEP_ONLY = [f for u, fs in SWEEP_UNKNOWNS.items() if u not in UNKNOWNS for f in fs]
 #: a column (in relative-error units) joins the sweep's fit when its part outside the span of the
@@ -377,7 +396,8 @@ def to_values(x: np.ndarray) -> dict[str, float]:
 
 
 def check_prior(values: dict[str, float]) -> list[str]:
-    """Fields of PRIOR that differ from the fit to the older runs by more than its printed rounding."""
+    """Fields of PRIOR (the committed fit_time.json, rounded) that differ from this fit to the older runs by
+    more than that rounding: the file to commit, and the sweep to refit (``--sweep DIR --write``)."""
     return [f for u, v in values.items() for f in UNKNOWNS[u]
             if np.isfinite(v) and abs(getattr(PRIOR, f) - v) > max(5e-4 * abs(v), 1e-12)]
 
@@ -661,11 +681,29 @@ def print_sweep(out: dict) -> None:
         print(f"TimeCalibration defaults differ from this fit: {', '.join(out['defaults_differ'])}")
 
 
+def write_calibration(out: dict, folder: Path, json_out: Path | None,
+                      path: Path = datafiles.CALIBRATION) -> str:
+    """Write a sweep's fit (``out``, of ``folder``; ``json_out``: where its JSON went) into the planner's
+    calibration: every field of SWEEP_UNKNOWNS, a fitted one from ``folder``, a held one from PRIOR's
+    (benchmarks/results/plan), each with this command. Returns the file's text."""
+    cmd = datafiles.command(__file__, "--sweep", folder, *(("--json", json_out) if json_out else ()), "--write")
+    held = {f for u in out["held"] for f in SWEEP_UNKNOWNS[u]}
+    entries = {f: datafiles.entry(datafiles.significant(out["calibration"][f]),
+                                  PRIOR_FIT.parent if f in held else folder, cmd)
+               for fields in SWEEP_UNKNOWNS.values() for f in fields}
+    return datafiles.write_calibration({"time": entries}, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path)
     ap.add_argument("--sweep", type=Path, help="a folder of engine_steps.py results of one machine (h200.sh plansweep)")
+    ap.add_argument("--write", action="store_true",
+                    help="with --sweep: write the fit into muse_stack/plan/calibration.json")
     args = ap.parse_args(argv)
+    if args.write and args.sweep is None:
+        ap.error("--write takes a sweep's fit (--sweep DIR): the older runs' fit reaches the planner as the values "
+                 "a sweep holds (PRIOR, read from benchmarks/results/plan/fit_time.json)")
     if args.sweep is not None:
         try:
             out = fit_sweep(args.sweep)
@@ -675,6 +713,9 @@ def main(argv: list[str] | None = None) -> int:
         print_sweep(out)
         if args.json:
             args.json.write_text(json.dumps(out, indent=1) + "\n")
+        if args.write:
+            write_calibration(out, args.sweep, args.json)
+            print(f"written to {datafiles.rel(datafiles.CALIBRATION)}")
         return 0
     out = fit()
     print("fit: " + ", ".join(f"{k} {v:.4g}" for k, v in out["fitted"].items()))
@@ -700,7 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     if out["defaults_differ"]:
         print(f"TimeCalibration defaults differ from this fit: {', '.join(out['defaults_differ'])}")
     if out["prior_differs"]:
-        print(f"fit_time.PRIOR differs from this fit: {', '.join(out['prior_differs'])}")
+        print(f"the committed fit (fit_time.PRIOR, {datafiles.rel(PRIOR_FIT)}) differs from this fit: "
+              f"{', '.join(out['prior_differs'])}; write it there and refit the sweep (--sweep DIR --write)")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

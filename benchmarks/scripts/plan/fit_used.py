@@ -1,6 +1,6 @@
 """Measure the used-memory terms outside the allocated estimate from the H200 runs (CPU only).
 
-    python benchmarks/scripts/plan/fit_used.py [--json FILE]
+    python benchmarks/scripts/plan/fit_used.py [--json FILE] [--write]
 
 Every run of benchmarks/ whose results.json (or benchmark JSON) has a ``device_memory`` block
 (:mod:`muse_stack.machine.devmem`: ``torch.cuda.max_memory_allocated``, ``max_memory_reserved`` and
@@ -13,7 +13,9 @@ the device's used memory read through NVML at the end of the run, one process on
 The reserve is fitted as the mean over the runs in the recipe's default numerics that train
 every parameter (the deterministic mode and adapter runs allocate differently and are listed
 apart); the outside-the-allocator figure as the median over every run (it does not depend on
-the workload). Nothing here reads the B200 record.
+the workload). Nothing here reads the B200 record. ``--write`` writes both, to ``DIGITS`` significant digits,
+into the planner's calibration (``used`` in ``muse_stack/plan/calibration.json``), each with
+benchmarks/results/plan and this command: the defaults of ``UsedCalibration``.
 """
 
 from __future__ import annotations
@@ -21,9 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import datafiles  # noqa: E402
+
 BENCH = Path(__file__).resolve().parents[2] / "results"
+#: significant digits each measured value keeps in the calibration (a rounding of at most 0.5%)
+DIGITS = 3
 
 #: (folder or file under benchmarks/, what ran, counted in the reserve fit)
 RUNS = [
@@ -55,9 +63,20 @@ def measure() -> dict:
                                             max(r["outside_allocator_gib"] for r in rows)]}
 
 
+def write_calibration(out: dict, json_out: Path | None, path: Path = datafiles.CALIBRATION) -> str:
+    """Write the measurement (``out``; ``json_out``: where its JSON went) into the planner's calibration
+    (``used``), each value to ``DIGITS`` significant digits, with benchmarks/results/plan and this command."""
+    cmd = datafiles.command(__file__, *(("--json", json_out) if json_out else ()), "--write")
+    entries = {k: datafiles.entry(datafiles.significant(out[k], DIGITS), BENCH / "plan", cmd)
+               for k in ("allocator_reserve_fraction", "outside_allocator_gib")}
+    return datafiles.write_calibration({"used": entries}, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--write", action="store_true",
+                    help="write the measurement into the planner's calibration (muse_stack/plan/calibration.json)")
     args = ap.parse_args(argv)
     out = measure()
     for r in out["runs"]:
@@ -68,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
           f"allocator {out['outside_allocator_gib']:.2f} GiB")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    if args.write:
+        write_calibration(out, args.json)
+        print(f"written to {datafiles.rel(datafiles.CALIBRATION)}")
     return 0
 
 

@@ -50,18 +50,24 @@ try:
 except ImportError:  # no Triton: TE's step stays
     triton = None
 
+from muse_stack.engines.mcore.launch import FILE as LAUNCH_FILE
+from muse_stack.engines.mcore.launch import launches
+from muse_stack.util.errors import InputError
+
 #: False: :func:`install` leaves TE's step as it is (for attribution:
 #: ``benchmarks/scripts/engine_steps.py --te-adam``)
 enabled = True
-#: the launch on a GPU: programs per streaming multiprocessor, warps per program, elements a
-#: program updates per iteration and elements per work item (a multiple of BLOCK).
-#: ``benchmarks/scripts/kernels.py --only adam`` times a grid of launches; these are the fastest
-#: of that grid on an H200 (``benchmarks/results/adam/kernels.json``, written by
-#: ``adam_choose.py launch``)
-PROGRAMS_PER_SM = 32
-NUM_WARPS = 8
-BLOCK = 1024
+#: the launch on a GPU: programs per streaming multiprocessor, warps per program and elements a
+#: program updates per iteration, read from launch.json (``adam_step``: the fastest of the grid
+#: ``benchmarks/scripts/kernels.py --only adam`` timed on an H200, written by ``adam_choose.py launch
+#: --write``; :mod:`.launch`)
+_LAUNCH = launches().adam_step.value
+PROGRAMS_PER_SM, NUM_WARPS, BLOCK = _LAUNCH.programs_per_sm, _LAUNCH.num_warps, _LAUNCH.block
+#: elements per work item (a multiple of BLOCK)
 CHUNK = 65536
+if CHUNK % BLOCK:
+    raise InputError(f"{LAUNCH_FILE}: adam_step.value.block does not divide a work item of {CHUNK} elements",
+                     field="adam_step.value.block", value=BLOCK, fix=f"a power of two up to {CHUNK:,}")
 #: programs under Triton's interpreter (TRITON_INTERPRET=1), where each is run in turn on the CPU
 INTERPRETER_PROGRAMS = 3
 #: the offsets' alignment (elements) that lets a load of 16 fp32 or bf16 values be one or two

@@ -70,6 +70,7 @@ from muse_stack.engines.mcore import norm_backward
 from muse_stack.engines.mcore.first_write import module_weights, zero_unrouted
 from muse_stack.models.muse_spark.residual import initial_gate_value
 from muse_stack.models.muse_spark.config import ModelConfig
+from muse_stack.plan.calibration import one_pass_norm_backward
 
 
 # ---- parameters -----------------------------------------------------------------------
@@ -256,12 +257,12 @@ class MuseSparkExperts(TEGroupedMLP):
     #: kernel that computes each output element's half of the concatenated gradient on its own
     #: (``benchmarks/scripts/engine_steps.py --mcore-swiglu``)
     te_swiglu_backward: bool = True
-    #: the post-expert norm's backward as one Triton pass over its input (:mod:`.norm_backward`): on.
-    #: Kept with the word embedding's gradient into main_grad, the pair chosen together (+1.16% in the
-    #: step, ``benchmarks/results/embedgrad/``; alone it measured +0.48%, ``benchmarks/results/normbwd/``).
-    #: Off: the compiled chain's own backward, TorchInductor's row pass and a column sum that reads the
-    #: input again (``benchmarks/scripts/engine_steps.py --compiled-norm-backward``)
-    fused_norm_backward: bool = True
+    #: the post-expert norm's backward as one Triton pass over its input (:mod:`.norm_backward`), where
+    #: muse_stack/plan/calibration.json's ``engine_kernels`` says so (the planner prices the same): the
+    #: verdict of ``benchmarks/results/embedgrad/``, which measured it with the word embedding's gradient
+    #: into main_grad (``embedgrad_choose.py --ship``). Off: the compiled chain's own backward, TorchInductor's
+    #: row pass and a column sum that reads the input again (``engine_steps.py --compiled-norm-backward``)
+    fused_norm_backward: bool = one_pass_norm_backward()
 
     def __init__(self, num_local_experts: int, config, submodules, pg_collection=None, name=None) -> None:
         super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection, name=name)

@@ -40,13 +40,14 @@ try:
 except ImportError:  # no Triton: the chain's own backward
     triton = None
 
-#: the launch on a GPU: programs per streaming multiprocessor, warps per program (None: from the
-#: width, 4 to 16) and rows per iteration (a power of two). ``benchmarks/scripts/kernels.py`` times a
-#: grid of them at the slice's shape; these are the fastest of that grid on an H200
-#: (``benchmarks/results/normbwd/kernels.json``, written by ``normbwd_choose.py launch``)
-PROGRAMS_PER_SM = 2
-NUM_WARPS = 8
-ROWS_PER_ITERATION = 1
+from muse_stack.engines.mcore.launch import launches
+
+#: the launch on a GPU: programs per streaming multiprocessor, warps per program and rows per
+#: iteration (a power of two), read from launch.json (``norm_backward``: the fastest of the grid
+#: ``benchmarks/scripts/kernels.py`` timed at the slice's shape on an H200, written by
+#: ``normbwd_choose.py launch --write``; :mod:`.launch`)
+_LAUNCH = launches().norm_backward.value
+PROGRAMS_PER_SM, NUM_WARPS, ROWS_PER_ITERATION = _LAUNCH.programs_per_sm, _LAUNCH.num_warps, _LAUNCH.rows_per_iteration
 #: programs under Triton's interpreter (TRITON_INTERPRET=1), where each is run in turn on the CPU
 INTERPRETER_PROGRAMS = 3
 
