@@ -31,6 +31,11 @@ class StepStats:
 
 
 class Engine(Protocol):
+    """One optimizer step at a time over the micro-batches it is given. Optional: an engine with
+    random generators of its own (beside Python's, NumPy's and torch's) exposes them as
+    ``rng_state() -> dict`` and ``load_rng_state(state)``, for the run's random state
+    (:mod:`muse_stack.run.rng`) to save, restore and keep unmoved around validation."""
+
     name: str
     device: str
 
@@ -53,8 +58,7 @@ class Engine(Protocol):
         """The model's loss over the held-out global batches given (this rank's micro-batches of
         each): the mean over their supervised tokens, all ranks, no update, and the number of
         those tokens; every rank calls it at the same steps and gets the same values. The run
-        keeps every random generator as it was (an engine with generators of its own exposes them
-        as ``rng_state() -> dict`` and ``load_rng_state(state)``, see :mod:`muse_stack.run.rng`)."""
+        keeps every random generator as it was."""
         ...
 
     def seq_lens(self) -> list[int]:
