@@ -36,9 +36,10 @@ def test_tiny_cpu_trains_lora_and_resumes_from_an_adapter_checkpoint(cli, tmp_pa
     rc, _, _ = cli("run", "tiny-cpu", *PEFT, "--steps", "4", "--stop-after", "2", "--out", part, "--no-progress")
     assert rc == 1
     ckpt = part / "checkpoints" / json.loads((part / "checkpoints" / "latest").read_text())["folder"]
-    # the engine's files (adapters only, no base weights) plus the checkpoint manager's recipe and metrics copies
+    # the engine's files (adapters only, no base weights) plus the checkpoint manager's recipe and metrics
+    # copies and the run's own state of each rank (rng/)
     assert sorted(p.name for p in ckpt.iterdir()) == ["adapters.json", "adapters.safetensors", "metrics.jsonl",
-                                                       "optimizer.pt", "recipe.yaml", "trainer_state.json"]
+                                                       "optimizer.pt", "recipe.yaml", "rng", "trainer_state.json"]
     stored = load_file(ckpt / "adapters.safetensors")
     assert stored and all(is_adapter_key(k) for k in stored)
     base = json.loads((ckpt / "adapters.json").read_text())["base"]

@@ -33,11 +33,11 @@ def test_manual_collection_happens_on_the_stated_steps_only(tmp_path, monkeypatc
     """Every collection the interpreter makes while the run trains is seen by gc.callbacks: with the
     collector off they are the run's own, after steps 3 and 6 (every 3rd) and after the saves at 4
     and 8."""
-    from muse_stack.engines.reference import ReferenceEngine
+    from muse_stack.run.steps import TrainSteps
     from muse_stack.run.trainer import Trainer
 
     state = {"done": 0, "training": False}
-    real_step, real_finish = ReferenceEngine.train_step, Trainer.finish
+    real_step, real_finish = TrainSteps.step, Trainer.finish
 
     def train_step(self, n):
         state["training"] = True
@@ -55,7 +55,7 @@ def test_manual_collection_happens_on_the_stated_steps_only(tmp_path, monkeypatc
         if phase == "start" and state["training"]:
             seen.append(state["done"])
 
-    monkeypatch.setattr(ReferenceEngine, "train_step", train_step)
+    monkeypatch.setattr(TrainSteps, "step", train_step)
     monkeypatch.setattr(Trainer, "finish", finish)
     gc.callbacks.append(callback)
     try:

@@ -69,17 +69,17 @@ def baseline(tmp_path_factory):
 
 
 def crash_at(monkeypatch, step: int) -> None:
-    """The engine raises inside step ``step`` (a crash the process reports: results.json says failed)."""
-    from muse_stack.engines.reference import ReferenceEngine
+    """The run raises inside step ``step`` (a crash the process reports: results.json says failed)."""
+    from muse_stack.run.steps import TrainSteps
 
-    real = ReferenceEngine.train_step
+    real = TrainSteps.step
 
     def train_step(self, n):
         if n == step:
             raise RuntimeError(f"simulated crash at step {n}")
         return real(self, n)
 
-    monkeypatch.setattr(ReferenceEngine, "train_step", train_step)
+    monkeypatch.setattr(TrainSteps, "step", train_step)
 
 
 def test_a_crashed_run_resumes_under_auto_with_every_step_once(tmp_path, monkeypatch, baseline):

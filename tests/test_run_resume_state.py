@@ -56,22 +56,33 @@ def test_resume_with_adapter_dropout_is_bitwise_the_uninterrupted_run(tmp_path, 
     same_training(done.path, full.path)
 
 
-def _engine(tmp_path: Path, overrides: list[str]):
+def _steps(tmp_path: Path, overrides: list[str]):
+    """The reference engine and the run's steps around it (LR, data, random state), as the trainer
+    builds them."""
     from muse_stack.data import build_for_recipe
     from muse_stack.engines.base import TrainContext
     from muse_stack.engines.reference import ReferenceEngine
     from muse_stack.recipes.catalogue import load_recipe
+    from muse_stack.run.steps import TrainSteps
 
     recipe = load_recipe("tiny-cpu", [*QUICK, *overrides])
     data = build_for_recipe(recipe, progress=False)
-    ctx = TrainContext(recipe=recipe, model=recipe.model_config_resolved(), data=data, total_steps=10)
-    return ReferenceEngine(ctx)
+    engine = ReferenceEngine(TrainContext(recipe=recipe, model=recipe.model_config_resolved()))
+    return TrainSteps(engine, recipe, data, 10)
 
 
-def _save(engine, folder: Path, step: int) -> None:
-    folder.mkdir(parents=True)
-    engine.save(folder, step)
-    (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
+def _manager(run_dir: Path, steps) -> checkpoints.CheckpointManager:
+    return checkpoints.CheckpointManager(run_dir, steps.engine, interval=None, keep=None, states=steps.states())
+
+
+def _save(steps, run_dir: Path, step: int) -> Path:
+    """A checkpoint of the engine and the run's state at ``step``, as the trainer saves it."""
+    _manager(run_dir, steps).save(step, {})
+    return checkpoints.latest(run_dir).path
+
+
+def _load(steps, run_dir: Path) -> int:
+    return _manager(run_dir, steps).load(steps.total_steps)
 
 
 def _draws() -> tuple:
@@ -81,21 +92,21 @@ def _draws() -> tuple:
 def test_generators_continue_across_a_resume(tmp_path, one_thread_env):
     """Whatever a step draws from (Python's random, NumPy's global generator, torch's) continues
     after a resume as it would have without one, set again just before the first resumed step."""
-    engine = _engine(tmp_path, [])
-    engine.train_step(1)
+    steps = _steps(tmp_path, [])
+    steps.step(1)
     random.seed(11)
     np.random.seed(12)
     torch.manual_seed(13)
-    _save(engine, tmp_path / "ckpt", 1)
-    engine.train_step(2)
+    _save(steps, tmp_path / "run", 1)
+    steps.step(2)
     expected = _draws()  # what the uninterrupted process draws after step 2
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
-    again = _engine(tmp_path, [])
-    assert again.load(tmp_path / "ckpt") == 1
+    again = _steps(tmp_path, [])
+    assert _load(again, tmp_path / "run") == 1
     _draws()  # whatever the process draws between loading and its first step does not count
-    again.train_step(2)
+    again.step(2)
     assert _draws() == expected
 
 
@@ -104,28 +115,28 @@ def test_resume_positions_the_data_without_producing_the_batches_before_it(tmp_p
     throwing away) step x micro-batches batches, and the next batch is the uninterrupted run's."""
     from muse_stack.data import batches
 
-    engine = _engine(tmp_path, ["batch.gbs=4"])  # two micro-batches a step
+    steps = _steps(tmp_path, ["batch.gbs=4"])  # two micro-batches a step
     for step in (1, 2, 3):
-        engine.train_step(step)
-    _save(engine, tmp_path / "ckpt", 3)
-    expected = next(engine._batches)["input_ids"]
-    again = _engine(tmp_path, ["batch.gbs=4"])
+        steps.step(step)
+    folder = _save(steps, tmp_path / "run", 3)
+    expected = next(steps.data.stream)["input_ids"]
+    again = _steps(tmp_path, ["batch.gbs=4"])
     made = []
     real = batches.collate
     monkeypatch.setattr(batches, "collate", lambda rows, index: made.append(1) or real(rows, index))
-    assert again.load(tmp_path / "ckpt") == 3
+    assert _load(again, tmp_path / "run") == 3
     assert made == []  # nothing replayed
-    assert torch.equal(next(again._batches)["input_ids"], expected)
-    state = torch.load(tmp_path / "ckpt" / "optimizer.pt", weights_only=True)
+    assert torch.equal(next(again.data.stream)["input_ids"], expected)
+    state = torch.load(checkpoints.rank_file(folder, 0), weights_only=True)
     assert state["data"]["row"] == 3 * 4 and state["data"]["epoch"] == 0
 
 
 def test_a_data_position_of_other_rows_is_refused(tmp_path, one_thread_env):
     from muse_stack.util.errors import InputError
 
-    engine = _engine(tmp_path, [])
-    engine.train_step(1)
-    stream = engine._batches
+    steps = _steps(tmp_path, [])
+    steps.step(1)
+    stream = steps.data.stream
     with pytest.raises(InputError, match="data position") as err:
         stream.seek({**stream.position(), "rows": stream.rows.num_rows + 1})
     assert err.value.field == "training.data_seed"
@@ -261,43 +272,87 @@ def test_a_full_disk_mid_run_is_the_checkpoint_error_naming_the_free_space(tmp_p
 
 # ---- the per-rank state files of the megatron engine (its helpers run on the CPU) ------------------
 def test_a_ranks_state_file_round_trips_and_a_damaged_one_is_a_clear_error(tmp_path):
-    from muse_stack.engines import state
+    from muse_stack.run import rng
     from muse_stack.util.errors import InputError
 
     random.seed(3)
     np.random.seed(4)
     torch.manual_seed(5)
-    saved = {"rng": state.capture_rng("cpu", extra={"mcore_tracker": {"model-parallel-rng": torch.get_rng_state()}}),
+    saved = {"rng": rng.capture_rng("cpu", extra={"mcore_tracker": {"model-parallel-rng": torch.get_rng_state()}}),
              "data": {"epoch": 0, "row": 16, "seed": 1, "rows": 100}}
-    state.save_rank_state(tmp_path, 1, saved)
+    checkpoints.save_rank_state(tmp_path, 1, saved)
     expected = _draws()
-    assert state.load_rank_state(tmp_path, 0) is None  # a rank the folder has no file for
-    back = state.load_rank_state(tmp_path, 1)
+    assert checkpoints.load_rank_state(tmp_path, 0) is None  # a rank the folder has no file for
+    back = checkpoints.load_rank_state(tmp_path, 1)
     assert back["data"] == saved["data"] and torch.equal(back["rng"]["mcore_tracker"]["model-parallel-rng"],
                                                          saved["rng"]["mcore_tracker"]["model-parallel-rng"])
-    state.restore_rng(back["rng"], "cpu")
+    rng.restore_rng(back["rng"], "cpu")
     assert _draws() == expected
-    state.rank_file(tmp_path, 2).write_bytes(b"not a torch file")
+    checkpoints.rank_file(tmp_path, 2).write_bytes(b"not a torch file")
     with pytest.raises(InputError, match=r"random state and data position \(rng/rank-00002\.pt\)") as err:
-        state.load_rank_state(tmp_path, 2)
+        checkpoints.load_rank_state(tmp_path, 2)
     assert err.value.field == "--resume"
+
+
+def _as_written_before(folder: Path, legacy: dict) -> None:
+    """The run's state moved into the reference engine's optimizer.pt, where checkpoints kept it
+    before each rank wrote its own file."""
+    state = torch.load(folder / "optimizer.pt", weights_only=True)
+    torch.save({"optimizer": state["optimizer"], **legacy}, folder / "optimizer.pt")
+    shutil.rmtree(folder / checkpoints.RANK_DIR)
 
 
 def test_a_checkpoint_written_before_still_resumes(tmp_path, one_thread_env):
     """optimizer.pt of earlier checkpoints holds torch's CPU state alone and no data position: the
     resume sets that state and skips the micro-batches the finished steps consumed, as before."""
-    engine = _engine(tmp_path, ["batch.gbs=4"])
+    steps = _steps(tmp_path, ["batch.gbs=4"])
     for step in (1, 2):
-        engine.train_step(step)
-    _save(engine, tmp_path / "ckpt", 2)
-    state = torch.load(tmp_path / "ckpt" / "optimizer.pt", weights_only=True)
-    torch.save({"optimizer": state["optimizer"], "rng": state["rng"][0]["torch_cpu"]},
-               tmp_path / "ckpt" / "optimizer.pt")
-    expected = next(engine._batches)["input_ids"]
-    again = _engine(tmp_path, ["batch.gbs=4"])
-    assert again.load(tmp_path / "ckpt") == 2
-    assert torch.equal(next(again._batches)["input_ids"], expected)
-    assert torch.equal(torch.get_rng_state(), state["rng"][0]["torch_cpu"])
+        steps.step(step)
+    folder = _save(steps, tmp_path / "run", 2)
+    saved = checkpoints.load_rank_state(folder, 0)
+    _as_written_before(folder, {"rng": saved["rng"]["torch_cpu"]})
+    expected = next(steps.data.stream)["input_ids"]
+    again = _steps(tmp_path, ["batch.gbs=4"])
+    assert _load(again, tmp_path / "run") == 2
+    assert torch.equal(next(again.data.stream)["input_ids"], expected)
+    assert torch.equal(torch.get_rng_state(), saved["rng"]["torch_cpu"])
+
+
+def test_a_checkpoint_with_its_state_in_optimizer_pt_resumes_bitwise(tmp_path, one_thread_env):
+    """Checkpoints of the reference engine written before ``rng/`` held every rank's random state
+    (a list) and the data position in optimizer.pt: a run resumed from one draws the same dropout
+    masks and rows as the uninterrupted run."""
+    common = dict(steps=6, progress=False, overrides=[*QUICK, *DROPOUT, "training.checkpoint_interval=null"])
+    full = run("tiny-cpu", out=tmp_path / "full", **common)
+    part = run("tiny-cpu", out=tmp_path / "part", stop_after=3, **common)
+    folder = checkpoints.latest(part.path).path
+    saved = checkpoints.load_rank_state(folder, 0)
+    _as_written_before(folder, {"rng": [saved["rng"]], "data": saved["data"]})
+    done = run(resume=part.path, progress=False)
+    assert done.status == "completed" and done.results["resumed_at_step"] == 3
+    same_training(done.path, full.path)
+
+
+def test_a_rank_the_checkpoint_has_no_file_for_takes_rank_0s_data_position(tmp_path, caplog, one_thread_env):
+    """A run continued on more processes: a rank the checkpoint has no state file for keeps its
+    seeded generators and continues the data where rank 0's file says it stands (not where
+    skipping the finished steps would put it, as for a checkpoint that holds no position)."""
+    steps = _steps(tmp_path, ["batch.gbs=4"])
+    for step in (1, 2):
+        steps.step(step)
+    folder = _save(steps, tmp_path / "run", 2)
+    steps.step(3)
+    saved = checkpoints.load_rank_state(folder, 0)
+    checkpoints.save_rank_state(folder, 0, {**saved, "data": steps.data.state_dict()})  # a position after step 3
+    expected = next(steps.data.stream)["input_ids"]
+    again = _steps(tmp_path, ["batch.gbs=4"])
+    manager = checkpoints.CheckpointManager(tmp_path / "run", again.engine, interval=None, keep=None, rank=1,
+                                            states=again.states())
+    with caplog.at_level("WARNING", logger="muse_stack.run"):
+        assert manager.load(again.total_steps) == 2
+    assert "rank 1 has no saved random state" in caplog.text
+    assert again.rng._pending is None
+    assert torch.equal(next(again.data.stream)["input_ids"], expected)
 
 
 def test_a_position_between_micro_steps_continues_at_the_next_one(tmp_path, caplog):

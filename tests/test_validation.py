@@ -287,16 +287,16 @@ def test_manual_gc_collects_around_each_validation(tmp_path, monkeypatch, collec
     validation and a young-generation one right after it; without it, none (the collector is off)."""
     import gc
 
-    from muse_stack.engines.reference import ReferenceEngine
+    from muse_stack.run.steps import TrainSteps
     from muse_stack.run.trainer import Trainer
 
     events: list[tuple] = []
     state = {"training": False}
-    real_eval, real_step, real_finish = ReferenceEngine.evaluate, ReferenceEngine.train_step, Trainer.finish
+    real_eval, real_step, real_finish = TrainSteps.evaluate, TrainSteps.step, Trainer.finish
 
-    def evaluate(self):
+    def evaluate(self, held):
         events.append(("validate",))
-        return real_eval(self)
+        return real_eval(self, held)
 
     def train_step(self, n):
         state["training"] = True
@@ -311,8 +311,8 @@ def test_manual_gc_collects_around_each_validation(tmp_path, monkeypatch, collec
         if phase == "start" and state["training"]:
             events.append(("gc", info["generation"]))
 
-    monkeypatch.setattr(ReferenceEngine, "evaluate", evaluate)
-    monkeypatch.setattr(ReferenceEngine, "train_step", train_step)
+    monkeypatch.setattr(TrainSteps, "evaluate", evaluate)
+    monkeypatch.setattr(TrainSteps, "step", train_step)
     monkeypatch.setattr(Trainer, "finish", finish)
     gc.callbacks.append(callback)
     try:

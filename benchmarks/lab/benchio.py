@@ -22,19 +22,22 @@ def recipe_args(*, steps: int, warmup: int) -> argparse.ArgumentParser:
 
 
 def megatron_engine(name: str, overrides: list[str], steps: int):
-    """The recipe ``name`` with ``overrides`` and ``training.steps=steps``, and the megatron engine
-    built on it (its data included), as ``muse-stack run`` would build them; returns both."""
+    """The recipe ``name`` with ``overrides`` and ``training.steps=steps``, the megatron engine built
+    on it and the run's steps around the engine (the LR, the data and its micro-batches:
+    :class:`muse_stack.run.steps.TrainSteps`), as ``muse-stack run`` would build them; returns all
+    three. ``steps.step(n)`` runs step ``n`` as the runner does."""
     from muse_stack.data import build_for_recipe
     from muse_stack.engines.base import TrainContext
     from muse_stack.engines.megatron import MegatronEngine
     from muse_stack.engines.spec import check_recipe
     from muse_stack.recipes.catalogue import load_recipe
+    from muse_stack.run.steps import TrainSteps
 
     recipe = load_recipe(name, [*overrides, f"training.steps={steps}"])
     check_recipe(recipe)  # what the runner refuses, refused here too
-    engine = MegatronEngine(TrainContext(recipe=recipe, model=recipe.model_config_resolved(),
-                                         data=build_for_recipe(recipe, progress=False), total_steps=steps))
-    return recipe, engine
+    data = build_for_recipe(recipe, progress=False)
+    engine = MegatronEngine(TrainContext(recipe=recipe, model=recipe.model_config_resolved()))
+    return recipe, engine, TrainSteps(engine, recipe, data, steps)
 
 
 def cuda_median_seconds(fn: Callable[[], Any], reps: int, warmup: int) -> float:

@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from muse_stack.recipes.catalogue import load_recipe
     from muse_stack.machine.devmem import cuda_memory
     from muse_stack.run.checkpoints import CheckpointManager
+    from muse_stack.run.steps import TrainSteps
 
     run_dir = Path(args.dir)
     if run_dir.exists():
@@ -62,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     async_recipe = load_recipe(args.recipe, [*args.overrides, f"training.steps={total}",
                                              "training.async_checkpoint=true"])
     data = build_for_recipe(sync_recipe, progress=False)
-    ctx = TrainContext(recipe=sync_recipe, model=sync_recipe.model_config_resolved(), data=data, total_steps=total)
+    ctx = TrainContext(recipe=sync_recipe, model=sync_recipe.model_config_resolved())
     engine = MegatronEngine(ctx)
+    steps = TrainSteps(engine, sync_recipe, data, total)
     # one dist-checkpoint, as the engine estimates it for the runner's own free-space check (weights, fp32
     # main copy and both Adam moments; the metadata adds well under 2%): refuse before writing when it cannot fit
     needed = engine.checkpoint_bytes()
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if free < 1.02 * needed:
         raise SystemExit(f"{run_dir.parent} has {free / 2**30:.1f} GiB free; one checkpoint needs about "
                          f"{needed / 2**30:.1f} GiB: give --dir on a larger file system")
-    manager = CheckpointManager(run_dir, engine, interval=None, keep=1)
+    manager = CheckpointManager(run_dir, engine, interval=None, keep=1, states=steps.states())
     step = 0
 
     def timed_step() -> float:
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         step += 1
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        engine.train_step(step)
+        steps.step(step)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 

@@ -33,7 +33,7 @@ def _digest(t) -> str:
 def probe(recipe_name: str, overrides: list[str]) -> dict:
     import torch
 
-    _, engine = megatron_engine(recipe_name, overrides, 2)
+    _, engine, steps = megatron_engine(recipe_name, overrides, 2)
     module = engine.model.module
     weights = {n: _digest(p) for n, p in module.named_parameters()}
     outputs: list[list[str]] = []
@@ -46,13 +46,13 @@ def probe(recipe_name: str, overrides: list[str]) -> dict:
         return fn
 
     handles = [m.register_forward_hook(hook(n)) for n, m in module.named_modules() if n]
-    first = next(engine._batches)
+    first = next(steps.data.stream)
     batch = engine._prepare(first)
     with torch.no_grad():
         module(batch["input_ids"], labels=batch["labels"], loss_mask=batch["loss_mask"])
     for h in handles:
         h.remove()
-    stats = engine.train_step(1)
+    stats = steps.step(1)
     grads = {}
     for n, p in module.named_parameters():
         g = getattr(p, "main_grad", None)

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     from muse_stack.recipes.peft import resolve
     from muse_stack.machine.peak import peak_for
 
-    recipe, engine = megatron_engine(args.recipe, args.overrides, args.steps)
+    recipe, engine, steps = megatron_engine(args.recipe, args.overrides, args.steps)
     cfg = recipe.model_config_resolved()
     collector = recipe.training.gc
     if collector.manual:  # as the runner does (run/trainer.py): no automatic collection inside a step
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(1, args.steps + 1):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        stats = engine.train_step(step)
+        stats = steps.step(step)
         torch.cuda.synchronize()
         rows.append({"step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "tokens": stats.tokens,
                      "step_time_s": time.perf_counter() - t0})

@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from muse_stack.models.muse_spark.checkpoint import load_checkpoint
     from muse_stack.recipes.catalogue import parse_recipe
     from muse_stack.run import checkpoints
+    from muse_stack.run.steps import TrainSteps
 
     current = checkpoints.latest(Path(args.run_dir))
     if current is None:
@@ -56,8 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = recipe.model_config_resolved()
     data = build_for_recipe(recipe, progress=False)
     total = recipe.training.steps or current.step
-    engine = MegatronEngine(TrainContext(recipe=recipe, model=cfg, data=data, total_steps=total))
-    engine.load(current.path)
+    engine = MegatronEngine(TrainContext(recipe=recipe, model=cfg))
+    steps = TrainSteps(engine, recipe, data, total)
+    # the weights, and the data where the checkpoint left it (its random state is not needed here)
+    checkpoints.CheckpointManager(Path(args.run_dir), engine, interval=None, keep=None,
+                                  states={"data": steps.data}).load(total)
 
     # 1. tensors, bit for bit
     params = dict(engine.model.module.named_parameters())
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                                "max_abs_diff": diff})
 
     # 2. logits on one micro-batch of the run's data
-    mb = next(engine._batches)
+    mb = next(steps.data.stream)
     mine = eval_logits(engine, mb)
     del engine
     torch.cuda.empty_cache()

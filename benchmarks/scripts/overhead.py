@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     total = 2 * (args.steps + args.warmup)
-    recipe, engine = megatron_engine(args.recipe, args.overrides, total)
-    fixed = [engine._prepare(next(engine._batches)) for _ in range(engine.micro_batches)]
+    recipe, engine, steps = megatron_engine(args.recipe, args.overrides, total)
+    fixed = [engine._prepare(mb) for mb in steps.data.next_step()]
 
     def minimal_step() -> float:
         t0 = time.perf_counter()
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def engine_step(step: int) -> float:
         t0 = time.perf_counter()
-        engine.train_step(step)
+        steps.step(step)
         return time.perf_counter() - t0
 
     eng, mini = [], []

@@ -213,16 +213,16 @@ def main(argv: list[str] | None = None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     total = args.warmup + args.steps
-    _, engine = megatron_engine(args.recipe, args.overrides, total)
+    _, engine, steps = megatron_engine(args.recipe, args.overrides, total)
     for step in range(1, args.warmup + 1):
-        engine.train_step(step)
+        steps.step(step)
     torch.cuda.synchronize()
     import time
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=args.shapes) as prof:
         t0 = time.perf_counter()
         for step in range(args.warmup + 1, total + 1):
-            engine.train_step(step)
+            steps.step(step)
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / args.steps
     with tempfile.TemporaryDirectory() as tmp:

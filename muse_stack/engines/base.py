@@ -1,10 +1,12 @@
-"""What an engine does for the run pipeline: one optimizer step at a time."""
+"""What an engine does for the run pipeline: one optimizer step at a time over the micro-batches it
+is given. The run owns the rest of the step's state (the LR, the micro-batch count, the data and
+its position, the random generators: :mod:`muse_stack.run.steps`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
 from muse_stack.models.muse_spark.config import ModelConfig
 from muse_stack.recipes.schema import Recipe
@@ -14,36 +16,49 @@ from muse_stack.recipes.schema import Recipe
 class TrainContext:
     recipe: Recipe
     model: ModelConfig
-    data: Any  # muse_stack.data.BuiltData
-    total_steps: int
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     pretrained_checkpoint: str | None = None
-    validation: Any = None  # muse_stack.data.split.HeldOut: the held-out rows (None: no validation)
 
 
 @dataclass
 class StepStats:
     loss: float  #: mean over the step's supervised tokens, all ranks
     grad_norm: float
-    lr: float
     tokens: int  #: tokens processed in the step, all ranks (padding included)
     supervised_tokens: int
 
 
 class Engine(Protocol):
+    """One optimizer step at a time over the micro-batches it is given. Optional: an engine with
+    random generators of its own (beside Python's, NumPy's and torch's) exposes them as
+    ``rng_state() -> dict`` and ``load_rng_state(state)``, for the run's random state
+    (:mod:`muse_stack.run.rng`) to save, restore and keep unmoved around validation."""
+
     name: str
     device: str
 
     def __init__(self, ctx: TrainContext) -> None: ...
 
-    def train_step(self, step: int) -> StepStats: ...
+    def data_parallel(self) -> tuple[int, int]:
+        """This process's data-parallel rank and the data-parallel size: which share of each
+        global batch it reads (the run splits GBS into GBS / (MBS x DP) micro-batches a rank)."""
+        ...
 
-    def evaluate(self) -> tuple[float, int]:
-        """The model's loss over the held-out split (``ctx.validation``): the mean over the
-        supervised tokens of its ``eval_iters`` global batches, all ranks, no update, and the
-        number of those tokens; every rank calls it at the same steps and gets the same values."""
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next optimizer step (the run's schedule decides it)."""
+        ...
+
+    def train_step(self, micro_batches: list[dict[str, Any]]) -> StepStats:
+        """Forward and backward over this rank's micro-batches of one step, then the optimizer step."""
+        ...
+
+    def evaluate(self, batches: Iterable[list[dict[str, Any]]]) -> tuple[float, int]:
+        """The model's loss over the held-out global batches given (this rank's micro-batches of
+        each): the mean over their supervised tokens, all ranks, no update, and the number of
+        those tokens; every rank calls it at the same steps and gets the same values. The run
+        keeps every random generator as it was."""
         ...
 
     def seq_lens(self) -> list[int]:
@@ -53,8 +68,9 @@ class Engine(Protocol):
     def peak_memory_gib(self) -> float | None: ...
 
     def save(self, directory: Path, step: int) -> None:
-        """Write this engine's state (weights, optimizer, RNG) into ``directory``, an empty folder
-        the run's checkpoint manager made; it adds trainer_state.json and completes the folder.
+        """Write this engine's state (weights, optimizer) into ``directory``, a folder the run's
+        checkpoint manager made; it adds the run's own state (trainer_state.json, each rank's random
+        generators and data position) and completes the folder.
         An engine that only starts the write may also define ``finalize_save(blocking) -> bool``
         (True once no save is in flight), called by every rank at the same points."""
         ...
@@ -64,27 +80,11 @@ class Engine(Protocol):
         tensor once), for the free-space check before checkpoints; called on every rank."""
         ...
 
-    def load(self, directory: Path) -> int:
-        """Read the state a ``save`` wrote and position the data after it; returns the step
-        (``trainer_state.json``)."""
+    def load(self, directory: Path) -> None:
+        """Read the state a ``save`` wrote (the run reads its own)."""
         ...
 
     def describe(self) -> dict[str, Any]: ...
-
-
-def checkpoint_step(directory: Path, total_steps: int) -> int:
-    """The step a run checkpoint was saved after, from its trainer_state.json; a missing, truncated
-    or out-of-range state is an InputError, never a traceback or a loop over a bogus count."""
-    from muse_stack.util.errors import InputError
-    from muse_stack.util.safeio import read_json
-
-    fix = "the checkpoint is truncated or corrupt; start a new run (the run directory keeps its metrics)"
-    state = read_json(Path(directory) / "trainer_state.json", field="--resume", what="trainer state", fix=fix)
-    step = state.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= total_steps:
-        raise InputError(f"trainer_state.json holds step {step!r}, not a step of this run (0-{total_steps})",
-                         field="--resume", value=str(directory), fix=fix)
-    return step
 
 
 def corrupt_checkpoint(directory: Path, what: str, exc: BaseException):

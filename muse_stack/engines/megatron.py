@@ -5,11 +5,12 @@ One process per GPU (torchrun). The layout of the recipe maps onto megatron-core
 parallel state: TP (with sequence parallelism), PP (uneven first/last stages), CP (a2a by
 default), EP / ETP with the alltoall dispatcher, DP with megatron-core's DDP and distributed
 optimizer. Each optimizer step runs megatron-core's pipeline schedule
-(``get_forward_backward_func``) over GBS / (MBS x DP) micro-batches, with the loss summed per
+(``get_forward_backward_func``) over the micro-batches the run gives this data-parallel rank
+(GBS / (MBS x DP), :mod:`muse_stack.run.steps`), with the loss summed per
 token and divided by the global supervised-token count (``calculate_per_token_loss``; the division
 is applied to the loss before the backward rather than to every gradient after it), so the loss
-and gradients are those of the reference engine. The LR of every step is
-:func:`muse_stack.engines.schedule.lr_at`. Checkpoints are megatron-core dist-checkpoints; with
+and gradients are those of the reference engine. The run sets the LR of every step
+(:meth:`MegatronEngine.set_lr`). Checkpoints are megatron-core dist-checkpoints; with
 ``recipe.peft`` they hold the adapter tensors and their optimizer state only, plus the base's
 identity (:mod:`muse_stack.engines.mcore.peft_checkpoint`).
 """
@@ -20,7 +21,7 @@ import os
 import socket
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 import torch.distributed as tdist
@@ -28,7 +29,6 @@ import torch.distributed as tdist
 from muse_stack.engines.base import StepStats, TrainContext
 from muse_stack.engines.megatron_available import require_megatron
 from muse_stack.util.errors import RecipeError
-from muse_stack.engines.schedule import lr_at
 
 GIB = 2**30
 
@@ -60,8 +60,8 @@ class MegatronEngine:
     def __init__(self, ctx: TrainContext) -> None:
         """Set up in the order megatron-core needs: the process groups and seeds, the model of
         this rank (its weights, adapters and frozen towers), then DDP and the optimizer over what
-        trains, then this rank's share of the data."""
-        from muse_stack.engines import numerics
+        trains, then its data-parallel rank and size."""
+        from muse_stack.util import numerics
 
         numerics.apply(ctx.recipe)  # deterministic mode: before any kernel runs (idempotent)
         require_megatron()
@@ -268,26 +268,20 @@ class MegatronEngine:
         self.first_writes = first_write.FirstMicroBatchWrites(self.model, modules)
 
     def _init_data(self) -> None:
-        """This data-parallel rank's stream of micro-batches, and how many make one step."""
+        """This process's data-parallel rank and size (the share of each global batch the run gives
+        it) and how its micro-batches run (CP split, THD)."""
         from megatron.core import parallel_state as ps
 
         recipe, batch = self.ctx.recipe, self.ctx.recipe.batch
         self.dp_rank = ps.get_data_parallel_rank(with_context_parallel=False)
         self.dp_size = ps.get_data_parallel_world_size(with_context_parallel=False)
-        per_step = batch.mbs * self.dp_size
-        if batch.gbs % per_step:
-            raise RecipeError("the global batch does not split over the data-parallel ranks", field="batch.gbs",
-                              value=batch.gbs, rule=f"GBS divisible by MBS x DP = {per_step}",
-                              fix=f"use a multiple of {per_step}")
-        self.micro_batches = batch.gbs // per_step
-        self._batches = self.ctx.data.batches(batch.mbs, seed=recipe.training.data_seed, rank=self.dp_rank,
-                                              world_size=self.dp_size, epochs=None)
         self.cp_size = ps.get_context_parallel_world_size()
         #: packed rows run as THD (one token stream per micro-batch, per-sequence attention)
         self.thd = bool(batch.packed) or recipe.data.builder == "packed"
         self._seq_lens: list[int] | None = None
-        #: the random state a resumed run continues with, set just before its first step
-        self._pending_rng: dict[str, Any] | None = None
+
+    def data_parallel(self) -> tuple[int, int]:
+        return self.dp_rank, self.dp_size
 
     def _freeze_towers(self, model) -> None:
         """The towers the recipe freezes (``frozen: [audio_tower]``) get no gradient and no
@@ -386,20 +380,19 @@ class MegatronEngine:
         return output, partial(_per_token_loss, supervised_mask(mb), self._loss_scale)
 
     # -- one optimizer step ---------------------------------------------------------------
-    def train_step(self, step: int) -> StepStats:
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
-        recipe = self.ctx.recipe
-        if self._pending_rng is not None:  # a resumed run: the generators as they stood after the saved step
-            self._restore_rng(self._pending_rng)
-            self._pending_rng = None
-        lr = lr_at(step, recipe.optimizer, self.ctx.total_steps)
+    def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             if torch.is_tensor(group["lr"]):  # TE's capturable Adam (performance.optimizer_cuda_graph): the graph
                 group["lr"].fill_(lr)  # reads this tensor; in place, as megatron-core's OptimizerParamScheduler
             else:
                 group["lr"] = lr
-        raw = [next(self._batches) for _ in range(self.micro_batches)]
+
+    def train_step(self, raw: list[dict[str, Any]]) -> StepStats:
+        """megatron-core's pipeline schedule over this rank's micro-batches of the step, then the
+        optimizer step."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        recipe = self.ctx.recipe
         width = raw[0]["input_ids"].shape[1]
         if self._tower_flops is not None:
             self._tower_flops.add(raw)
@@ -418,7 +411,7 @@ class MegatronEngine:
         try:
             losses = get_forward_backward_func()(
                 forward_step_func=self._forward_step, data_iterator=iter(micro), model=[self.model],
-                num_microbatches=self.micro_batches, seq_length=seq, micro_batch_size=mbs, forward_only=False)
+                num_microbatches=len(micro), seq_length=seq, micro_batch_size=mbs, forward_only=False)
         finally:
             if self.first_writes is not None:
                 self.first_writes.disarm()
@@ -431,7 +424,7 @@ class MegatronEngine:
         loss_sum, supervised = totals.tolist()
         tokens = recipe.batch.gbs * width
         dup = self._loss_copies()
-        return StepStats(loss=loss_sum / max(supervised, 1.0), grad_norm=float(grad_norm or 0.0), lr=lr,
+        return StepStats(loss=loss_sum / max(supervised, 1.0), grad_norm=float(grad_norm or 0.0),
                          tokens=tokens, supervised_tokens=int(round(supervised / dup)))
 
     def _inverse_supervised_tokens(self, micro: list[dict[str, Any]]) -> float:
@@ -452,36 +445,29 @@ class MegatronEngine:
 
     # -- validation -----------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self) -> tuple[float, int]:
-        """The loss over the held-out split (``ctx.validation``): its ``eval_iters`` global
-        batches, each split over the data-parallel ranks and micro-batches as :meth:`train_step`
-        splits a step and run through megatron-core's pipeline schedule with ``forward_only=True``
-        (as Megatron-Bridge's ``evaluate``), the model in eval mode; the loss is the sum over every
+    def evaluate(self, batches: Iterable[list[dict[str, Any]]]) -> tuple[float, int]:
+        """The loss over the held-out global batches given, each this rank's micro-batches as a step
+        is split, run through megatron-core's pipeline schedule with ``forward_only=True`` (as
+        Megatron-Bridge's ``evaluate``), the model in eval mode; the loss is the sum over every
         supervised token of every batch and rank divided by their count (Bridge's reduction of
-        ``lm loss``). Every generator is as it was afterwards."""
+        ``lm loss``)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from muse_stack.engines.state import capture_rng
-
-        recipe, held = self.ctx.recipe, self.ctx.validation
-        rng = capture_rng(self.device, extra={"mcore_tracker": _tracker_states()})
-        stream = held.batches(recipe.batch.mbs, rank=self.dp_rank, world_size=self.dp_size)
+        recipe = self.ctx.recipe
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)
         self.model.eval()
         try:
-            for _ in range(held.eval_iters):
-                raw = [next(stream) for _ in range(self.micro_batches)]
+            for raw in batches:
                 width = raw[0]["input_ids"].shape[1]
                 micro = [self._prepare(mb) for mb in raw]
                 seq, mbs = (width * recipe.batch.mbs, 1) if self.thd else (width, recipe.batch.mbs)
                 losses = get_forward_backward_func()(
                     forward_step_func=self._forward_step, data_iterator=iter(micro), model=[self.model],
-                    num_microbatches=self.micro_batches, seq_length=seq, micro_batch_size=mbs, forward_only=True)
+                    num_microbatches=len(micro), seq_length=seq, micro_batch_size=mbs, forward_only=True)
                 for item in losses:  # the last pipeline stage's (loss sum, supervised tokens) per micro-batch
                     totals += item["lm loss"].to(torch.float64)
         finally:
             self.model.train()
-            self._restore_rng(rng)
         # every TP rank of the last stage holds the same sums: the ratio is unaffected
         tdist.all_reduce(totals)
         loss_sum, supervised = totals.tolist()
@@ -531,7 +517,6 @@ class MegatronEngine:
         return {"engine": self.name, "device": self.device, "local_parameters": local,
                 "local_trainable_parameters": trainable,
                 "adapters": self.peft.as_dict() if self.peft is not None else None,
-                "micro_batches_per_step": self.micro_batches,
                 "parallel": {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp or 1, "ep": lay.ep or 1, "etp": lay.etp,
                              "dp": self.dp_size, "sequence_parallel": self.config.sequence_parallel,
                              "pp_rank": ps.get_pipeline_model_parallel_rank(),
@@ -722,7 +707,6 @@ class MegatronEngine:
 
             atomic.write_json(Path(directory) / ADAPTER_BASE, {"format": FORMAT, "peft": self.peft.as_dict(),
                                                                "base": self.base, "tensors": len(state["model"])})
-        self._save_rank_state(directory)
         if not self.ctx.recipe.training.async_checkpoint:
             dist_checkpointing.save(state, str(directory))
             return
@@ -742,7 +726,7 @@ class MegatronEngine:
         queue.maybe_finalize_async_calls(blocking=blocking)
         return queue.get_num_unfinalized_calls() == 0
 
-    def load(self, directory: Path) -> int:
+    def load(self, directory: Path) -> None:
         from megatron.core import dist_checkpointing
 
         # is_loading: the optimizer lays out (empty) Adam state to load into before its first step.
@@ -766,43 +750,18 @@ class MegatronEngine:
                 self.optimizer.load_state_dict(state["optimizer"])
             except Exception as exc:  # megatron-core's checkpoint errors have no common base class
                 raise corrupt_checkpoint(Path(directory), "dist-checkpoint", exc) from exc
-        from muse_stack.engines.base import checkpoint_step
-        from muse_stack.engines.state import load_rank_state
-
-        step = checkpoint_step(Path(directory), self.ctx.total_steps)
-        saved = load_rank_state(directory, self.ctx.rank)
-        if saved is not None:
-            self._pending_rng = saved["rng"]
-        elif (Path(directory) / "rng").is_dir():  # more ranks than were saved (continued on more GPUs)
-            import logging
-
-            logging.getLogger("muse_stack.run").warning(
-                "rank %d has no saved random state in %s; it keeps its seeded one", self.ctx.rank, directory)
-        position = (saved or load_rank_state(directory, 0) or {}).get("data")
-        if position is not None:
-            self._batches.seek(position)
-        else:  # written before checkpoints held the data position: skip what the finished steps consumed
-            for _ in range(step * self.micro_batches):
-                next(self._batches)
-        return step
 
     # -- random state ----------------------------------------------------------------------
-    def _save_rank_state(self, directory: Path) -> None:
-        """This rank's generators (Python, NumPy, torch CPU and this rank's CUDA device, and
+    def rng_state(self) -> dict[str, Any]:
+        """The generators of this engine beside the process's own (which the run captures):
         megatron-core's tensor-parallel RNG tracker, whose forks draw the dropout masks of TP
-        regions) and the data position, in ``rng/rank-NNNNN.pt`` beside the shards."""
-        from muse_stack.engines.state import capture_rng, save_rank_state
+        regions; saved with them in the checkpoint's ``rng/rank-NNNNN.pt``."""
+        return {"mcore_tracker": _tracker_states()}
 
-        save_rank_state(directory, self.ctx.rank, {
-            "rng": capture_rng(self.device, extra={"mcore_tracker": _tracker_states()}),
-            "data": self._batches.position()})
-
-    def _restore_rng(self, state: dict[str, Any]) -> None:
+    def load_rng_state(self, state: dict[str, Any]) -> None:
+        """Set the tracker's streams a :meth:`rng_state` took (a state without them: nothing)."""
         from megatron.core import tensor_parallel
 
-        from muse_stack.engines.state import restore_rng
-
-        restore_rng(state, self.device)
         saved = state.get("mcore_tracker")
         if saved:
             tracker = tensor_parallel.random.get_cuda_rng_tracker()

@@ -1,9 +1,9 @@
 """The reference engine: the PyTorch Muse Spark model, data parallel over torch.distributed.
 
-It runs on a CPU (gloo) or on GPUs (NCCL, bf16 autocast), one process per device. Each
-optimizer step runs GBS / (MBS x DP) micro-batches per rank; the loss is averaged over the
-supervised tokens of the whole global batch (per-token loss), whatever rank or micro-batch
-they fall in.
+It runs on a CPU (gloo) or on GPUs (NCCL, bf16 autocast), one process per device, each a
+data-parallel rank. Each optimizer step runs the micro-batches the run gives it (GBS / (MBS x DP)
+per rank, :mod:`muse_stack.run.steps`); the loss is averaged over the supervised tokens of the
+whole global batch (per-token loss), whatever rank or micro-batch they fall in.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import resource
 import sys
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
@@ -22,8 +22,6 @@ from muse_stack.util import atomic
 from muse_stack.engines.base import StepStats, TrainContext
 from muse_stack.engines.support import TOWERS
 from muse_stack.models.muse_spark.perception import MEDIA_INPUTS
-from muse_stack.util.errors import RecipeError
-from muse_stack.engines.schedule import lr_at
 
 GIB = 2**30
 
@@ -111,18 +109,6 @@ class ReferenceEngine:
         else:
             self.optimizer = torch.optim.AdamW(_param_groups(self.model, opt.weight_decay), lr=opt.lr,
                                                betas=(opt.beta1, opt.beta2), eps=opt.eps)
-        batch = recipe.batch
-        if not batch.mbs or not batch.gbs:
-            raise RecipeError("the reference engine needs the micro- and global batch sizes",
-                              field="batch.mbs" if not batch.mbs else "batch.gbs", value=None,
-                              fix="set batch.mbs and batch.gbs")
-        per_step = batch.mbs * ctx.world_size
-        if batch.gbs % per_step:
-            raise RecipeError("the global batch does not split over the ranks", field="batch.gbs", value=batch.gbs,
-                              rule=f"GBS divisible by MBS x DP = {per_step}", fix=f"use a multiple of {per_step}")
-        self.micro_batches = batch.gbs // per_step
-        self._batches = ctx.data.batches(batch.mbs, seed=recipe.training.data_seed, rank=ctx.rank,
-                                         world_size=ctx.world_size, epochs=None)
         self._seq_lens: list[int] | None = None
         #: the perception towers' model FLOPs of the images trained on, and the tokens of those steps
         self._tower_flops = None
@@ -134,21 +120,19 @@ class ReferenceEngine:
             self._tower_flops = TowerFlops(self.model.towers_config, ctx.model.hidden_size,
                                            vision_trains=trains["vision_tower"],
                                            projector_trains=trains["vision_adapter"])
-        #: the random state a resumed run continues with, set just before its first step
-        self._pending_rng: dict[str, Any] | None = None
 
-    # -- one optimizer step ---------------------------------------------------------------
-    def train_step(self, step: int) -> StepStats:
-        recipe, ctx = self.ctx.recipe, self.ctx
-        if self._pending_rng is not None:  # a resumed run: the generators as they stood after the saved step
-            from muse_stack.engines.state import restore_rng
+    def data_parallel(self) -> tuple[int, int]:
+        """This process's data-parallel rank and size: every process is one."""
+        return self.ctx.rank, self.ctx.world_size
 
-            restore_rng(self._pending_rng, self.device)
-            self._pending_rng = None
-        lr = lr_at(step, recipe.optimizer, ctx.total_steps)
+    def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        micro = [next(self._batches) for _ in range(self.micro_batches)]
+
+    # -- one optimizer step ---------------------------------------------------------------
+    def train_step(self, micro: list[dict[str, Any]]) -> StepStats:
+        """Forward and backward over this rank's micro-batches of the step, then the optimizer step."""
+        recipe, ctx = self.ctx.recipe, self.ctx
         if self._seq_lens is None:
             first = micro[0]
             cu = first["cu_seqlens"].tolist()
@@ -186,24 +170,20 @@ class ReferenceEngine:
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip else float("inf"))
         self.optimizer.step()
-        return StepStats(loss=float(loss_sum) / denom, grad_norm=float(grad_norm), lr=lr,
+        return StepStats(loss=float(loss_sum) / denom, grad_norm=float(grad_norm),
                          tokens=int(global_tokens), supervised_tokens=int(global_supervised))
 
     # -- validation -----------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self) -> tuple[float, int]:
-        """The loss over the held-out split (``ctx.validation``), as a step computes its loss
-        (per supervised token over every micro-batch of every rank) with the model in eval mode and
-        no gradient; every generator is as it was afterwards, so training draws what it would
-        have drawn without validation."""
-        from muse_stack.engines.state import capture_rng, restore_rng
-
+    def evaluate(self, batches: Iterable[list[dict[str, Any]]]) -> tuple[float, int]:
+        """The loss over the held-out global batches given (this rank's micro-batches of each), as
+        a step computes its loss (per supervised token over every micro-batch of every rank) with
+        the model in eval mode and no gradient."""
         ctx = self.ctx
-        rng = capture_rng(self.device)
         sums = torch.zeros(2, dtype=torch.float64)
         self.model.eval()
         try:
-            for mb in ctx.validation.batches(ctx.recipe.batch.mbs, rank=ctx.rank, world_size=ctx.world_size):
+            for mb in (mb for micro in batches for mb in micro):
                 mb = {k: (v.to(self.device) if torch.is_tensor(v) else v) for k, v in mb.items()}
                 with self.autocast:
                     media = {k: mb[k] for k in MEDIA_INPUTS if k in mb}
@@ -213,7 +193,6 @@ class ReferenceEngine:
                 sums += torch.stack([out.loss.to(torch.float64).cpu() * n, n])
         finally:
             self.model.train()
-            restore_rng(rng, self.device)
         if ctx.world_size > 1:
             t = sums.to(self.device)
             dist.all_reduce(t)
@@ -239,7 +218,6 @@ class ReferenceEngine:
         n_params = sum(p.numel() for p in self.model.parameters())
         n_train = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         return {"engine": self.name, "device": self.device, "parameters": n_params, "trainable_parameters": n_train,
-                "micro_batches_per_step": self.micro_batches,
                 "peft": self.peft.as_dict() if self.peft is not None else None, "torch_threads": torch.get_num_threads(),
                 "peak_memory_kind": "max allocated (CUDA)" if self.device.startswith("cuda")
                 else "peak resident set of the process (host)"}
@@ -247,13 +225,10 @@ class ReferenceEngine:
     # -- checkpoints ----------------------------------------------------------------------
     def save(self, directory: Path, step: int) -> None:
         """Model weights as an HF-style checkpoint (with adapters: only the adapter tensors and the
-        base's identity) plus, in ``optimizer.pt``, the optimizer state, every rank's random state
-        (:func:`muse_stack.engines.state.capture_rng`) and the data position (rank 0 writes)."""
-        from muse_stack.engines.state import capture_rng
+        base's identity) plus the optimizer state in ``optimizer.pt`` (rank 0 writes: every rank
+        holds the same)."""
         from muse_stack.models.muse_spark import save_checkpoint
-        from muse_stack.engines import dist as run_dist
 
-        rng = run_dist.gather(capture_rng(self.device))  # a collective: every rank, before rank 0 writes
         if self.ctx.rank != 0:
             return
         if self.peft is not None:  # the adapters and the base's identity; the frozen base is not copied
@@ -262,8 +237,7 @@ class ReferenceEngine:
             save_adapters(self.model, directory, self.base, self.peft)
         else:
             save_checkpoint(self.model, directory)
-        atomic.write_bytes(directory / "optimizer.pt", _torch_bytes(
-            {"optimizer": self.optimizer.state_dict(), "rng": rng, "data": self._batches.position()}))
+        atomic.write_bytes(directory / "optimizer.pt", _torch_bytes({"optimizer": self.optimizer.state_dict()}))
 
     def checkpoint_bytes(self) -> int:
         """The saved weights (the adapters alone on a frozen base) and, for each trainable one,
@@ -276,12 +250,12 @@ class ReferenceEngine:
             total += p.numel() * p.element_size() * (1 + (moments if p.requires_grad else 0))
         return total
 
-    def load(self, directory: Path) -> int:
+    def load(self, directory: Path) -> None:
+        """Read the weights (or the adapters) and the optimizer state a :meth:`save` wrote."""
         from muse_stack.models.muse_spark import load_weights_into
 
-        from muse_stack.engines.base import checkpoint_step, corrupt_checkpoint
+        from muse_stack.engines.base import corrupt_checkpoint
 
-        step = checkpoint_step(directory, self.ctx.total_steps)
         if self.peft is not None:
             from muse_stack.models.muse_spark.peft_io import load_adapters
 
@@ -291,29 +265,7 @@ class ReferenceEngine:
         try:  # weights_only: a checkpoint is data, never code to unpickle
             state = torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=True)
             self.optimizer.load_state_dict(state["optimizer"])
-            rng, position = state["rng"], state.get("data")
         except (OSError, EOFError, RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             raise corrupt_checkpoint(directory, "optimizer state (optimizer.pt)", exc) from exc
         except Exception as exc:  # pickle.UnpicklingError and the zip reader's own errors
             raise corrupt_checkpoint(directory, "optimizer state (optimizer.pt)", exc) from exc
-        from muse_stack.engines.state import is_full_state
-
-        if torch.is_tensor(rng):  # written before checkpoints held every generator: torch's CPU one
-            torch.set_rng_state(rng)
-        elif isinstance(rng, list) and rng and all(is_full_state(r) for r in rng):
-            if self.ctx.rank < len(rng):
-                self._pending_rng = rng[self.ctx.rank]
-            else:  # more ranks than were saved (a run continued on more processes): seeded as at the start
-                import logging
-
-                logging.getLogger("muse_stack.run").warning(
-                    "rank %d has no saved random state (the checkpoint has %d ranks); it keeps its seeded one",
-                    self.ctx.rank, len(rng))
-        else:
-            raise corrupt_checkpoint(directory, "random state (optimizer.pt)", TypeError(type(rng).__name__))
-        if position is not None:
-            self._batches.seek(position)
-        else:  # written before checkpoints held the data position: skip what the finished steps consumed
-            for _ in range(step * self.micro_batches):
-                next(self._batches)
-        return step

@@ -192,7 +192,7 @@ def check_recipe(recipe, *, values: bool = True) -> None:
     """Raise a RecipeError for anything the recipe's engine would not train as written
     (``values=False``: all but the unstated optimizer values, which `run` checks after the
     machine, so a machine that cannot run the recipe says so first)."""
-    from muse_stack.engines import numerics
+    from muse_stack.util import numerics
 
     numerics.check(recipe)
     if recipe.data.kind == "multimodal" or recipe.model.towers is not None:

@@ -247,7 +247,7 @@ class Performance(_Strict):
 
 class Numerics(_Strict):
     deterministic: bool = Field(False, description="two runs of the recipe on the same stack and GPU type repeat bit "
-                                                   "for bit (deterministic kernels; slower): muse_stack/engines/numerics.py")
+                                                   "for bit (deterministic kernels; slower): muse_stack/util/numerics.py")
 
 
 #: Transformer Engine's FP8 scaling recipes (megatron-core's ``fp8_recipe``) and the GPU

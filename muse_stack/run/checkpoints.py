@@ -4,19 +4,23 @@ Layout under the run directory::
 
     checkpoints/
       step-00000020/        one complete checkpoint: the engine's files, trainer_state.json,
-                            the recipe it was trained with and the metrics rows up to its step
+                            the recipe it was trained with, the metrics rows up to its step
+        rng/rank-00000.pt   and each rank's share of the run's state (see below)
       step-00000040/
       latest                {"step": 40, "folder": "step-00000040"}, replaced atomically
 
 A save writes ``step-N.partial/`` (the engine writes its state there: an HF-style
-checkpoint on the reference engine, a dist-checkpoint on the megatron engine), adds the
-trainer's files, renames the folder to ``step-N`` and only then replaces ``latest``; old
-folders are pruned after that. A process killed at any moment therefore leaves ``latest``
-naming a complete folder (or no ``latest`` at all), and resume trusts only what it names:
-``*.partial`` folders and folders newer than ``latest`` are discarded, and so are the hidden
-staging entries a killed writer leaves beside them (``.step-N.partial.*``: a staged copy of the
-weights; ``.latest.*``: a staged pointer), at resume and before each save. No reader takes a
-hidden entry for a checkpoint: only ``step-N`` folders are step folders.
+checkpoint on the reference engine, a dist-checkpoint on the megatron engine), adds each rank's
+share of the run's state (``rng/rank-NNNNN.pt``: the ``state_dict`` of each of the run's
+components by name, taken when the save began: the random generators and the data position,
+:meth:`muse_stack.run.steps.TrainSteps.states`) and the trainer's files, renames the folder to
+``step-N`` and only then replaces ``latest``; old folders are pruned after that. A process
+killed at any moment therefore leaves ``latest`` naming a complete folder (or no ``latest`` at
+all), and resume trusts only what it names: ``*.partial`` folders and folders newer than
+``latest`` are discarded, and so are the hidden staging entries a killed writer leaves beside
+them (``.step-N.partial.*``: a staged copy of the weights; ``.latest.*``: a staged pointer), at
+resume and before each save. No reader takes a hidden entry for a checkpoint: only ``step-N``
+folders are step folders.
 
 An engine whose ``save`` only starts writing (megatron-core's asynchronous dist-checkpoint
 save) exposes ``finalize_save(blocking) -> bool``; the folder is completed and ``latest``
@@ -38,7 +42,7 @@ from typing import Any
 
 from muse_stack.util import atomic
 from muse_stack.util.errors import InputError, MuseStackError
-from muse_stack.engines import dist
+from muse_stack.run import dist
 from muse_stack.run import faults
 
 log = logging.getLogger("muse_stack.run")
@@ -182,24 +186,118 @@ def out_of_space(run_dir: Path, exc: BaseException, last_step: int | None) -> Ch
                                f"`muse-stack run --resume {run_dir}`")
 
 
+def checkpoint_step(directory: Path, total_steps: int) -> int:
+    """The step a run checkpoint was saved after, from its trainer_state.json; a missing, truncated
+    or out-of-range state is an InputError, never a traceback or a loop over a bogus count."""
+    from muse_stack.util.safeio import read_json
+
+    fix = "the checkpoint is truncated or corrupt; start a new run (the run directory keeps its metrics)"
+    state = read_json(Path(directory) / TRAINER_STATE, field="--resume", what="trainer state", fix=fix)
+    step = state.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= total_steps:
+        raise InputError(f"trainer_state.json holds step {step!r}, not a step of this run (0-{total_steps})",
+                         field="--resume", value=str(directory), fix=fix)
+    return step
+
+
+# ---- each rank's share of the run's state ---------------------------------------------------------
+#: the folder of a step folder that holds one file per rank: {component name: its state}
+RANK_DIR = "rng"
+
+
+def rank_file(directory: Path, rank: int) -> Path:
+    return Path(directory) / RANK_DIR / f"rank-{rank:05d}.pt"
+
+
+def save_rank_state(directory: Path, rank: int, state: dict[str, Any]) -> None:
+    """Write one rank's state (its random generators, the data position) into the step folder."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic.write_bytes(rank_file(directory, rank), buf.getvalue())
+
+
+def load_rank_state(directory: Path, rank: int) -> dict[str, Any] | None:
+    """One rank's saved state; None when the folder has none for this rank (written before
+    checkpoints held it, or by fewer ranks). A file that does not load is a corrupt checkpoint."""
+    import torch
+
+    from muse_stack.engines.base import corrupt_checkpoint
+    from muse_stack.run.rng import is_full_state
+
+    file = rank_file(directory, rank)
+    if not file.is_file():
+        return None
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        if not (isinstance(state, dict) and is_full_state(state.get("rng"))):
+            raise TypeError(f"{file.name} holds no random state")
+        return state
+    except Exception as exc:  # the zip reader's and the unpickler's own errors included
+        raise corrupt_checkpoint(file.parent.parent, f"random state and data position ({RANK_DIR}/{file.name})",
+                                 exc) from exc
+
+
+#: where the reference engine's checkpoints kept the run's state before it was saved per rank
+LEGACY_STATE = "optimizer.pt"
+
+
+def legacy_rank_state(directory: Path, rank: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """This rank's state and the shared one, as checkpoints written before ``rng/`` held them: the
+    reference engine's ``optimizer.pt`` held every rank's random state (a list; older still, torch's
+    CPU state alone) and the data position (older still, none). A folder without that file (the
+    megatron engine's before it saved them) holds neither: (None, None)."""
+    import torch
+
+    from muse_stack.engines.base import corrupt_checkpoint
+    from muse_stack.run.rng import is_full_state
+
+    file = Path(directory) / LEGACY_STATE
+    if not file.is_file():
+        return None, None
+    try:  # weights_only: a checkpoint is data, never code to unpickle
+        saved = torch.load(file, map_location="cpu", weights_only=True)
+        rng, position = saved["rng"], saved.get("data")
+    except Exception as exc:  # the zip reader's and the unpickler's own errors included
+        raise corrupt_checkpoint(directory, f"random state ({RANK_DIR}/, else {LEGACY_STATE})", exc) from exc
+    if torch.is_tensor(rng):
+        mine = rng
+    elif isinstance(rng, list) and rng and all(is_full_state(r) for r in rng):
+        mine = rng[rank] if rank < len(rng) else None
+        if mine is None:  # more ranks than were saved (a run continued on more processes): seeded as at the start
+            log.warning("rank %d has no saved random state (the checkpoint has %d ranks); it keeps its seeded one",
+                        rank, len(rng))
+    else:
+        raise corrupt_checkpoint(directory, f"random state ({LEGACY_STATE})", TypeError(type(rng).__name__))
+    return {"rng": mine, "data": position}, {"data": position}
+
+
 class CheckpointManager:
     """Owns the step folders, the interval, keep-last-N and the async wait points.
 
     The engine only writes and reads its own state in the folder it is given
-    (:meth:`Engine.save` / :meth:`Engine.load`).
+    (:meth:`Engine.save` / :meth:`Engine.load`); the run's components (``states``) are saved
+    and loaded here, per rank, whatever the engine.
     """
 
     def __init__(self, run_dir: Path, engine: Any, *, interval: int | None, keep: int | None,
-                 rank: int = 0, final: bool = True) -> None:
+                 rank: int = 0, final: bool = True, states: dict[str, Any] | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.root = self.run_dir / ROOT
         self.engine = engine
         self.interval = interval
         self.keep = keep
         self.final = final
-        self.rank0 = rank == 0
+        self.rank, self.rank0 = rank, rank == 0
+        #: this rank's share of the run's own state, by name: objects with ``state_dict()`` and
+        #: ``load_state_dict(state)`` (and optionally ``no_state(step)`` for a checkpoint that holds
+        #: none, and ``shared = True`` when every rank holds the same state)
+        self.states = dict(states or {})
         self.last_step: int | None = None  #: step of the newest complete checkpoint
-        self._pending: tuple[Path, int, dict[str, str]] | None = None
+        self._pending: tuple[Path, int, dict[str, str], dict[str, Any]] | None = None
         #: per save: its step, the seconds the training loop waited for it (blocking_s) and the
         #: seconds until the folder was complete (complete_s; later than blocking_s when async)
         self.saves: list[dict[str, Any]] = []
@@ -284,17 +382,39 @@ class CheckpointManager:
             else:
                 entry.unlink(missing_ok=True)
 
-    def load(self) -> int:
-        """Load the latest checkpoint into the engine; 0 when there is none."""
+    def load(self, total_steps: int) -> int:
+        """Load the latest checkpoint into the engine and the run's components; returns its step
+        (0 when there is none)."""
         current = latest(self.run_dir)
         if current is None:
             return 0
-        step = self.engine.load(current.path)
-        if step != current.step:
-            raise InputError(f"{current.path} holds step {step}, but checkpoints/latest says {current.step}",
-                             field="checkpoints/latest", value=str(current.path),
-                             fix="restore the run directory's checkpoints as written")
+        step = checkpoint_step(current.path, total_steps)
+        self.engine.load(current.path)
+        self._load_states(current.path, step)
         return step
+
+    def _load_states(self, directory: Path, step: int) -> None:
+        """Each component's saved state for this rank. A rank the checkpoint has no file for (a
+        run continued on more processes) keeps its seeded generators and takes a shared state
+        (the data position) from rank 0's file; a checkpoint written before they were saved per
+        rank is read as it was written (:func:`legacy_rank_state`)."""
+        if not self.states:
+            return
+        mine = shared = load_rank_state(directory, self.rank)
+        if mine is None:
+            if (directory / RANK_DIR).is_dir():  # more ranks than were saved (continued on more processes)
+                log.warning("rank %d has no saved random state in %s; it keeps its seeded one", self.rank, directory)
+                shared = load_rank_state(directory, 0)
+            else:
+                mine, shared = legacy_rank_state(directory, self.rank)
+        for name, component in self.states.items():
+            state = (mine or {}).get(name)
+            if state is None and getattr(component, "shared", False):
+                state = (shared or {}).get(name)
+            if state is not None:
+                component.load_state_dict(state)
+            elif hasattr(component, "no_state"):
+                component.no_state(step)
 
     # -- saving ---------------------------------------------------------------------------
     def save(self, step: int, files: dict[str, str]) -> None:
@@ -310,11 +430,14 @@ class CheckpointManager:
                     shutil.rmtree(tmp)
                 tmp.mkdir(parents=True)
             dist.barrier()
+            # the run's state as the step left it, written beside the trainer's files once the
+            # engine's save is complete (the reference engine replaces the folder as it writes)
+            states = {name: c.state_dict() for name, c in self.states.items()}
             self.engine.save(tmp, step)
         except BaseException as exc:
             self._abandon(tmp)
             raise self._error(step, exc) from exc
-        self._pending = (tmp, step, files)
+        self._pending = (tmp, step, files, states)
         entry: dict[str, Any] = {"step": step, "background": False}
         self.saves.append(entry)
         if self._engine_done(blocking=False):
@@ -342,7 +465,7 @@ class CheckpointManager:
         try:
             return bool(finalize(blocking))
         except BaseException as exc:
-            tmp, step, _ = self._pending or (None, 0, {})
+            tmp, step = self._pending[:2] if self._pending else (None, 0)
             self._pending = None
             if tmp is not None:
                 self._abandon(tmp)
@@ -350,10 +473,12 @@ class CheckpointManager:
 
     def _commit(self) -> None:
         assert self._pending is not None
-        tmp, step, files = self._pending
+        tmp, step, files, states = self._pending
         self._pending = None
         final = self.root / folder_name(step)
         try:
+            if states:
+                save_rank_state(tmp, self.rank, states)
             dist.barrier()
             if self.rank0:
                 faults.point("save-engine", step)

@@ -17,7 +17,7 @@ from muse_stack.engines.spec import check_recipe
 from muse_stack.util.errors import InputError, LayoutError, RecipeError, UsageError
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe
 from muse_stack.recipes.schema import REQUIRED_PATH, Recipe
-from muse_stack.engines import dist
+from muse_stack.run import dist
 from muse_stack.run import rundir
 from muse_stack.run.inputs import check_inputs
 from muse_stack.run.dirlock import RunLock

@@ -3,11 +3,14 @@
 :class:`Trainer` holds the run's state (the last finished step, the metrics rows, the status)
 and calls, in one direction:
 
-* setup: the data rows, the engine (behind :class:`muse_stack.engines.Engine`), the
-  :class:`~muse_stack.run.checkpoints.CheckpointManager` (which loads the latest checkpoint
-  on resume), the fingerprint, and the metric loggers (:mod:`muse_stack.run.sinks`);
-* per step: ``engine.train_step`` -> a metrics row -> every logger -> one decision
-  (:meth:`Trainer._decide`): save now, stop now, or go on;
+* setup: the data rows, the engine (behind :class:`muse_stack.engines.Engine`), the step's state
+  around it (:class:`~muse_stack.run.steps.TrainSteps`: the LR, the micro-batches and the data
+  position, the random generators), the :class:`~muse_stack.run.checkpoints.CheckpointManager`
+  (which saves and, on resume, loads the engine's state and the step's), the fingerprint, and the
+  metric loggers (:mod:`muse_stack.run.sinks`);
+* per step: ``TrainSteps.step`` (the LR and this rank's micro-batches into ``engine.train_step``)
+  -> a metrics row -> every logger -> one decision (:meth:`Trainer._decide`): save now, stop now,
+  or go on;
 * finish: the last save's completion, ``results.json``, the plots.
 
 Signals only raise a flag (:mod:`muse_stack.run.signals`), read between setup phases and
@@ -31,11 +34,12 @@ from muse_stack.engines import TrainContext, get_engine
 from muse_stack.util.errors import InputError, MuseStackError
 from muse_stack.recipes.catalogue import recipe_sha256, recipe_yaml
 from muse_stack.recipes.schema import Recipe
-from muse_stack.engines import dist
+from muse_stack.run import dist
 from muse_stack.run import faults, rundir
 from muse_stack.run.checkpoints import CheckpointManager, disk_full, out_of_space
 from muse_stack.run.checkpoints import latest as checkpoints_latest
 from muse_stack.run.signals import StopFlag, StopRequested
+from muse_stack.run.steps import TrainSteps
 from muse_stack.run.sinks import MetricLoggers, RunStart, loggers_for
 
 console = Console(stderr=True)
@@ -81,6 +85,7 @@ class Trainer:
         self.status, self.error = "failed", None
         self.diverged_at: int | None = None
         self.engine = None
+        self.steps: TrainSteps | None = None  #: the LR, the data and the random state around the engine's steps
         self.checkpoints: CheckpointManager | None = None
         #: metrics.jsonl, run.log, the progress bar or stdout line, TensorBoard / W&B: rank 0
         self.loggers = MetricLoggers([])
@@ -175,23 +180,23 @@ class Trainer:
                              "the adapters", field="model.pretrained_checkpoint", value=start,
                              fix="restore the base at that path, or give its new place: --pretrained-checkpoint DIR "
                                  "--allow-change (the base's hash is checked against the one recorded at the start)")
-        from muse_stack.engines import numerics
+        from muse_stack.util import numerics
 
         self.numerics = numerics.apply(recipe)  # before the engine touches the GPU
-        ctx = TrainContext(recipe=recipe, model=self.model_cfg, data=data, total_steps=self.total, rank=env.rank,
-                           world_size=env.world_size, local_rank=env.local_rank, pretrained_checkpoint=start,
-                           validation=self.held_out)
+        ctx = TrainContext(recipe=recipe, model=self.model_cfg, rank=env.rank, world_size=env.world_size,
+                           local_rank=env.local_rank, pretrained_checkpoint=start)
         self.engine = get_engine(recipe.engine)(ctx)
+        self.steps = TrainSteps(self.engine, recipe, data, self.total)
         self.checkpoints = CheckpointManager(self.path, self.engine, interval=recipe.training.checkpoint_interval,
                                              keep=recipe.training.keep_checkpoints, rank=env.rank,
-                                             final=recipe.training.final_checkpoint)
+                                             final=recipe.training.final_checkpoint, states=self.steps.states())
         if self.checkpoints.will_save(self.total):  # a run whose checkpoints cannot fit: refused before it trains
             self.checkpoints.check_space()
         history: list[dict[str, Any]] = []
         if self.resuming:
             self.checkpoints.discard_untrusted()
             dist.barrier()
-            self.resumed_step = self.step = self.checkpoints.load()
+            self.resumed_step = self.step = self.checkpoints.load(self.total)
             history = self._history(self.step)
             log.info("resumed at step %d", self.step)
         self.metrics = history
@@ -280,10 +285,18 @@ class Trainer:
                              fix="restore metrics.jsonl, or start a new run")
         return rows
 
+    def _engine_info(self) -> dict[str, Any]:
+        """The engine as it describes itself, and the micro-batches of each of its steps."""
+        assert self.engine is not None
+        info = self.engine.describe()
+        if self.steps is not None:
+            info["micro_batches_per_step"] = self.steps.micro_batches
+        return info
+
     def _fingerprint(self, data) -> None:
         from muse_stack.fingerprint import capture, merge_ranks
 
-        extra = {"recipe": self.recipe.name, "engine": self.engine.describe(),
+        extra = {"recipe": self.recipe.name, "engine": self._engine_info(),
                  "numerics": {"deterministic": bool(self.recipe.numerics.deterministic),
                               "set": getattr(self, "numerics", {})}}
         if self.held_out is not None:  # rows_sha256 is then the training rows'; the held-out rows' is here
@@ -318,12 +331,12 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------
     def train(self) -> None:
-        assert self.engine is not None and self.checkpoints is not None
-        engine, world = self.engine, self.env.world_size
+        assert self.engine is not None and self.steps is not None and self.checkpoints is not None
+        engine, steps, world = self.engine, self.steps, self.env.world_size
         self._check_stop()  # a signal during setup: stop before the first step
         for step in range(self.step + 1, self.total + 1):
             t0 = time.perf_counter()
-            stats = engine.train_step(step)
+            stats = steps.step(step)
             # a collection due after this step is part of its time (as an automatic one inside it would be)
             gc_s = self._gc_collect(step) if self.gc.due(step) else 0.0
             dt = time.perf_counter() - t0
@@ -335,7 +348,7 @@ class Trainer:
                               f", from which --resume --allow-change continues with a changed recipe")
                 log.error(self.error)
                 break
-            row = {"step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "lr": stats.lr,
+            row = {"step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "lr": steps.lr,
                    "step_time_s": dt, "tokens": stats.tokens, "supervised_tokens": stats.supervised_tokens,
                    "tokens_per_s": stats.tokens / dt, "tokens_per_s_per_gpu": stats.tokens / dt / world,
                    "peak_memory_gib": engine.peak_memory_gib(), "gc_s": gc_s}
@@ -372,12 +385,12 @@ class Trainer:
         Megatron-Bridge's ``manual_gc_eval``), outside every step's time."""
         import gc
 
-        assert self.engine is not None
+        assert self.steps is not None
         collect = self.gc.manual and self.gc.eval
         if collect:
             self._gc_collect(step)
         t0 = time.perf_counter()
-        loss, supervised = self.engine.evaluate()
+        loss, supervised = self.steps.evaluate(self.held_out)
         seconds = time.perf_counter() - t0
         if collect:
             gc.collect(generation=0)
@@ -445,7 +458,7 @@ class Trainer:
         if self.rank_peaks is not None and self.env.world_size > 1:
             results["peak_memory_gib_by_rank"] = self.rank_peaks
         if engine is not None:
-            results["engine_info"] = engine.describe()
+            results["engine_info"] = self._engine_info()
             from muse_stack.machine.devmem import cuda_memory
 
             memory = cuda_memory(engine.device)

@@ -42,12 +42,14 @@ def _recipe(first_writes: bool | None):
 
 
 def _engine(first_writes: bool | None, state: dict[str, torch.Tensor], batch: dict[str, Any], steps: int):
+    """The engine and the run's steps around it (LR, micro-batches of the one row)."""
     from lab.engine import LoadedEngine
+    from muse_stack.run.steps import TrainSteps
 
     recipe = _recipe(first_writes)
-    ctx = TrainContext(recipe=recipe, model=recipe.model_config_resolved(), data=_OneBatch(batch), total_steps=steps,
-                       rank=0, world_size=1, local_rank=0)
-    return LoadedEngine(ctx, state)
+    ctx = TrainContext(recipe=recipe, model=recipe.model_config_resolved(), rank=0, world_size=1, local_rank=0)
+    engine = LoadedEngine(ctx, state)
+    return engine, TrainSteps(engine, recipe, _OneBatch(batch), steps)
 
 
 def _buffers(engine) -> list[torch.Tensor]:
@@ -76,16 +78,16 @@ def run(steps: int = 2, seed: int = 1234) -> dict[str, Any]:
     state = {k: v.clone() for k, v in MuseSparkForCausalLM(cfg, seed=seed).state_dict().items()}
     batch = make_batch(cfg.vocab_size - 8, SEQ)
 
-    whole = _engine(False, state, batch, steps)
+    whole, whole_steps = _engine(False, state, batch, steps)
     assert whole.first_writes is None
     whole_grads: list = []
     _capture(whole, whole_grads)
-    whole_stats = [whole.train_step(s) for s in range(1, steps + 1)]
+    whole_stats = [whole_steps.step(s) for s in range(1, steps + 1)]
     whole_levers = whole.describe()["levers"]["grad_buffer_zeroing"]
-    del whole
+    del whole, whole_steps
     torch.cuda.empty_cache()
 
-    writes = _engine(None, state, batch, steps)
+    writes, writes_steps = _engine(None, state, batch, steps)
     assert writes.first_writes is not None, writes.first_writes_off
     written_grads: list = []
     _capture(writes, written_grads)
@@ -103,7 +105,7 @@ def run(steps: int = 2, seed: int = 1234) -> dict[str, Any]:
     for s in range(1, steps + 1):
         for g in _buffers(writes):
             g.fill_(math.nan)  # what neither the zeroing nor the first micro-batch touches stays NaN
-        written_stats.append(writes.train_step(s))
+        written_stats.append(writes_steps.step(s))
     for h in hooks:
         h.remove()
     empty = [sum(1 for n in counts if n == 0) for counts in first_counts]  # experts with no token

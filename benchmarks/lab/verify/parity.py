@@ -154,7 +154,7 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
             ref16 = reference(on["input_ids"], **args)
         ref_image = image_features(reference.model, on["pixel_values"], on["image_grid_thw"]) if towers else None
     del reference
-    ctx = TrainContext(recipe=recipe, model=cfg, data=_OneBatch(batch), total_steps=max(1, train_steps), rank=rank, world_size=world,
+    ctx = TrainContext(recipe=recipe, model=cfg, rank=rank, world_size=world,
                        local_rank=local)
     engine = LoadedEngine(ctx, state)
     forward_only = pp == 1 and cp == 1
@@ -211,13 +211,14 @@ def engine_forward_backward(engine, batch: dict[str, Any]) -> tuple[torch.Tensor
 
 def _train(engine, recipe, cfg, batch, steps: int, local: int) -> dict[str, Any]:
     from muse_stack.engines.reference import ReferenceEngine
+    from muse_stack.run.steps import TrainSteps
 
-    mine = [engine.train_step(s) for s in range(1, steps + 1)]
+    driven = TrainSteps(engine, recipe, _OneBatch(batch), steps)
+    mine = [driven.step(s) for s in range(1, steps + 1)]
     # the reference alone on this GPU: GBS / MBS micro-batches of the same row, as the engine's DP ranks
-    ref_ctx = TrainContext(recipe=recipe, model=cfg, data=_OneBatch(batch), total_steps=steps, rank=0,
-                           world_size=1, local_rank=local)
-    ref = ReferenceEngine(ref_ctx)
-    theirs = [ref.train_step(s) for s in range(1, steps + 1)]
+    ref_ctx = TrainContext(recipe=recipe, model=cfg, rank=0, world_size=1, local_rank=local)
+    ref = TrainSteps(ReferenceEngine(ref_ctx), recipe, _OneBatch(batch), steps)
+    theirs = [ref.step(s) for s in range(1, steps + 1)]
     return {"train_steps": steps,
             "megatron_step_losses": [m.loss for m in mine], "reference_step_losses": [r.loss for r in theirs],
             "megatron_grad_norms": [m.grad_norm for m in mine], "reference_grad_norms": [r.grad_norm for r in theirs],

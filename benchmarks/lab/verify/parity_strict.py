@@ -66,7 +66,7 @@ from typing import Any
 
 import torch
 
-from lab.verify.parity import SEQ, TINY, _OneBatch, tiny_recipe
+from lab.verify.parity import SEQ, TINY, tiny_recipe
 from lab.verify.peft_parity import FP32_FACTOR, _forward_backward_reference, _rel
 from muse_stack.models.muse_spark.config import ModelConfig
 
@@ -462,7 +462,7 @@ def compare_fp32(cfg, recipe32, state, batch, device) -> dict[str, Any]:
     controls = run_controls(ref32, batch, device, logits64, loss64, grads64, limits)
     del ref32
     torch.cuda.empty_cache()
-    ctx = TrainContext(recipe=recipe32, model=cfg, data=_OneBatch(batch), total_steps=1)
+    ctx = TrainContext(recipe=recipe32, model=cfg)
     engine = LoadedEngine(ctx, state)
     _tf32_off()  # after the engine's numerics setup too
     logits, loss, grads, unmapped = engine_fp32_pass(engine, batch, grads64)
@@ -502,7 +502,7 @@ def compare_bf16(cfg, recipe16, state, batch, device) -> dict[str, Any]:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             r16 = ref(on["input_ids"], labels=on["labels"], loss_mask=on["loss_mask"])
     del ref
-    ctx = TrainContext(recipe=recipe16, model=cfg, data=_OneBatch(batch), total_steps=1)
+    ctx = TrainContext(recipe=recipe16, model=cfg)
     engine = LoadedEngine(ctx, state)
     mine_loss, n = eval_loss(engine, batch)
     mine = eval_logits(engine, batch)

@@ -1,21 +1,25 @@
-"""The random state and data position a checkpoint holds, so that a resumed run draws what the
-uninterrupted run would have drawn.
+"""The random state a checkpoint holds, so that a resumed run draws what the uninterrupted run
+would have drawn.
 
 :func:`capture_rng` takes every generator a training step may draw from in this process: Python's
 ``random``, NumPy's global generator, torch's CPU generator and, on a GPU, torch's CUDA generator
-of each device this process drives (one per rank; each rank's state is saved). The megatron engine
-adds megatron-core's tensor-parallel RNG tracker (``extra``). Everything is held as tensors, ints,
+of each device this process drives (one per rank; each rank's state is saved). An engine with
+generators of its own adds them (``extra``: the megatron engine's megatron-core tensor-parallel RNG
+tracker, through its ``rng_state`` / ``load_rng_state``). Everything is held as tensors, ints,
 floats, strings, lists and dicts, so ``torch.load(weights_only=True)`` reads it back.
 
-:func:`restore_rng` sets them all again. The engines restore just before the first resumed step,
-not at load time, so that nothing the run does between loading and training (setting up its
-loggers, measuring a peak) moves a generator the training draws from.
+:func:`restore_rng` sets them all again. :class:`RandomState` is the run's component for them
+(``state_dict`` / ``load_state_dict``, saved per rank by the checkpoint manager): it restores a
+loaded state just before the first resumed step, not at load time, so that nothing the run does
+between loading and training (setting up its loggers, measuring a peak) moves a generator the
+training draws from.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -77,41 +81,49 @@ def is_full_state(state: Any) -> bool:
     return isinstance(state, dict) and state.get("format") == RNG_FORMAT
 
 
-#: where each rank's random state and the data position go in a step folder whose engine writes
-#: per rank (the megatron engine: every rank writes its shards into the same folder)
-RANK_DIR = "rng"
+class RandomState:
+    """Every generator of this rank, as a component of the run's checkpoints.
 
+    ``state_dict`` captures them (with the engine's own, when it has any); ``load_state_dict``
+    keeps a saved state until :meth:`restore_pending`, which the step calls before it draws
+    anything. A checkpoint written before checkpoints held every generator holds torch's CPU
+    state alone: that is set at once, as such checkpoints were always read."""
 
-def rank_file(directory, rank: int):
-    from pathlib import Path
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self._pending: dict[str, Any] | None = None
 
-    return Path(directory) / RANK_DIR / f"rank-{rank:05d}.pt"
+    def _extra(self) -> dict[str, Any] | None:
+        extra = getattr(self.engine, "rng_state", None)
+        return extra() if extra is not None else None
 
+    def state_dict(self) -> dict[str, Any]:
+        return capture_rng(self.engine.device, extra=self._extra())
 
-def save_rank_state(directory, rank: int, state: dict[str, Any]) -> None:
-    """Write one rank's state (:func:`capture_rng` and the data position) into the step folder."""
-    import io
+    def load_state_dict(self, state: Any) -> None:
+        if torch.is_tensor(state):  # torch's CPU state alone (an older checkpoint)
+            torch.set_rng_state(state)
+        else:
+            self._pending = state
 
-    from muse_stack.util import atomic
+    def restore(self, state: dict[str, Any]) -> None:
+        restore_rng(state, self.engine.device)
+        load_extra = getattr(self.engine, "load_rng_state", None)
+        if load_extra is not None:
+            load_extra(state)
 
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    atomic.write_bytes(rank_file(directory, rank), buf.getvalue())
+    def restore_pending(self) -> None:
+        """A resumed run: the generators as they stood after the saved step (once)."""
+        if self._pending is not None:
+            state, self._pending = self._pending, None
+            self.restore(state)
 
-
-def load_rank_state(directory, rank: int) -> dict[str, Any] | None:
-    """One rank's saved state; None when the folder has none for this rank (written before
-    checkpoints held it, or by fewer ranks). A file that does not load is a corrupt checkpoint."""
-    from muse_stack.engines.base import corrupt_checkpoint
-
-    file = rank_file(directory, rank)
-    if not file.is_file():
-        return None
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-        if not (isinstance(state, dict) and is_full_state(state.get("rng"))):
-            raise TypeError(f"{file.name} holds no random state")
-        return state
-    except Exception as exc:  # the zip reader's and the unpickler's own errors included
-        raise corrupt_checkpoint(file.parent.parent, f"random state and data position ({RANK_DIR}/{file.name})",
-                                 exc) from exc
+    @contextmanager
+    def preserved(self) -> Iterator[None]:
+        """Every generator as it was before the block, afterwards (validation draws nothing the
+        training would have drawn)."""
+        state = self.state_dict()
+        try:
+            yield
+        finally:
+            self.restore(state)
