@@ -39,8 +39,8 @@ from muse_stack.util.errors import InputError
 
 FILE = Path(__file__).with_name("calibration.json")
 #: the sections of numbers, and the calibration whose defaults each holds
-SECTIONS = {"time": "muse_stack.plan.cost.TimeCalibration", "memory": "muse_stack.plan.memory.Calibration",
-            "used": "muse_stack.plan.used.UsedCalibration"}
+SECTIONS = {"time": "TimeCalibration (plan/cost.py)", "memory": "Calibration (plan/memory.py)",
+            "used": "UsedCalibration (plan/used.py)"}
 #: section -> the fields that take their default from it (each registered by :func:`calibrated`)
 _FIELDS: dict[str, set[str]] = {s: set() for s in SECTIONS}
 
