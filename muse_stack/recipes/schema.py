@@ -43,11 +43,8 @@ def check_name(value: str, field: str = "name") -> str:
 
 
 def _env_secret_name(name: str) -> bool:
-    """An ``env`` name is secret by the word rule or by the fingerprint redactor's (any name holding
-    TOKEN, KEY, SECRET, ...)."""
-    from muse_stack.fingerprint.environment import is_secret_name
-
-    return is_secret_key(name) or is_secret_name(name)
+    """An ``env`` name is secret by the rule for environment variable names (a secret word anywhere)."""
+    return is_secret_key(name, env=True)
 
 
 def _value_at(model: Any, path: str) -> Any:
