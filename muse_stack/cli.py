@@ -57,12 +57,20 @@ def _root(
     """Reproducible training stack for Muse Spark Open (816B-A42B)."""
 
 
-for _mod in _AREAS:
-    importlib.import_module(_mod).register(app)
+#: a failure of the command areas to load (a machine table, named by MUSE_STACK_MACHINES, that is
+#: missing or breaks a rule): main reports it as any other error
+_LOAD_ERROR: MuseStackError | None = None
+try:
+    for _mod in _AREAS:
+        importlib.import_module(_mod).register(app)
+except MuseStackError as _exc:
+    _LOAD_ERROR = _exc
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        if _LOAD_ERROR is not None:
+            raise _LOAD_ERROR
         rc = app(args=argv, standalone_mode=False)
         if isinstance(rc, int):
             return rc

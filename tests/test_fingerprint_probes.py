@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from muse_stack.fingerprint import hashing
 from muse_stack.fingerprint.cudalibs import decode_cudnn, decode_nccl, nccl_tuple_text
-from muse_stack.fingerprint.environment import collect, is_secret_name, redact, secret_values
+from muse_stack.fingerprint.environment import collect, redact, secret_values
 from muse_stack.fingerprint.gpu import cuda_version_text
 from muse_stack.fingerprint.host import parse_containerenv, parse_cpuinfo, parse_os_release
 from muse_stack.fingerprint.network import (
@@ -19,6 +19,7 @@ from muse_stack.fingerprint.network import (
     plugin_version_from_binary,
 )
 from muse_stack.fingerprint.procmaps import find_loaded, loaded_shared_objects, parse_maps
+from muse_stack.util.credentials import is_secret_key
 
 MAPS = """\
 7f1c2a000000-7f1c2a200000 r--p 00000000 08:01 1234  /usr/lib/x86_64-linux-gnu/libc.so.6
@@ -129,8 +130,9 @@ def test_environment_allow_list_and_secret_names():
     out = collect(env)
     assert out["variables"] == {"NCCL_ALGO": "Ring", "NVTE_DEBUG": "1", "OMP_NUM_THREADS": "4", "TOKENIZERS_PARALLELISM": "false"}
     assert out["secrets_set"] == ["AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "MY_PASSWORD"]
-    assert is_secret_name("WANDB_API_KEY") and is_secret_name("GITHUB_TOKEN") and is_secret_name("DB_CREDENTIALS")
-    assert not is_secret_name("NCCL_DEBUG")
+    for name in ("WANDB_API_KEY", "GITHUB_TOKEN", "DB_CREDENTIALS"):
+        assert is_secret_key(name, env=True), name
+    assert not is_secret_key("NCCL_DEBUG", env=True)
 
 
 def test_redact_scrubs_values_and_url_credentials():

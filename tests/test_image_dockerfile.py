@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from muse_stack.machine.table import table
 from muse_stack.stack import KEYS, build_args, load
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
-TARGETS = ["gb200", "b200", "h200", "cpu"]
+TARGETS = list(table().locks())  # the machine table's locks
 # a dotted version (2.17.0, 13.0, 3.12), a digest, or a CUDA-versioned package name (cu13, cu130)
 VERSION_LITERAL = re.compile(r"(?<![\w.])\d+\.\d+(?:\.\d+)*(?:\.?post\d+)?(?![\w])|sha256:[0-9a-f]{8,}|\bcu1\d{1,2}\b")
 CONTAINER_FILES = [

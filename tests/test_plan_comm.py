@@ -19,7 +19,9 @@ from muse_stack.plan.cost import (
     ring_time,
     spec_links,
 )
-from muse_stack.plan.fabrics import EFA_P6_B200, IB_NDR, NVLINK4, NVLINK5, Fabric, machine_links
+from muse_stack.machine.hardware import gpu_spec
+from muse_stack.machine.table import table
+from muse_stack.plan.fabrics import Fabric
 from muse_stack.plan.planner import make_plan
 from muse_stack.recipes.catalogue import load_recipe
 
@@ -28,7 +30,10 @@ from muse_stack.recipes.catalogue import load_recipe
 # micro-batches and layers and still fails on any wrong factor (the smallest one, 7/8, is 12%).
 REL = 1e-12
 B200 = GPUS["B200"]
-P6 = spec_links(B200, 8, "AWS p6-b200.48xlarge")
+P6 = spec_links(B200, 8)
+FABRICS = table().fabrics
+NVLINK4, NVLINK5, IB_NDR, EFA_P6_B200 = (FABRICS[k] for k in ("nvlink4", "nvlink5", "ib-ndr", "efa-p6-b200"))
+EFA_P5EN = FABRICS["efa-p5en"]
 # the cited numbers, restated: NVLink 5 at NVLink 4's measured 370 of 450 GB/s, EFA at its line rate
 NVL5_GBPS = 900.0 * 370.0 / 450.0
 EFA_GBPS, EFA_LATENCY_S = 50.0, 50.58e-6
@@ -38,7 +43,7 @@ UNTUNED = ["layout.tp=8", "layout.pp=8", "layout.first_stage_layers=7", "layout.
 
 # ---- the figures ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fabric", [NVLINK4, NVLINK5, IB_NDR, EFA_P6_B200], ids=lambda f: f.name)
+@pytest.mark.parametrize("fabric", list(FABRICS.values()), ids=lambda f: f.name)
 def test_every_figure_names_its_source_and_basis(fabric: Fabric):
     for fig in (fabric.line_rate, fabric.bus, fabric.latency):
         if fig is None:
@@ -59,16 +64,16 @@ def test_the_cited_values():
 
 # ---- fabric selection ----------------------------------------------------------------------
 
-def test_fabric_selection_by_gpu_and_instance():
+def test_fabric_selection_by_machine():
+    # one scale-out fabric per machine: the one its launch target sets up (H100 is planned, not launched)
     assert (P6.intra, P6.inter, P6.domain) == (NVLINK5, EFA_P6_B200, 8)
-    # a B200 node that is not a p6-b200 gets the HGX reference's InfiniBand NDR
-    other = spec_links(B200, 8, None)
-    assert (other.intra, other.inter) == (NVLINK5, IB_NDR)
-    h200 = spec_links(GPUS["H200"], 8, None)
-    assert (h200.intra, h200.inter, h200.domain) == (NVLINK4, IB_NDR, 8)
+    h200 = spec_links(GPUS["H200"], 8)
+    assert (h200.intra, h200.inter, h200.domain) == (NVLINK4, EFA_P5EN, 8)
+    assert (spec_links(GPUS["H100"], 8).intra, spec_links(GPUS["H100"], 8).inter) == (NVLINK4, IB_NDR)
     # GB200: the NVL72 domain spans trays of 4
-    assert spec_links(GPUS["GB200"], 4, None).domain == 72
-    assert machine_links("Z100", None, 8) is None
+    gb200 = spec_links(GPUS["GB200"], 4)
+    assert gb200.domain == 72 and gb200.intra == FABRICS["nvlink5-nvl72"] and gb200.inter == FABRICS["efa-p6e-gb200"]
+    assert gpu_spec("Z100") is None
 
 
 def test_a_group_crosses_nodes_only_beyond_the_nvlink_domain():
@@ -82,7 +87,7 @@ def test_alltoall_peers_inside_and_outside_the_node():
     assert alltoall_split(8, 16, 8) == (3, 4)  # EP 8 with ETP 2: every other rank, 4 per node
     assert alltoall_split(1, 1, 8) == (0, 0)
     # GB200 trays hold 4 GPUs but the NVL72 domain joins 72: all 15 peers of EP 16 are on NVLink
-    assert alltoall_split(16, 16, spec_links(GPUS["GB200"], 4, None).domain) == (15, 0)
+    assert alltoall_split(16, 16, spec_links(GPUS["GB200"], 4).domain) == (15, 0)
 
 
 # ---- each formula by hand ------------------------------------------------------------------
@@ -98,6 +103,10 @@ def test_alltoall_by_hand():
     assert alltoall_time(8e9, 8, 8, P6) == pytest.approx(7e9 / (NVL5_GBPS * 1e9), rel=REL)
     # EP 16 over two nodes: 7 shares on NVLink (9.5 ms) against 8 over the one EFA NIC (160 ms)
     assert alltoall_time(16e9, 16, 16, P6) == pytest.approx(EFA_LATENCY_S + 8e9 / (EFA_GBPS * 1e9), rel=REL)
+    # on p5en the GPU's 50 GB/s is two 200 Gb/s NICs: the all-to-all gets one of them (320 ms)
+    h200 = spec_links(GPUS["H200"], 8)
+    assert EFA_P5EN.nics_per_gpu == 2 and EFA_P5EN.gbps == EFA_GBPS
+    assert alltoall_time(16e9, 16, 16, h200) == pytest.approx(EFA_LATENCY_S + 8e9 / (EFA_GBPS / 2 * 1e9), rel=REL)
 
 
 def test_p2p_by_hand():

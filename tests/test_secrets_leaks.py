@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from muse_stack.fingerprint import environment
+from muse_stack.recipes.catalogue import load_recipe
 from muse_stack.util import credentials
-from muse_stack.util.errors import InputError
+from muse_stack.util.errors import InputError, RecipeError
 
 ROOT = Path(__file__).resolve().parents[1]
 PW = "Xk9-pw-4417-zz"  # not shaped like a token: only its key or its place in a URL says it is secret
@@ -99,6 +101,29 @@ def test_secret_names_by_words():
     for name in ("tokenizer", "row_tokens", "path", "PYTHONPATH", "TOKENIZERS_PARALLELISM", "keep_checkpoints",
                  "passage", "compass", "author", "monkey", "pin_memory", "spatial"):
         assert not credentials.is_secret_key(name), name
+
+
+def test_one_rule_for_secret_names_and_environment_names_by_any_word():
+    """One rule (credentials.is_secret_key) for every name: a recipe's keys by their words, and the
+    names muse-stack does not define (environment variables, a caller's free-form keys) also by a
+    secret word anywhere in them. Every name secret as a key is secret as an environment name."""
+    keys = ("pwd", "bearer", "DB_PASS", "GITHUB_PAT", "api_key", "hfToken", "WANDB_API_KEY", "PRIVATE_KEY")
+    loose = ("HF_TOKEN_PATH", "MY_AUTH_MODE", "SSH_KEYFILE", "AWS_SESSION_ID", "MONKEY", "pad_token_id")
+    for name in keys + loose:
+        assert credentials.is_secret_key(name, env=True), name
+    for name in loose:
+        assert not credentials.is_secret_key(name), name
+    for name in ("NCCL_DEBUG", "PYTHONPATH", "TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_IMPLICIT_TOKEN", "OMP_NUM_THREADS"):
+        assert not credentials.is_secret_key(name, env=True), name
+    # the fingerprint records such variables by name only, and a recipe's env refuses their literals
+    env = {name: "abc-123-xyz" for name in ("HF_TOKEN_PATH", "DB_PASS", "NCCL_DEBUG")}
+    assert environment.collect(env)["secrets_set"] == ["DB_PASS", "HF_TOKEN_PATH"]
+    assert environment.secret_values(env) == ["abc-123-xyz"]
+    with pytest.raises(RecipeError) as exc:
+        load_recipe("tiny-cpu", ["env.HF_TOKEN_PATH=/x/y"])
+    assert exc.value.field == "env.HF_TOKEN_PATH"
+    assert load_recipe("tiny-cpu", ["env.HF_TOKEN_PATH=${env:HF_TOKEN_PATH}"]).env["HF_TOKEN_PATH"] == \
+        "${env:HF_TOKEN_PATH}"
 
 
 def test_high_entropy_strings_are_told_from_names_hashes_and_paths():

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from muse_stack.cli import main
+from muse_stack.machine.table import table
 from muse_stack.stack import build_args, cuda_capabilities, load, locks_dir, unresolved
 from muse_stack.stack.lock import LockError, Null, parse
 from muse_stack.stack.record import compare, problems
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = ["gb200", "b200", "h200", "cpu"]
+TARGETS = list(table().locks())  # the machine table's locks
 
 
 def _lock_text(name: str) -> str:

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from image_helpers import nix_instantiate
+from muse_stack.machine.table import table
 from muse_stack.stack import load, pylock, wheelset
 from muse_stack.stack.buildargs import summary
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = ["gb200", "b200", "h200", "cpu"]
+TARGETS = list(table().locks())  # the machine table's locks
 
 
 @pytest.fixture(scope="module")

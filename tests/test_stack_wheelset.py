@@ -12,10 +12,11 @@ import tomllib
 
 import pytest
 
+from muse_stack.machine.table import table
 from muse_stack.stack import pylock, wheelset
 from muse_stack.stack.lock import LoadedLock, load, parse
 
-TARGETS = ["gb200", "b200", "h200", "cpu"]
+TARGETS = list(table().locks())  # the machine table's locks
 GPU = ["gb200", "b200", "h200"]
 
 

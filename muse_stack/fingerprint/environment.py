@@ -1,7 +1,8 @@
 """Environment variables that change numerics or performance, with secrets never recorded.
 
 Only allow-listed names are recorded. Any variable whose name looks like a secret (token,
-key, secret, password, credential, ...), or an allow-listed one whose value is shaped like a
+key, secret, password, credential, ... anywhere in it: the one rule of
+:func:`muse_stack.util.credentials.is_secret_key`), or an allow-listed one whose value is shaped like a
 credential (:mod:`muse_stack.util.credentials`), is recorded by name only, in ``secrets_set``; and
 as a last guard every string in the finished document is scrubbed of the values of such
 variables and of credentials embedded in URLs.
@@ -14,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from muse_stack.util.credentials import REDACTED, redact_text, shape
+from muse_stack.util.credentials import REDACTED, is_secret_key, redact_text, shape
 
 ALLOWED_PREFIXES = (
     "NCCL_",
@@ -60,16 +61,7 @@ ALLOWED_NAMES = frozenset(
         "TOKENIZERS_PARALLELISM",
     }
 )
-SECRET_NAME = re.compile(
-    r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTH|COOKIE|PRIVATE|SIGNATURE|SESSION)", re.I
-)
-# names that look secret but are well-known, harmless settings
-NOT_SECRET = frozenset({"TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_IMPLICIT_TOKEN"})
 MIN_SECRET_LEN = 8
-
-
-def is_secret_name(name: str) -> bool:
-    return name not in NOT_SECRET and bool(SECRET_NAME.search(name))
 
 
 def is_allowed(name: str) -> bool:
@@ -81,7 +73,7 @@ def collect(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     variables = {}
     secrets = []
     for name in sorted(env):
-        if is_secret_name(name):
+        if is_secret_key(name, env=True):
             secrets.append(name)
         elif is_allowed(name):
             if shape(env[name]):  # a value shaped like a credential, whatever the name: by name only
@@ -98,7 +90,7 @@ def secret_values(env: Mapping[str, str] | None = None) -> list[str]:
     framework field) and make identical stacks differ."""
     env = os.environ if env is None else env
     values = {v for k, v in env.items()
-              if is_secret_name(k) and len(v) >= MIN_SECRET_LEN and not v.isalpha()}
+              if is_secret_key(k, env=True) and len(v) >= MIN_SECRET_LEN and not v.isalpha()}
     return sorted(values, key=len, reverse=True)
 
 
@@ -129,7 +121,7 @@ def redact(obj: Any, secrets: list[str], *, secret_keys: bool = False) -> Any:
         out = {}
         for key, value in obj.items():
             skey = scrub_text(str(key), secrets)
-            if secret_keys and isinstance(value, str) and is_secret_name(str(key)):
+            if secret_keys and isinstance(value, str) and is_secret_key(str(key), env=True):
                 out[skey] = {"set": bool(value)}
             else:
                 out[skey] = redact(value, secrets, secret_keys=secret_keys)

@@ -1,6 +1,6 @@
-"""Per-target facts a launcher needs: GPUs per node, the stack lock that builds the image, the
-node's CPU cores, and the network fabrics with their NCCL settings. This table is the one place
-they live.
+"""What a launcher needs of each machine: GPUs per node, the stack lock that builds the image, the
+node's CPU cores and its default fabric, from the machine table (``muse_stack/machine/machines.yaml``,
+where they live), and the NCCL settings of each fabric.
 
 Fabrics (``launch --fabric``):
 
@@ -20,7 +20,9 @@ the fabric between domains.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import get_args
 
+from muse_stack.machine.table import Transport, table, table_path
 from muse_stack.util.errors import LayoutError, UsageError
 
 _COMMON_ENV: dict[str, str] = {
@@ -30,8 +32,8 @@ _COMMON_ENV: dict[str, str] = {
     "NCCL_DEBUG": "WARN",
 }
 
-# settings of each fabric
-FABRIC_ENV: dict[str, dict[str, str]] = {
+# settings of each fabric (the transports a machine's scale-out fabric names)
+FABRIC_ENV: dict[Transport, dict[str, str]] = {
     "efa": {
         "NCCL_NET_PLUGIN": "ofi",  # libnccl-net-ofi.so from aws-ofi-nccl
         "FI_PROVIDER": "efa",
@@ -44,7 +46,7 @@ FABRIC_ENV: dict[str, dict[str, str]] = {
         **_COMMON_ENV,
     },
 }
-FABRICS = tuple(FABRIC_ENV)
+FABRICS: tuple[str, ...] = get_args(Transport)  # FABRIC_ENV sets up each
 
 #: NCCL_DEBUG levels `launch --nccl-debug` takes
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
@@ -58,7 +60,7 @@ class Target:
     instance: str | None
     efa_devices: int  # EFA interfaces per node, requested as vpc.amazonaws.com/efa (fabric efa)
     cpus: int | None = None  # the instance's vCPUs: --cpus-per-gpu defaults to cpus / gpus_per_node
-    fabric: str | None = None  # the default fabric (--fabric overrides it)
+    fabric: str | None = None  # the default fabric (--fabric overrides it): the machine's scale-out fabric
     env: dict[str, str] = field(default_factory=dict)  # target settings beside the fabric's
     note: str = ""
     gpu_product: str | None = None  # the GPU feature discovery label nvidia.com/gpu.product
@@ -73,28 +75,29 @@ class Target:
         return self.cpus // self.gpus_per_node if self.cpus and self.gpus_per_node else None
 
 
-TARGETS: dict[str, Target] = {
-    # p6e-gb200.36xlarge: 4 GPUs beside one Grace CPU (144 vCPUs); 18 of them form an NVL72
-    # UltraServer with 28.8 Tb/s of EFAv4, 1.6 Tb/s per node = 4 x 400 Gb/s interfaces; IMEX joins
-    # the NVLink domain. Many GB200 clusters outside AWS run InfiniBand: --fabric ib.
-    "GB200": Target("GB200", "gb200", 4, "p6e-gb200.36xlarge", 4, 144, "efa", {"NCCL_MNNVL_ENABLE": "1"},
-                    "72-GPU NVLink domain (IMEX)", "NVIDIA-GB200", imex=True),
-    # p6-b200.48xlarge: 8 GPUs, 192 vCPUs, 8 x 400 Gb/s EFAv4 (3.2 Tb/s, as the B200 record states)
-    "B200": Target("B200", "b200", 8, "p6-b200.48xlarge", 8, 192, "efa", {}, "3.2 Tb/s EFA per node",
-                   "NVIDIA-B200"),
-    # p5en.48xlarge: 8 GPUs, 192 vCPUs, 16 x 200 Gb/s EFAv3 (3.2 Tb/s)
-    "H200": Target("H200", "h200", 8, "p5en.48xlarge", 16, 192, "efa", {}, "3.2 Tb/s EFA per node", "NVIDIA-H200"),
-    "cpu": Target("cpu", "cpu", None, None, 0, None, None, {}, "CPU processes, gloo"),
-}
+def targets() -> dict[str, Target]:
+    """Every launched machine of the table in use (a row with a ``launch`` section)."""
+    t = table()
+    out = {}
+    for name, m in t.machines.items():
+        if m.launch is None or m.lock is None:
+            continue
+        run = m.launch
+        out[name] = Target(gpu=name, lock=m.lock, gpus_per_node=m.gpus_per_node, instance=run.instance,
+                           efa_devices=run.efa_devices, cpus=run.cpus,
+                           fabric=t.fabric(m.fabrics.inter).transport if m.fabrics is not None else None,
+                           env=dict(run.env), note=run.note, gpu_product=run.gpu_product, imex=run.imex)
+    return out
 
 
 def target_for(gpu: str) -> Target:
-    if gpu not in TARGETS:
+    known = targets()
+    if gpu not in known:
         raise LayoutError("no launch target for this GPU type", field="hardware.gpu", value=gpu,
-                          rule=f"launch targets: {', '.join(TARGETS)}",
-                          fix="use a recipe for one of these targets, or add the target to muse_stack/launch/targets.py "
-                              "with a stack lock under containers/locks/")
-    return TARGETS[gpu]
+                          rule=f"launch targets: {', '.join(known)}",
+                          fix="use a recipe for one of these targets, or give the machine a lock and a launch section "
+                              f"in the machine table ({table_path()}) with a stack lock under containers/locks/")
+    return known[gpu]
 
 
 def fabric_for(target: Target, fabric: str | None) -> str | None:

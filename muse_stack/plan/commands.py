@@ -13,6 +13,7 @@ from rich.table import Table
 
 from muse_stack.util import atomic
 from muse_stack.util.errors import InputError
+from muse_stack.machine.hardware import gpus as gpus_of_table
 from muse_stack.plan.planner import Plan, make_plan
 from muse_stack.recipes.catalogue import load_recipe
 from muse_stack.recipes.commands import layout_label, print_filled
@@ -145,12 +146,11 @@ def print_tune(recipe, best: list, planned: int, *, own: bool) -> None:
 def _gpu_overrides(gpu: str) -> list[str]:
     """The overrides that put a recipe on the GPU type ``gpu`` (--gpu of tune)."""
     from muse_stack.util.errors import LayoutError
-    from muse_stack.machine.hardware import GPUS
 
-    if gpu not in GPUS:
-        raise LayoutError("the GPU type is not in the hardware table", field="--gpu", value=gpu,
-                          fix=f"give one of {', '.join(GPUS)}")
-    spec = GPUS[gpu]
+    if gpu not in gpus_of_table():
+        raise LayoutError("the GPU type is not in the machine table", field="--gpu", value=gpu,
+                          fix=f"give one of {', '.join(gpus_of_table())}")
+    spec = gpus_of_table()[gpu]
     # the recipe's instance, price and memory are of its own GPU: not carried over
     return [f"hardware.gpu={gpu}", f"hardware.memory_gib={spec.memory_gib}",
             f"hardware.per_node={spec.per_node_default}", "hardware.instance=null",
@@ -177,7 +177,7 @@ def plan_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML fi
 def tune_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
              overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
              gpus: Optional[int] = typer.Option(None, "--gpus", help="tune for this many GPUs"),
-             gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (H200, B200, GB200, H100)"),
+             gpu: Optional[str] = typer.Option(None, "--gpu", help=f"GPU type ({', '.join(gpus_of_table())})"),
              top: int = typer.Option(5, "--top", min=1, max=100, help="layouts to print"),
              out: Optional[Path] = typer.Option(None, "--out", help="write the best layout's overrides here, one a line"),
              force: bool = typer.Option(False, "--force", help="replace the --out file if it exists"),

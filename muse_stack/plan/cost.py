@@ -105,7 +105,7 @@ from muse_stack.models.muse_spark.flops import mean_keys_causal, mean_keys_slidi
 from muse_stack.machine.hardware import GpuSpec
 from muse_stack.models.muse_spark.config import ModelConfig
 from muse_stack.plan import calibration as calibration_file
-from muse_stack.plan.fabrics import Fabric, Figure, Links, machine_links
+from muse_stack.plan.fabrics import Fabric, Links
 from muse_stack.plan.memory import layer_activation_bytes_per_token
 from muse_stack.recipes.engines import embedding_into_main_grad_blocker, triton_adam_blocker
 from muse_stack.recipes.schema import Recipe
@@ -178,7 +178,7 @@ class TimeCalibration(BaseModel):
     norm_backward_bandwidth_compiled: float = _calibrated("norm_backward_bandwidth_compiled")
     norm_backward_bandwidth_one_pass: float = _calibrated("norm_backward_bandwidth_one_pass")
     # Not fitted (no measurement in benchmarks/ resolves it): collectives run at the published bus
-    # bandwidth of the fabric they cross (plan/fabrics.py), times this factor.
+    # bandwidth of the fabric they cross (muse_stack/machine/machines.yaml), times this factor.
     link_efficiency: float = 1.0
     source: str = ("H200 step times of one machine's sweep of slice-1gpu and its neighbours, "
                    "benchmarks/results/plan-sweep/fit.json (GPU terms); the host times and eager passes of "
@@ -268,20 +268,10 @@ def nvlink_reach(spec: GpuSpec, per_node: int) -> int:
     return domain if domain > spec.per_node_default else min(per_node, domain)
 
 
-def spec_links(spec: GpuSpec, per_node: int, instance: str | None = None) -> Links:
-    """The fabrics of ``spec`` on ``instance`` (:mod:`muse_stack.plan.fabrics`); a GPU no
-    published figure covers gets its datasheet line rates (``muse_stack/machine/hardware.py``)."""
-    domain = nvlink_reach(spec, per_node)
-    links = machine_links(spec.name, instance, domain)
-    if links is not None:
-        return links
-    intra = Figure(value=spec.nvlink_gbps or 0.0, unit="GB/s", basis="line rate", url="muse_stack/machine/hardware.py",
-                   quote=spec.nvlink_source)
-    inter = Figure(value=spec.scaleout_gbps or 0.0, unit="GB/s", basis="line rate", url="muse_stack/machine/hardware.py",
-                   quote=spec.scaleout_source)
-    return Links(intra=Fabric(name=f"NVLink ({spec.name} datasheet)", scope="intra-node", line_rate=intra, bus=intra),
-                 inter=Fabric(name=f"scale-out ({spec.name} datasheet)", scope="inter-node", line_rate=inter,
-                              bus=inter), domain=domain)
+def spec_links(spec: GpuSpec, per_node: int) -> Links:
+    """The fabrics of the machine ``spec`` (its row of ``muse_stack/machine/machines.yaml``: the
+    scale-out fabric is the one the launcher sets up) with ``per_node`` GPUs per node."""
+    return Links(intra=spec.intra, inter=spec.inter, domain=nvlink_reach(spec, per_node))
 
 
 def alltoall_split(group: int, span: int, domain: int) -> tuple[int, int]:
@@ -297,7 +287,7 @@ def alltoall_split(group: int, span: int, domain: int) -> tuple[int, int]:
 def alltoall_time(bytes_out: float, group: int, span: int, links: Links, eff: float = 1.0) -> float:
     """An all-to-all in which each GPU sends ``bytes_out`` spread evenly over ``group`` ranks
     (itself included). The group's ranks sit ``span / group`` apart; peers inside the GPU's
-    NVLink domain are reached over NVLink, the others over the GPU's one NIC (an all-to-all does
+    NVLink domain are reached over NVLink, the others over one of the GPU's NICs (an all-to-all does
     not aggregate NICs: fabrics.ALLTOALL_ONE_NIC), both at once; the collective's fixed time is
     that of the slower fabric it crosses."""
     local, remote = alltoall_split(group, span, links.domain)
@@ -306,7 +296,7 @@ def alltoall_time(bytes_out: float, group: int, span: int, links: Links, eff: fl
     per_peer = bytes_out / group
     latency = links.inter.latency_s if remote else links.intra.latency_s
     return latency + max(local * per_peer / (links.intra.gbps * 1e9 * eff),
-                         remote * per_peer / (links.inter.gbps * 1e9 * eff))
+                         remote * per_peer / (links.inter.alltoall_gbps * 1e9 * eff))
 
 
 def p2p_time(bytes_: float, fabric: Fabric, eff: float = 1.0) -> float:
@@ -552,7 +542,7 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
                   links: Links | None = None, kernels: StepKernels | None = None) -> StepTime:
     """Step time of ``recipe`` on ``world`` GPUs of ``spec``. ``stage_params``: (dense, expert)
     trainable parameters held by one GPU of each stage (the memory plan's figures). ``links``:
-    the fabrics, by default those of the recipe's GPU and instance (:func:`spec_links`).
+    the fabrics, by default those of the recipe's machine (:func:`spec_links`).
     ``kernels``: the engine's kernel choices, by default those it makes for the recipe
     (:func:`step_kernels`; a fit to runs of an older engine gives the kernels they ran)."""
     cal = cal or TimeCalibration()
@@ -564,7 +554,7 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     per_node = recipe.hardware.per_node
     compiled = bool(recipe.fusions.compile_elementwise)
     assumptions: list[str] = []
-    links = links or spec_links(spec, per_node, recipe.hardware.instance)
+    links = links or spec_links(spec, per_node)
     eff = cal.link_efficiency
     seq = batch.seq_length
     tokens = batch.mbs * seq // cp
@@ -724,7 +714,7 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     ]
     assumptions.append(
         f"communication: {links.intra.describe()} inside {links.domain} GPUs, {links.inter.describe()} across "
-        "(muse_stack/plan/fabrics.py); megatron-core's 1F1B send/receive blocks and the all-to-all dispatcher "
+        "(muse_stack/machine/machines.yaml); megatron-core's 1F1B send/receive blocks and the all-to-all dispatcher "
         "runs in line" + ("" if recipe.performance.overlap_grad_reduce else
                           "; the DDP reduce runs after the last micro-batch (performance.overlap_grad_reduce unset)"))
     tokens_step = batch.gbs * seq

@@ -155,8 +155,8 @@ def _step_time(recipe: Recipe, model, world: int, stages: list[int] | None, dp: 
                seq_lens: list[int] | None, links: Links | None = None,
                kernels: StepKernels | None = None) -> tuple[StepTime | None, str | None]:
     spec = gpu_spec(recipe.hardware.gpu)
-    if spec is None or spec.hbm_gbps is None or spec.peak_bf16_tflops is None:
-        return None, f"no datasheet figures for {recipe.hardware.gpu} in muse_stack/machine/hardware.py"
+    if spec is None:
+        return None, f"no GPU figures for {recipe.hardware.gpu} in the machine table (muse_stack/machine/machines.yaml)"
     if not traits(recipe.engine).step_time_model:
         return None, f"the step-time model is of megatron-core; the recipe's engine is {recipe.engine}"
     lay, batch = recipe.layout, recipe.batch

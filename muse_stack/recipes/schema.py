@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from muse_stack.models.muse_spark.config import ModelConfig
+from muse_stack.machine.table import machine_names
 from muse_stack.util.credentials import ENV_REFERENCE, findings, is_secret_key
 
 #: recipe and run names: they become folder names (runs/, the data cache), Slurm job names and
@@ -43,11 +44,8 @@ def check_name(value: str, field: str = "name") -> str:
 
 
 def _env_secret_name(name: str) -> bool:
-    """An ``env`` name is secret by the word rule or by the fingerprint redactor's (any name holding
-    TOKEN, KEY, SECRET, ...)."""
-    from muse_stack.fingerprint.environment import is_secret_name
-
-    return is_secret_key(name) or is_secret_name(name)
+    """An ``env`` name is secret by the rule for environment variable names (a secret word anywhere)."""
+    return is_secret_key(name, env=True)
 
 
 def _value_at(model: Any, path: str) -> Any:
@@ -63,7 +61,8 @@ def _value_at(model: Any, path: str) -> Any:
 def _no_control(value: str) -> bool:
     return all(c.isprintable() or c == " " for c in value)
 
-GpuType = Literal["GB200", "B200", "H200", "H100", "cpu"]
+#: the machines of the machine table (muse_stack/machine/machines.yaml), in its order
+GpuType = Literal[machine_names()]  # type: ignore[valid-type]
 Engine = Literal["reference", "megatron"]
 
 

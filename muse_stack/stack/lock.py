@@ -6,6 +6,9 @@ containers/nix/lock.nix.
 TOML has no null, so a value that is not known (a digest, a commit) or does not apply (TE on
 the cpu target) is written as an explicit table with the reason: ``digest = { null = "why" }``.
 Such a value loads as :class:`Null`, never as a guess.
+
+The targets are the machine table's locks (``muse_stack/machine/machines.yaml``): a lock that builds
+a machine's image is checked against the machine's platform and GPU arch when it loads.
 """
 
 from __future__ import annotations
@@ -20,10 +23,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from muse_stack.machine.table import Platform, table, table_path
 from muse_stack.util.errors import MuseStackError
 
-TARGETS = ("gb200", "b200", "h200", "cpu")
-PLATFORMS = ("linux/amd64", "linux/arm64")
 EFA_CONTAINER_FLAGS = ("--skip-kmod", "--skip-limit-conf", "--no-verify")
 
 _ARCH = r"^\d{1,2}\.\d[af]?$"
@@ -284,7 +286,7 @@ class Lock(_Strict):
     schema_version: Literal[1]
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     description: str
-    platform: Literal["linux/amd64", "linux/arm64"]
+    platform: Platform
     base: Base
     reference: Reference | None = None
     cuda: Cuda | Null
@@ -422,7 +424,7 @@ def load(target_or_path: str | os.PathLike[str]) -> LoadedLock:
             f"no lock at {path}",
             field="target",
             value=str(target_or_path),
-            fix=f"give a lock file path or one of the targets {', '.join(known) or TARGETS}",
+            fix=f"give a lock file path or one of the targets {', '.join(known) or ', '.join(table().locks())}",
             exit_code=3,
         ) from None
     try:
@@ -440,7 +442,34 @@ def load(target_or_path: str | os.PathLike[str]) -> LoadedLock:
             rule="a lock is named after its file (containers/locks/<name>.toml)",
             fix=f'set name = "{path.stem}" or rename the file to {lock.name}.toml',
         )
+    _check_machine(lock, path)
     return LoadedLock(lock=lock, path=path, sha256=hashlib.sha256(raw).hexdigest(), data=data)
+
+
+def _check_machine(lock: Lock, path: Path) -> None:
+    """A lock that builds a machine's image (the machine table's ``lock``) is for that machine's
+    platform and compiles its GPU's capability into every CUDA component."""
+    machine_name = table().locks().get(lock.name)
+    if machine_name is None:
+        return
+    m = table().machine(machine_name)
+    where = f"machines.{machine_name} of {table_path()}"
+    if lock.platform != m.platform:
+        raise LockError(f"{path}: the {machine_name} machine is {m.platform}", field="platform", value=lock.platform,
+                        rule=f"a lock builds for its machine's platform ({where})",
+                        fix=f'set platform = "{m.platform}", or correct the machine\'s platform')
+    if m.gpu is None:
+        return
+    if isinstance(lock.cuda, Null):
+        raise LockError(f"{path}: the {machine_name} machine has GPUs and the lock pins no CUDA", field="cuda",
+                        rule=f"a GPU machine's lock pins CUDA ({where})", fix="pin [cuda] version and its components")
+    for c in ("transformer_engine", "flash_attn", "deepep"):
+        archs = getattr(lock.components, c).cuda_archs
+        if m.gpu.capability not in archs:
+            raise LockError(f"{path}: {c} is not built for the {machine_name}'s {m.gpu.arch}",
+                            field=f"components.{c}.cuda_archs", value=archs,
+                            rule=f"a lock compiles its machine's capability {m.gpu.capability} ({where})",
+                            fix=f'add "{m.gpu.capability}" to components.{c}.cuda_archs')
 
 
 def pin_fix(name: str, fields: list[str]) -> str:

@@ -5,8 +5,9 @@ the job runs (the chat template, an sbatch ``export``, a Kubernetes ``secretKeyR
 reference is ever written. A literal credential in a recipe, an override, a path or a URL is
 refused before anything is written (:func:`findings`), naming the field, never echoing the value:
 
-- under a secret-named key (:func:`is_secret_key`: token, key, secret, password, pass, pwd,
-  auth, bearer, pat, credential, cookie, session, signature, private, ...), any literal string;
+- under a secret-named key (:func:`is_secret_key`, the one rule for secret names: token, key,
+  secret, password, pass, pwd, auth, bearer, pat, credential, cookie, session, signature, private,
+  ...; for an environment variable's name, such a word anywhere in it), any literal string;
 - under any key, a value shaped like a credential (:func:`shape`): a URL's ``user:password@``
   (with ``scheme://``, a path normaliser's ``scheme:/``, or no scheme at all), a secret-named
   query parameter (``?token=``, ``&sig=``, ``X-Amz-Signature=``), an ``Authorization`` scheme
@@ -56,6 +57,8 @@ _LONG_WORDS = ("TOKEN", "APIKEY", "ACCESSKEY", "SECRETKEY", "PRIVATEKEY", "SSHKE
                "SESSION", "BEARER", "DSN")
 _SHORT_WORDS = ("KEY", "PASS", "PWD", "PW", "PAT", "SIG", "JWT", "CRED", "CREDS")
 _WORD = re.compile(rf"(?:{'|'.join(_LONG_WORDS)})$", re.I)
+#: in a name muse-stack does not define (``is_secret_key(name, env=True)``): a long word or KEY anywhere
+_ANYWHERE = re.compile(f"{'|'.join(_LONG_WORDS + ('KEY',))}", re.I)
 #: words that name nothing but a secret wherever they stand in a name (``client_secret_id``); the
 #: others only as the last word (``pad_token_id`` and ``num_key_value_heads`` are model fields)
 _ONLY_SECRET = frozenset({"SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "BEARER",
@@ -88,13 +91,22 @@ _WORDLIKE = re.compile(r"[A-Z]?[a-z]{3,}|[A-Z]{2,5}(?![a-z])|[0-9]{2,}")
 _ALNUM_TOKEN = re.compile(r"[A-Za-z0-9+/=_-]{20,}")
 
 
-def is_secret_key(name: str) -> bool:
-    """A key (or environment variable name) that names a secret: its last word (split at '_', '-',
-    '.', spaces and case changes) is a secret word, or ends in one of the long ones, or any word is
-    one that names nothing but a secret (secret, password, credential, bearer, ...): ``api_key``,
-    ``hfToken``, ``DB_PASS``, ``GITHUB_PAT``, ``pwd``, ``bearer`` and ``client_secret_id`` are;
-    ``tokenizer``, ``row_tokens``, ``path``, ``pad_token_id``, ``num_key_value_heads`` and
-    ``TOKENIZERS_PARALLELISM`` are not."""
+def is_secret_key(name: str, *, env: bool = False) -> bool:
+    """The one rule for a name that holds a secret, whatever names it: a recipe or config key, an
+    override's path, a query parameter, an environment variable, a caller's free-form key.
+
+    A name is secret when its last word (split at '_', '-', '.', spaces and case changes) is a
+    secret word, or ends in one of the long ones, or any word is one that names nothing but a
+    secret (secret, password, credential, bearer, ...): ``api_key``, ``hfToken``, ``DB_PASS``,
+    ``GITHUB_PAT``, ``pwd``, ``bearer`` and ``client_secret_id`` are; ``tokenizer``,
+    ``row_tokens``, ``path``, ``pad_token_id``, ``num_key_value_heads`` and
+    ``TOKENIZERS_PARALLELISM`` are not.
+
+    ``env=True`` is for names muse-stack does not define (environment variables, a caller's
+    free-form keys), where no model field can collide: there a long secret word or ``KEY``
+    anywhere in the name counts too, inside a longer word included (``HF_TOKEN_PATH``,
+    ``MY_AUTH_MODE``, ``SSH_KEYFILE``); a false alarm there costs only a ``${env:NAME}`` reference
+    in a recipe, or a value the fingerprint records by name."""
     name = str(name)
     if name.upper() in NOT_SECRET_NAMES:
         return False
@@ -102,7 +114,9 @@ def is_secret_key(name: str) -> bool:
     if not words:
         return False
     last = words[-1]
-    return last.upper() in _SHORT_WORDS or bool(_WORD.search(last)) or any(w.upper() in _ONLY_SECRET for w in words)
+    if last.upper() in _SHORT_WORDS or bool(_WORD.search(last)) or any(w.upper() in _ONLY_SECRET for w in words):
+        return True
+    return env and bool(_ANYWHERE.search(name))
 
 
 def looks_random(token: str) -> bool:

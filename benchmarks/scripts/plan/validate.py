@@ -2,9 +2,9 @@
 
     python benchmarks/scripts/plan/validate.py [--json FILE]
 
-The model's constants come from the H200 fit (fit_time.py), the datasheets
-(muse_stack/machine/hardware.py) and the published link bandwidths (muse_stack/plan/fabrics.py: NVLink 5,
-EFA, InfiniBand, each cited); nothing here feeds back into them. Predicts the record's tuned layout
+The model's constants come from the H200 fit (fit_time.py), the datasheets and the published link
+bandwidths of the machine table (muse_stack/machine/machines.yaml: NVLink 5, EFA, InfiniBand, each
+cited); nothing here feeds back into them. Predicts the record's tuned layout
 (the attune-b200 recipe), its untuned starting point (TP 8, PP 8 with 7-layer first and last
 stages, EP 16, DP 2, as the record's notes describe it), the used memory of the tuned run and
 whether EP 4 fits; then runs `tune` on the record and times it on this CPU.
@@ -40,7 +40,7 @@ def predict(overrides: list[str], links: Links | None = None) -> dict:
     return {"overrides": overrides, "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu, "step_s": t.step_s,
             "mfu": t.mfu, "dominant": t.dominant, "terms_s": t.terms_s, "allocated_gib": plan.peak_memory_gib,
             "used_gib": plan.used.used_gib, "fits": bool(plan.fits and plan.fits_used),
-            # each communication term with the fabric and the cited figure it is priced at (plan/fabrics.py)
+            # each communication term with the fabric and the cited figure it is priced at (machine/machines.yaml)
             "communication": [{"term": c.term, "seconds": c.seconds, "what": c.describe(),
                                "fabrics": [{"name": f.name, "gbps": f.gbps, "basis": f.bus.basis, "url": f.bus.url,
                                             "latency_us": f.latency.value if f.latency else None}
@@ -58,7 +58,7 @@ def _scaled(links: Links, part: str, gbps: float) -> Links:
 def sensitivity(recipe, ratio_meas: float) -> list[dict]:
     """The ratio's error with slower links than the cited ones (what-if, not a fit): each row
     replaces one fabric's bus bandwidth in both layouts."""
-    base = spec_links(gpu_spec(recipe.hardware.gpu), recipe.hardware.per_node, recipe.hardware.instance)
+    base = spec_links(gpu_spec(recipe.hardware.gpu), recipe.hardware.per_node)
     rows = []
     for part, gbps in (("inter", 25.0), ("inter", 10.0), ("intra", 370.0)):
         links = _scaled(base, part, gbps)
