@@ -59,12 +59,14 @@ def test_resume_with_adapter_dropout_is_bitwise_the_uninterrupted_run(tmp_path, 
 def _engine(tmp_path: Path, overrides: list[str]):
     from muse_stack.data import build_for_recipe
     from muse_stack.engines.base import TrainContext
+    from muse_stack.recipes.resolve import finalize
     from muse_stack.engines.reference import ReferenceEngine
     from muse_stack.recipes.catalogue import load_recipe
 
     recipe = load_recipe("tiny-cpu", [*QUICK, *overrides])
     data = build_for_recipe(recipe, progress=False)
-    ctx = TrainContext(recipe=recipe, model=recipe.model_config_resolved(), data=data, total_steps=10)
+    resolved = finalize(recipe)
+    ctx = TrainContext(recipe=recipe, model=resolved.model, data=data, total_steps=10, resolved=resolved)
     return ReferenceEngine(ctx)
 
 

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     require_megatron()
     from muse_stack.data import build_for_recipe
     from muse_stack.engines.base import TrainContext
+    from muse_stack.recipes.resolve import finalize
     from muse_stack.engines.mcore.load import checkpoint_getter, read_rank_weights
     from muse_stack.engines.megatron import MegatronEngine
     from muse_stack.models.muse_spark.checkpoint import load_checkpoint
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = recipe.model_config_resolved()
     data = build_for_recipe(recipe, progress=False)
     total = recipe.training.steps or current.step
-    engine = MegatronEngine(TrainContext(recipe=recipe, model=cfg, data=data, total_steps=total))
+    engine = MegatronEngine(TrainContext(recipe=recipe, model=cfg, data=data, total_steps=total,
+                                         resolved=finalize(recipe, gpus=1)))
     engine.load(current.path)
 
     # 1. tensors, bit for bit

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +21,13 @@ class TrainContext:
     local_rank: int = 0
     pretrained_checkpoint: str | None = None
     validation: Any = None  # muse_stack.data.split.HeldOut: the held-out rows (None: no validation)
+    #: the muse_stack.recipes.resolve.ResolvedRecipe of ``recipe``: the towers, the adapters and the
+    #: micro-batches per step the engine builds, as the resolve step derived them
+    resolved: Any = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.resolved.recipe is not self.recipe or self.resolved.model != self.model:
+            raise ValueError("TrainContext: the resolved recipe is not the recipe and model given")
 
 
 @dataclass

@@ -22,8 +22,8 @@ from muse_stack.util import atomic
 from muse_stack.engines.base import StepStats, TrainContext
 from muse_stack.engines.support import TOWERS
 from muse_stack.models.muse_spark.perception import MEDIA_INPUTS
-from muse_stack.util.errors import RecipeError
 from muse_stack.engines.schedule import lr_at
+from muse_stack.plan.layout import micro_batches
 
 GIB = 2**30
 
@@ -76,7 +76,7 @@ class ReferenceEngine:
         seed = recipe.training.seed if recipe.training.seed is not None else 0
         torch.manual_seed(seed)
         # image-text recipes carry the perception towers (model.towers, else the released model's)
-        towers = recipe.towers_config_resolved()
+        towers = ctx.resolved.towers
         self.model = MuseSparkForCausalLM(ctx.model, seed=seed, towers=towers).to(self.device)
         if ctx.pretrained_checkpoint:
             load_weights_into(self.model, ctx.pretrained_checkpoint)
@@ -85,9 +85,8 @@ class ReferenceEngine:
             # after the base weights load (DoRA's magnitude starts from them), before DDP
             from muse_stack.models.muse_spark.peft import apply_peft
             from muse_stack.models.muse_spark.peft_io import base_identity
-            from muse_stack.recipes.peft import resolve
 
-            self.peft = resolve(recipe.peft, ctx.model)
+            self.peft = ctx.resolved.peft
             self.base = base_identity(self.model, path=ctx.pretrained_checkpoint, revision=recipe.model.revision,
                                       hf_id=recipe.model.hf_id, init_seed=seed)
             apply_peft(self.model, self.peft, seed=seed)
@@ -112,15 +111,8 @@ class ReferenceEngine:
             self.optimizer = torch.optim.AdamW(_param_groups(self.model, opt.weight_decay), lr=opt.lr,
                                                betas=(opt.beta1, opt.beta2), eps=opt.eps)
         batch = recipe.batch
-        if not batch.mbs or not batch.gbs:
-            raise RecipeError("the reference engine needs the micro- and global batch sizes",
-                              field="batch.mbs" if not batch.mbs else "batch.gbs", value=None,
-                              fix="set batch.mbs and batch.gbs")
-        per_step = batch.mbs * ctx.world_size
-        if batch.gbs % per_step:
-            raise RecipeError("the global batch does not split over the ranks", field="batch.gbs", value=batch.gbs,
-                              rule=f"GBS divisible by MBS x DP = {per_step}", fix=f"use a multiple of {per_step}")
-        self.micro_batches = batch.gbs // per_step
+        # GBS / (MBS x DP), DP the processes: the engine is data-parallel only
+        self.micro_batches = micro_batches(batch.gbs, batch.mbs, ctx.world_size, strict=True)
         self._batches = ctx.data.batches(batch.mbs, seed=recipe.training.data_seed, rank=ctx.rank,
                                          world_size=ctx.world_size, epochs=None)
         self._seq_lens: list[int] | None = None

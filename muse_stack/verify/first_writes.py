@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from muse_stack.engines.base import TrainContext
+from muse_stack.recipes.resolve import finalize
 from muse_stack.recipes.catalogue import parse_recipe
 from muse_stack.verify.parity import TINY, _OneBatch, make_batch, tiny_recipe
 
@@ -45,7 +46,8 @@ def _engine(first_writes: bool | None, state: dict[str, torch.Tensor], batch: di
     from muse_stack.engines.megatron import MegatronEngine
 
     recipe = _recipe(first_writes)
-    ctx = TrainContext(recipe=recipe, model=recipe.model_config_resolved(), data=_OneBatch(batch), total_steps=steps,
+    resolved = finalize(recipe, gpus=1)
+    ctx = TrainContext(recipe=recipe, model=resolved.model, resolved=resolved, data=_OneBatch(batch), total_steps=steps,
                        rank=0, world_size=1, local_rank=0)
     return MegatronEngine(ctx, load_state=state)
 

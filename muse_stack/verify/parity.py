@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from muse_stack.engines.base import TrainContext
+from muse_stack.recipes.resolve import finalize
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe
 
 #: a small model with every feature: 2 sliding + 2 full... layers S F S S, a window shorter
@@ -155,7 +156,7 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
         ref_image = image_features(reference.model, on["pixel_values"], on["image_grid_thw"]) if towers else None
     del reference
     ctx = TrainContext(recipe=recipe, model=cfg, data=_OneBatch(batch), total_steps=max(1, train_steps), rank=rank, world_size=world,
-                       local_rank=local)
+                       local_rank=local, resolved=finalize(recipe, gpus=world))
     engine = MegatronEngine(ctx, load_state=state)
     forward_only = pp == 1 and cp == 1
     loss, n = engine.eval_loss(batch) if forward_only else (float("nan"), int(batch["loss_mask"].sum()))
@@ -213,7 +214,7 @@ def _train(engine, recipe, cfg, batch, steps: int, local: int) -> dict[str, Any]
     mine = [engine.train_step(s) for s in range(1, steps + 1)]
     # the reference alone on this GPU: GBS / MBS micro-batches of the same row, as the engine's DP ranks
     ref_ctx = TrainContext(recipe=recipe, model=cfg, data=_OneBatch(batch), total_steps=steps, rank=0,
-                           world_size=1, local_rank=local)
+                           world_size=1, local_rank=local, resolved=finalize(recipe, gpus=1))
     ref = ReferenceEngine(ref_ctx)
     theirs = [ref.train_step(s) for s in range(1, steps + 1)]
     return {"train_steps": steps,

@@ -453,6 +453,7 @@ def engine_fp32_pass(engine, batch, ref_grads: dict[str, torch.Tensor]):
 
 def compare_fp32(cfg, recipe32, state, batch, device) -> dict[str, Any]:
     from muse_stack.engines.base import TrainContext
+    from muse_stack.recipes.resolve import finalize
     from muse_stack.engines.megatron import MegatronEngine
 
     _tf32_off()
@@ -462,7 +463,8 @@ def compare_fp32(cfg, recipe32, state, batch, device) -> dict[str, Any]:
     controls = run_controls(ref32, batch, device, logits64, loss64, grads64, limits)
     del ref32
     torch.cuda.empty_cache()
-    ctx = TrainContext(recipe=recipe32, model=cfg, data=_OneBatch(batch), total_steps=1)
+    ctx = TrainContext(recipe=recipe32, model=cfg, data=_OneBatch(batch), total_steps=1,
+                       resolved=finalize(recipe32, gpus=1))
     engine = MegatronEngine(ctx, load_state=state)
     _tf32_off()  # after the engine's numerics setup too
     logits, loss, grads, unmapped = engine_fp32_pass(engine, batch, grads64)
@@ -493,6 +495,7 @@ def per_token_ce(logits: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
 def compare_bf16(cfg, recipe16, state, batch, device) -> dict[str, Any]:
     """bf16 engine vs float32 reference, against the reference's own bf16 floor."""
     from muse_stack.engines.base import TrainContext
+    from muse_stack.recipes.resolve import finalize
     from muse_stack.engines.megatron import MegatronEngine
 
     ref = reference_model(cfg, state, torch.float32, device)
@@ -502,7 +505,8 @@ def compare_bf16(cfg, recipe16, state, batch, device) -> dict[str, Any]:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             r16 = ref(on["input_ids"], labels=on["labels"], loss_mask=on["loss_mask"])
     del ref
-    ctx = TrainContext(recipe=recipe16, model=cfg, data=_OneBatch(batch), total_steps=1)
+    ctx = TrainContext(recipe=recipe16, model=cfg, data=_OneBatch(batch), total_steps=1,
+                       resolved=finalize(recipe16, gpus=1))
     engine = MegatronEngine(ctx, load_state=state)
     mine_loss, n = engine.eval_loss(batch)
     mine = engine.eval_logits(batch)
