@@ -66,7 +66,8 @@ def micro_batches(gbs: int | None, mbs: int | None, dp: int | None, *, strict: b
     if gbs % per_step:
         if strict:
             raise LayoutError("the global batch does not split into whole micro-batches per replica",
-                              field="batch.gbs", value=gbs, rule=f"GBS divisible by MBS x DP = {mbs} x {dp} = {per_step}",
+                              field="batch.gbs", value=gbs,
+                              rule=f"GBS divisible by MBS x DP = {mbs} x {dp} = {per_step}",
                               fix=f"use a multiple of {per_step}, e.g. {max(1, round(gbs / per_step)) * per_step}")
         return None
     return gbs // per_step

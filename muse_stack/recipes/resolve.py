@@ -77,7 +77,8 @@ def finalize(recipe: Recipe, *, gpus: int | None = None) -> ResolvedRecipe:
     what cannot be derived: model overrides that give no valid model, towers that do not fit the
     decoder, adapters on targets the model lacks."""
     if gpus is not None and not (isinstance(gpus, int) and 1 <= gpus <= MAX_GPUS):
-        raise LayoutError("the GPU count is out of range", field="--gpus", value=gpus, rule=f"1 <= GPUs <= {MAX_GPUS:,}",
+        raise LayoutError("the GPU count is out of range", field="--gpus", value=gpus,
+                          rule=f"1 <= GPUs <= {MAX_GPUS:,}",
                           fix="give --gpus 1 or more (or leave it out for the recipe's hardware.count)")
     model = recipe.model.resolve()
     towers = recipe.towers_config_resolved(model)
@@ -123,7 +124,8 @@ def _validate(r: ResolvedRecipe, *, values: bool) -> None:
     for part in ("optimizer", "activations"):
         if getattr(recipe.offload, part):
             raise RecipeError(f"neither engine offloads: the {part} stays on the device", field=f"offload.{part}",
-                              value=True, fix=f"set offload.{part}=false (`muse-stack plan` then counts it on the device)")
+                              value=True,
+                              fix=f"set offload.{part}=false (`muse-stack plan` then counts it on the device)")
     engine_spec(recipe.engine).check(r)
     _check_stated(r)
     _check_layout(r)
