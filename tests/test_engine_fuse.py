@@ -6,6 +6,7 @@ import torch
 from muse_stack.engines.mcore import fuse
 from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
+from muse_stack.recipes.resolve import resolve
 
 
 class CountingBackend:
@@ -71,7 +72,7 @@ def test_reconfiguring_rebuilds_the_compiled_chain():
 def test_recipe_switch_is_for_the_megatron_engine_only():
     assert load_recipe("slice-1gpu", ["fusions.compile_elementwise=true"]).fusions.compile_elementwise is True
     with pytest.raises(RecipeError, match="fusions.compile_elementwise"):
-        load_recipe("tiny-cpu", ["fusions.compile_elementwise=true"])
+        resolve(load_recipe("tiny-cpu", ["fusions.compile_elementwise=true"]))
 
 
 class RecordingBackend:

@@ -19,6 +19,7 @@ from muse_stack.engines.megatron_available import missing
 from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 from muse_stack.recipes.engines import MEGATRON_SETTINGS
+from muse_stack.recipes.resolve import finalize, resolve
 
 
 def configs(*overrides: str) -> dict[str, dict]:
@@ -74,7 +75,7 @@ def test_the_shipped_value_stated_changes_nothing(override):
 @pytest.mark.parametrize("field", MEGATRON_SETTINGS)
 def test_the_reference_engine_refuses_each_setting(field):
     with pytest.raises(RecipeError) as err:
-        load_recipe("tiny-cpu", [f"{field}=true"])
+        resolve(load_recipe("tiny-cpu", [f"{field}=true"]))
     assert err.value.field == field and "megatron" in err.value.fix
 
 
@@ -104,10 +105,10 @@ def test_the_engine_check_refuses_before_any_gpu_work():
     TransformerConfig arguments, so a refused pair fails there and not on a lent GPU."""
     from muse_stack.engines.spec import _check_megatron
 
-    _check_megatron(load_recipe("slice-1gpu", ["performance.optimizer_cuda_graph=true"]))
+    _check_megatron(finalize(load_recipe("slice-1gpu", ["performance.optimizer_cuda_graph=true"])))
     with pytest.raises(RecipeError):
-        _check_megatron(load_recipe("slice-1gpu", ["performance.optimizer_cuda_graph=true",
-                                                   "performance.clip_on_device=false"]))
+        _check_megatron(finalize(load_recipe("slice-1gpu", ["performance.optimizer_cuda_graph=true",
+                                                            "performance.clip_on_device=false"])))
 
 
 needs_megatron = pytest.mark.skipif(not torch.cuda.is_available() or missing() is not None,

@@ -9,6 +9,7 @@ from muse_stack.compare.classify import NUMERICS, classify
 from muse_stack.engines.mcore.config import transformer_config_kwargs
 from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
+from muse_stack.recipes.resolve import resolve
 
 FP8 = ["precision=fp8", "fp8.recipe=tensorwise", "fp8.format=hybrid", "layout.dispatcher=alltoall"]
 
@@ -36,13 +37,13 @@ def test_fp8_sets_te_fp8_gemms_on_bf16_weights():
 ])
 def test_fp8_is_refused_naming_the_field(overrides, field):
     with pytest.raises(RecipeError) as info:
-        load_recipe("slice-1gpu", overrides)
+        resolve(load_recipe("slice-1gpu", overrides))
     assert info.value.field == field
 
 
 def test_fp8_on_the_reference_engine_is_refused():
     with pytest.raises(RecipeError) as info:
-        load_recipe("tiny-cpu", FP8)
+        resolve(load_recipe("tiny-cpu", FP8))
     assert info.value.field == "precision"
 
 

@@ -1,5 +1,5 @@
 """The megatron engine's adapter checkpoints on the CPU: where each adapter shard sits in the
-dist-checkpoint, the base identity and its refusals, check_recipe for peft on megatron, and
+dist-checkpoint, the base identity and its refusals, the resolve step for peft on megatron, and
 `muse-stack export --adapters-only / --merge` of adapter checkpoints (a torch_dist checkpoint
 written here with the engine's keys, and a reference-engine adapter run)."""
 
@@ -139,7 +139,7 @@ def test_resume_refuses_another_base_naming_both(tmp_path):
     check_resume(tmp_path, None, settings=None, ours=None)  # full model, full run
 
 
-# ---- check_recipe ---------------------------------------------------------------------------------
+# ---- the resolve step -------------------------------------------------------------------------------
 def _megatron_recipe(**over):
     raw = load_recipe("slice-1gpu").model_dump(mode="json")
     raw.update(peft=dict(PEFT), frozen=["base"])
@@ -150,23 +150,23 @@ def _megatron_recipe(**over):
     return parse_recipe(raw, "slice-1gpu + peft")
 
 
-def test_peft_on_the_megatron_engine_passes_check_recipe():
-    from muse_stack.engines.spec import check_recipe
+def test_peft_on_the_megatron_engine_passes_the_resolve_step():
+    from muse_stack.recipes.resolve import resolve
 
-    check_recipe(_megatron_recipe())
-    check_recipe(_megatron_recipe(**{"training.async_checkpoint": True}))  # the adapter state saves async too
+    resolve(_megatron_recipe())
+    resolve(_megatron_recipe(**{"training.async_checkpoint": True}))  # the adapter state saves async too
 
 
 def test_expert_adapters_under_etp_are_refused_naming_the_field():
-    from muse_stack.engines.spec import check_recipe
+    from muse_stack.recipes.resolve import resolve
 
     with pytest.raises(RecipeError) as err:
-        check_recipe(_megatron_recipe(**{"layout.etp": 2, "layout.tp": 2}))
+        resolve(_megatron_recipe(**{"layout.etp": 2, "layout.tp": 2}))
     assert err.value.field == "layout.etp" and "layout.etp=1" in err.value.fix
     raw = load_recipe("slice-1gpu").model_dump(mode="json")
     raw.update(peft={**PEFT, "scheme": "dora", "targets": ["mlp.experts.down_proj"]}, frozen=["base"])
     with pytest.raises(RecipeError) as err:
-        check_recipe(parse_recipe(raw, "dora experts"))
+        resolve(parse_recipe(raw, "dora experts"))
     assert err.value.field.startswith("peft")
 
 

@@ -24,6 +24,7 @@ from muse_stack.machine.table import table
 from muse_stack.plan.fabrics import Fabric
 from muse_stack.plan.planner import make_plan
 from muse_stack.recipes.catalogue import load_recipe
+from muse_stack.recipes.resolve import finalize
 
 # Each expected value below is a few float64 products and quotients of the same inputs taken in a
 # different order: relative rounding <= ~10 x 2^-53 ~ 1e-15; 1e-12 leaves room for sums over
@@ -120,7 +121,7 @@ def _steps(overrides: list[str], params: list[tuple[int, int]] | None = None):
     assert plan.time is not None, plan.time_unavailable
     if params is None:
         return plan.time
-    return estimate_step(recipe, recipe.model_config_resolved(), B200, plan.world_size, plan.stages, plan.dp,
+    return estimate_step(finalize(recipe), B200, plan.world_size, plan.stages, plan.dp,
                          plan.expert_dp, plan.microbatches_per_replica, params)
 
 

@@ -13,6 +13,7 @@ from muse_stack.models.muse_spark.vision import MuseSparkVisionModel
 from muse_stack.plan.memory import GIB
 from muse_stack.plan.planner import make_plan
 from muse_stack.plan.towers import tower_plan
+from muse_stack.recipes.resolve import finalize
 from muse_stack.recipes.catalogue import load_recipe
 from muse_stack.models.muse_spark.tower_config import TowersConfig, VisionConfig
 
@@ -97,19 +98,19 @@ def test_the_step_time_and_the_mfu_count_the_towers():
     text, _ = make_plan(load_recipe("sft-192-mm", [*BATCH, "data.kind=sft"]), strict=False)
     assert plan.time.terms_s["towers"] > 0 and text.time.terms_s["towers"] == 0
     assert plan.time.stage_s[0] > text.time.stage_s[0] and plan.time.stage_s[1:] == text.time.stage_s[1:]
-    towers = tower_plan(recipe)
+    towers = tower_plan(finalize(recipe))
     assert towers.image_tokens_per_sequence == 4096  # not stated: the processor's cap, within the 4096 sequence
     per_token = training_flops_per_token(recipe.model_config_resolved(), [4096])["training"] \
         + towers.flops_per_sequence()["training"] / 4096
     peak = gpu_spec("GB200").peak_bf16_tflops * 1e12
     assert plan.time.mfu == pytest.approx(per_token * plan.time.tokens_per_s_per_gpu / peak, rel=1e-12)
     # a stated image size is used as stated
-    stated = tower_plan(load_recipe("sft-192-mm", [*BATCH, "data.details.image_tokens_per_sequence=1200"]))
+    stated = tower_plan(finalize(load_recipe("sft-192-mm", [*BATCH, "data.details.image_tokens_per_sequence=1200"])))
     assert stated.image_tokens_per_sequence == 1200
     from muse_stack.util.errors import RecipeError
 
     with pytest.raises(RecipeError) as exc:
-        tower_plan(load_recipe("sft-192-mm", [*BATCH, "data.details.image_tokens_per_sequence=0"]))
+        tower_plan(finalize(load_recipe("sft-192-mm", [*BATCH, "data.details.image_tokens_per_sequence=0"])))
     assert exc.value.field == "data.details.image_tokens_per_sequence"
 
 
@@ -127,7 +128,7 @@ def test_the_counts_are_the_reference_models_own():
     from muse_stack.models.muse_spark import MuseSparkForCausalLM, freeze
 
     recipe = load_recipe("tiny-cpu-mm")
-    plan = tower_plan(recipe)
+    plan = tower_plan(finalize(recipe))
     model = MuseSparkForCausalLM(recipe.model_config_resolved(), seed=None, towers=recipe.towers_config_resolved())
     freeze(model, [f"model.{name}" for name in recipe.frozen])
     towers = [p for n, p in model.named_parameters() if not n.startswith(("model.language_model.", "lm_head."))]

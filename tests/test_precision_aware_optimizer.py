@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from muse_stack.engines.mcore.config import optimizer_config_kwargs
-from muse_stack.engines.spec import check_recipe
+from muse_stack.recipes.resolve import resolve
 from muse_stack.engines.support import check_precision_aware
 from muse_stack.util.errors import RecipeError
 from muse_stack.plan.planner import make_plan
@@ -45,8 +45,8 @@ def test_bridge_keys_are_the_same_fields():
 
 
 def test_a_valid_setting_passes_the_runners_checks():
-    check_recipe(load_recipe("proxy-1gpu", ON))
-    check_recipe(load_recipe("proxy-1gpu", [ON[0], "optimizer.param_remainders=false"]))
+    resolve(load_recipe("proxy-1gpu", ON))
+    resolve(load_recipe("proxy-1gpu", [ON[0], "optimizer.param_remainders=false"]))
 
 
 @pytest.mark.parametrize("overrides, field, fix", [
@@ -57,20 +57,20 @@ def test_a_valid_setting_passes_the_runners_checks():
 ])
 def test_refused_naming_the_field_and_the_fix(overrides, field, fix):
     with pytest.raises(RecipeError) as exc:
-        check_recipe(load_recipe("proxy-1gpu", overrides))
+        resolve(load_recipe("proxy-1gpu", overrides))
     assert exc.value.field == field and fix in exc.value.fix and exc.value.exit_code == 2
 
 
 def test_refused_with_adapters():
     with pytest.raises(RecipeError) as exc:
-        check_recipe(load_recipe("lora-64", ON))
+        resolve(load_recipe("lora-64", ON))
     assert exc.value.field == "optimizer.precision_aware" and "optimizer.precision_aware=false" in exc.value.fix
     check_precision_aware(load_recipe("lora-64", ["optimizer.precision_aware=false"]))  # the fix is accepted
 
 
 def test_refused_on_the_reference_engine():
     with pytest.raises(RecipeError) as exc:
-        load_recipe("tiny-cpu", ["optimizer.precision_aware=true"])
+        resolve(load_recipe("tiny-cpu", ["optimizer.precision_aware=true"]))
     assert "megatron engine only" in exc.value.render()
 
 

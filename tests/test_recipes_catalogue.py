@@ -175,15 +175,16 @@ def test_list_json(cli):
     assert rows["sft-192"]["layout"] == "TP4/PP6/EP32" and rows["sft-192"]["gpus"] == 192
 
 
-def test_list_marks_every_bridge_seed_runnable_and_names_what_is_refused(cli):
-    """All nine Megatron-Bridge GB200 seeds, the two image-text ones included, pass their engine's
-    check as written; a recipe that does not (miles-h200-64 offloads the optimizer) is marked and
-    its field named under the table."""
+def test_list_marks_the_bridge_seeds_that_run_as_written_and_names_what_is_refused(cli):
+    """Of the nine Megatron-Bridge GB200 seeds, those that state every size their engine starts from
+    pass its check as written; the six whose sources leave batch sizes (or lora-16-mm's CP size)
+    unstated are marked, as is a recipe the engine refuses outright (miles-h200-64 offloads the
+    optimizer), each with its field and fix under the table (test_recipes_resolve.py)."""
     rc, out, _ = cli("list", "--json")
     rows = {r["name"]: r for r in json.loads(out)}
     seeds = [r for r in rows.values() if r["source"].startswith("muse_spark_open_")]
     assert len(seeds) == 9 and {"sft-192-mm", "lora-16-mm"} <= {r["name"] for r in seeds}
-    assert [r["name"] for r in seeds if r["runs"] != "yes"] == []
+    assert sorted(r["name"] for r in seeds if r["runs"] == "yes") == ["lora-64", "sft-192", "sft-256"]
     assert rows["miles-h200-64"]["runs"] == "no" and rows["miles-h200-64"]["refused"].startswith("offload.optimizer")
     rc, text, _ = cli("list")
     assert rc == 0 and "miles-h200-64 does not run as written: offload.optimizer" in " ".join(text.split())

@@ -13,7 +13,7 @@ import muse_stack.engines.megatron_available as megatron_available
 import muse_stack.machine.availability as availability
 from muse_stack.compare.classify import INFORMATIONAL, NUMERICS, classify
 from muse_stack.compare.diff import diff_documents
-from muse_stack.engines.spec import check_recipe
+from muse_stack.recipes.resolve import resolve
 from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.bridge_defaults import KINDS, WHEEL
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe, recipe_yaml
@@ -50,7 +50,7 @@ def test_sft_192_states_no_optimizer_value_and_gets_bridge_sft_defaults():
         assert "megatron.bridge.recipes.common._sft_common" in f.source and "0.6.2" in f.source
         assert WHEEL["sha256"][:12] in f.source
     assert recipe.optimizer.lr == 5e-6 and recipe.optimizer.beta2 == 0.98 and recipe.optimizer.weight_decay == 0.033
-    check_recipe(recipe)  # nothing left unstated
+    resolve(recipe)  # nothing left unstated
 
 
 @pytest.mark.parametrize("name, kind", [("pretrain-192", "pretrain"), ("lora-64", "peft"),
@@ -102,11 +102,11 @@ def test_what_neither_the_recipe_nor_bridge_states_stays_refused_in_one_round():
     recipe = load_recipe("slice-1gpu", ["optimizer.lr=null"])
     assert not recipe.filled
     with pytest.raises(RecipeError) as exc:
-        check_recipe(recipe)
+        resolve(recipe)
     assert "optimizer.lr" in exc.value.message
     # fill_policy none: every unstated value named at once, min_lr with them
     with pytest.raises(RecipeError) as exc:
-        check_recipe(load_recipe("sft-192", ["fill_policy=none"]))
+        resolve(load_recipe("sft-192", ["fill_policy=none"]))
     for f in ("lr", "min_lr", "decay_style", "weight_decay", "clip_grad", "warmup_steps", "beta1", "beta2", "eps"):
         assert f"optimizer.{f}" in exc.value.message
 

@@ -61,13 +61,15 @@ def _steps(tmp_path: Path, overrides: list[str]):
     builds them."""
     from muse_stack.data import build_for_recipe
     from muse_stack.engines.base import TrainContext
+    from muse_stack.recipes.resolve import finalize
     from muse_stack.engines.reference import ReferenceEngine
     from muse_stack.recipes.catalogue import load_recipe
     from muse_stack.run.steps import TrainSteps
 
     recipe = load_recipe("tiny-cpu", [*QUICK, *overrides])
     data = build_for_recipe(recipe, progress=False)
-    engine = ReferenceEngine(TrainContext(recipe=recipe, model=recipe.model_config_resolved()))
+    resolved = finalize(recipe)
+    engine = ReferenceEngine(TrainContext(recipe=recipe, model=resolved.model, resolved=resolved))
     return TrainSteps(engine, recipe, data, 10)
 
 

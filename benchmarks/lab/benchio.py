@@ -29,14 +29,15 @@ def megatron_engine(name: str, overrides: list[str], steps: int):
     from muse_stack.data import build_for_recipe
     from muse_stack.engines.base import TrainContext
     from muse_stack.engines.megatron import MegatronEngine
-    from muse_stack.engines.spec import check_recipe
     from muse_stack.recipes.catalogue import load_recipe
+    from muse_stack.recipes.resolve import resolve
     from muse_stack.run.steps import TrainSteps
 
     recipe = load_recipe(name, [*overrides, f"training.steps={steps}"])
-    check_recipe(recipe)  # what the runner refuses, refused here too
+    resolved = resolve(recipe)  # what the runner refuses, refused here too
     data = build_for_recipe(recipe, progress=False)
-    engine = MegatronEngine(TrainContext(recipe=recipe, model=recipe.model_config_resolved()))
+    engine = MegatronEngine(TrainContext(recipe=recipe, model=resolved.model, resolved=resolved,
+                                         world_size=resolved.world))
     return recipe, engine, TrainSteps(engine, recipe, data, steps)
 
 

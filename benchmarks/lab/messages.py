@@ -40,17 +40,19 @@ class Message:
 
 def step_messages(recipe) -> list[Message]:
     """The messages of one step of ``recipe`` on one rank of its first pipeline stage."""
-    from muse_stack.plan.layout import data_parallel, expert_data_parallel, stage_layers
+    from muse_stack.plan.layout import data_parallel, expert_data_parallel, micro_batches
+    from muse_stack.recipes.resolve import finalize
 
-    model = recipe.model_config_resolved()
+    resolved = finalize(recipe)
+    model = resolved.model
     lay, batch = recipe.layout, recipe.batch
     tp, pp, cp, ep = lay.tp, lay.pp, lay.cp or 1, lay.ep or 1
     dp = lay.dp or data_parallel(recipe.hardware.count, lay) or 1
-    split = stage_layers(lay, model.num_hidden_layers)
-    if not batch.mbs or not batch.seq_length or not batch.gbs or split is None:
+    split = resolved.stages
+    micro = micro_batches(batch.gbs, batch.mbs, dp)
+    if not batch.seq_length or micro is None or split is None:
         return []
     t = batch.mbs * batch.seq_length // cp
-    micro = batch.gbs // (batch.mbs * dp)
     layers = split[0]
     h, hm, k = model.hidden_size, model.moe_hidden_size, model.num_experts_per_tok
     out: list[Message] = []

@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from muse_stack.data import build_for_recipe
     from muse_stack.engines.base import TrainContext
+    from muse_stack.recipes.resolve import finalize
     from muse_stack.engines.megatron import MegatronEngine
     from muse_stack.recipes.catalogue import load_recipe
     from muse_stack.machine.devmem import cuda_memory
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     async_recipe = load_recipe(args.recipe, [*args.overrides, f"training.steps={total}",
                                              "training.async_checkpoint=true"])
     data = build_for_recipe(sync_recipe, progress=False)
-    ctx = TrainContext(recipe=sync_recipe, model=sync_recipe.model_config_resolved())
+    resolved = finalize(sync_recipe, gpus=1)
+    ctx = TrainContext(recipe=sync_recipe, model=resolved.model, resolved=resolved)
     engine = MegatronEngine(ctx)
     steps = TrainSteps(engine, sync_recipe, data, total)
     # one dist-checkpoint, as the engine estimates it for the runner's own free-space check (weights, fp32

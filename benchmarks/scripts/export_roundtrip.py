@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from muse_stack.data import build_for_recipe
     from lab.engine import eval_logits
     from muse_stack.engines.base import TrainContext
+    from muse_stack.recipes.resolve import finalize
     from muse_stack.engines.mcore.load import checkpoint_getter, read_rank_weights
     from muse_stack.engines.megatron import MegatronEngine
     from muse_stack.models.muse_spark.checkpoint import load_checkpoint
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = recipe.model_config_resolved()
     data = build_for_recipe(recipe, progress=False)
     total = recipe.training.steps or current.step
-    engine = MegatronEngine(TrainContext(recipe=recipe, model=cfg))
+    engine = MegatronEngine(TrainContext(recipe=recipe, model=cfg, resolved=finalize(recipe, gpus=1)))
     steps = TrainSteps(engine, recipe, data, total)
     # the weights, and the data where the checkpoint left it (its random state is not needed here)
     checkpoints.CheckpointManager(Path(args.run_dir), engine, interval=None, keep=None,

@@ -4,7 +4,7 @@ its position, the random generators: :mod:`muse_stack.run.steps`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
@@ -20,6 +20,13 @@ class TrainContext:
     world_size: int = 1
     local_rank: int = 0
     pretrained_checkpoint: str | None = None
+    #: the muse_stack.recipes.resolve.ResolvedRecipe of ``recipe``: the towers, the adapters and the
+    #: micro-batches per step the engine builds, as the resolve step derived them
+    resolved: Any = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.resolved.recipe is not self.recipe or self.resolved.model != self.model:
+            raise ValueError("TrainContext: the resolved recipe is not the recipe and model given")
 
 
 @dataclass

@@ -9,9 +9,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from muse_stack.engines.spec import check_recipe
-from muse_stack.util.errors import RecipeError
+from muse_stack.util.errors import LayoutError, RecipeError
 from muse_stack.recipes.catalogue import load_recipe, recipe_names
+from muse_stack.recipes.resolve import finalize
 from muse_stack.recipes.commands import layout_label
 
 console = Console()
@@ -19,17 +19,19 @@ console = Console()
 
 def list_cmd(json_out: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """The recipe catalogue: alias, task, GPUs, hardware, layout, engine, and whether its engine
-    trains it as written (runs: yes, or the field it refuses)."""
+    trains it as written (runs: yes, or the field it refuses and what to pass)."""
     rows = []
     for name in recipe_names():
         r = load_recipe(name)
         try:
-            check_recipe(r)
-            runs, refused = "yes", None
-        except RecipeError as exc:
-            runs, refused = "no", f"{exc.field}: {exc.message}"
+            exc = finalize(r).refusal()  # every check `run` and `launch` make before anything starts
+        except (RecipeError, LayoutError) as error:  # what cannot even be derived
+            exc = error
+        runs = "no" if exc is not None else "yes"
         rows.append({"name": r.name, "task": r.task, "gpus": r.hardware.count, "hardware": r.hardware.gpu,
-                     "layout": layout_label(r), "engine": r.engine, "runs": runs, "refused": refused,
+                     "layout": layout_label(r), "engine": r.engine, "runs": runs,
+                     "refused": f"{exc.field}: {exc.message}" if exc is not None else None,
+                     "fix": exc.fix if exc is not None else None,
                      "source": r.aliases[0] if r.aliases else r.provenance.source})
     if json_out:
         typer.echo(json.dumps(rows, indent=2))
@@ -46,7 +48,9 @@ def list_cmd(json_out: bool = typer.Option(False, "--json", help="print JSON")) 
     console.print(t)
     for row in rows:
         if row["refused"]:
-            console.print(f"{row['name']} does not run as written: {row['refused']}", markup=False, highlight=False)
+            fix = f"; fix: {row['fix']}" if row["fix"] else ""
+            console.print(f"{row['name']} does not run as written: {row['refused']}{fix}", markup=False,
+                          highlight=False)
 
 
 

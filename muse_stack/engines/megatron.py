@@ -89,9 +89,6 @@ class MegatronEngine:
         torch.cuda.set_device(ctx.local_rank)
         self.device = f"cuda:{ctx.local_rank}"
         _init_process_group(ctx)
-        if not batch.mbs or not batch.gbs or not batch.seq_length:
-            raise RecipeError("the megatron engine needs batch.mbs, batch.gbs and batch.seq_length",
-                              field="batch", value=batch.model_dump(), fix="set all three")
         if not ps.model_parallel_is_initialized():
             ps.initialize_model_parallel(
                 tensor_model_parallel_size=lay.tp, pipeline_model_parallel_size=lay.pp,
@@ -124,7 +121,7 @@ class MegatronEngine:
 
         ctx, recipe = self.ctx, self.ctx.recipe
         #: the perception towers of an image-text recipe (None: a text model)
-        self.towers = recipe.towers_config_resolved()
+        self.towers = ctx.resolved.towers
         model = build_model(self.config, ctx.model, self.seq_length, self.pg, towers=self.towers, seed=seed,
                             recompute_towers=recipe.recompute_towers()).cuda()
         ep_rank, ep = ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()
@@ -151,10 +148,9 @@ class MegatronEngine:
         from muse_stack.engines.mcore import peft as mpeft
         from muse_stack.engines.mcore.peft_checkpoint import base_identity
         from muse_stack.models.muse_spark.hf_config import full_config
-        from muse_stack.recipes.peft import resolve
 
         lay = recipe.layout
-        self.peft = resolve(recipe.peft, ctx.model)
+        self.peft = ctx.resolved.peft
         self.adapter_names = mpeft.attach_adapters(
             model, self.peft, ctx.model, tp_size=ps.get_tensor_model_parallel_world_size(),
             tp_group=ps.get_tensor_model_parallel_group(), sequence_parallel=self.config.sequence_parallel,
@@ -275,6 +271,9 @@ class MegatronEngine:
         recipe, batch = self.ctx.recipe, self.ctx.recipe.batch
         self.dp_rank = ps.get_data_parallel_rank(with_context_parallel=False)
         self.dp_size = ps.get_data_parallel_world_size(with_context_parallel=False)
+        if self.dp_size != self.ctx.resolved.dp:
+            raise RuntimeError(f"megatron-core's data-parallel size {self.dp_size} is not the recipe's "
+                               f"{self.ctx.resolved.dp}")
         self.cp_size = ps.get_context_parallel_world_size()
         #: packed rows run as THD (one token stream per micro-batch, per-sequence attention)
         self.thd = bool(batch.packed) or recipe.data.builder == "packed"

@@ -74,7 +74,7 @@ class ReferenceEngine:
         seed = recipe.training.seed if recipe.training.seed is not None else 0
         torch.manual_seed(seed)
         # image-text recipes carry the perception towers (model.towers, else the released model's)
-        towers = recipe.towers_config_resolved()
+        towers = ctx.resolved.towers
         self.model = MuseSparkForCausalLM(ctx.model, seed=seed, towers=towers).to(self.device)
         if ctx.pretrained_checkpoint:
             load_weights_into(self.model, ctx.pretrained_checkpoint)
@@ -83,9 +83,8 @@ class ReferenceEngine:
             # after the base weights load (DoRA's magnitude starts from them), before DDP
             from muse_stack.models.muse_spark.peft import apply_peft
             from muse_stack.models.muse_spark.peft_io import base_identity
-            from muse_stack.recipes.peft import resolve
 
-            self.peft = resolve(recipe.peft, ctx.model)
+            self.peft = ctx.resolved.peft
             self.base = base_identity(self.model, path=ctx.pretrained_checkpoint, revision=recipe.model.revision,
                                       hf_id=recipe.model.hf_id, init_seed=seed)
             apply_peft(self.model, self.peft, seed=seed)

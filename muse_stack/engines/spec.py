@@ -3,8 +3,9 @@ and how its checkpoints read as tensors under transformers' names (for export an
 
 Everything that differs between the engines is here or in the module a spec names; the rest of
 muse-stack asks :func:`engine_spec` instead of testing the engine's name. What a recipe may ask of
-an engine, as data (the traits the recipe check and the planner read), is
-:mod:`muse_stack.recipes.engines`.
+an engine, as data (the traits the resolve step and the planner read), is
+:mod:`muse_stack.recipes.engines`; the whole check of a recipe against its engine is
+:meth:`muse_stack.recipes.resolve.ResolvedRecipe.validate`, which calls the spec's ``check``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from muse_stack.engines.support import TOWERS, check_precision_aware, check_recipe_values
+from muse_stack.engines.support import TOWERS, check_precision_aware
 from muse_stack.util.errors import InputError, RecipeError
 from muse_stack.recipes.engines import EngineTraits, traits
 
@@ -24,7 +25,8 @@ class EngineSpec:
     traits: EngineTraits
     load: Callable[[], type]  #: the engine class (imports the engine's stack)
     missing: Callable[[], str | None]  #: why this machine's software cannot run it (None: it can)
-    check: Callable[[Any], None]  #: what it would not train as written, naming the field
+    #: what it would not train as written, naming the field (of a muse_stack.recipes.resolve.ResolvedRecipe)
+    check: Callable[[Any], None]
     hf_tensors: Callable[[Path], tuple[list, Callable]]  #: a step folder's model tensors by HF name
     adapter_meta: Callable[[Path], dict | None]  #: adapter settings and base identity (None: full model)
     adapter_tensors: Callable[[Path], dict]  #: a step folder's adapter tensors by reference name
@@ -44,7 +46,8 @@ def _load_reference() -> type:
     return ReferenceEngine
 
 
-def _check_reference(recipe) -> None:
+def _check_reference(resolved) -> None:
+    recipe = resolved.recipe
     lay = recipe.layout
     split = {k: v for k, v in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp or 1), ("ep", lay.ep or 1),
                                ("etp", lay.etp), ("vpp", lay.vpp or 1)) if v > 1}
@@ -112,15 +115,17 @@ def _megatron_missing() -> str | None:
     return missing()
 
 
-def _check_megatron(recipe) -> None:
+def _check_megatron(resolved) -> None:
     from muse_stack.engines.mcore.config import transformer_config_kwargs
 
-    transformer_config_kwargs(recipe, recipe.model_config_resolved())
+    recipe = resolved.recipe
+    transformer_config_kwargs(recipe, resolved.model)
     check_precision_aware(recipe)
-    if recipe.peft is not None:
-        from muse_stack.recipes.peft import resolve
-
-        settings = resolve(recipe.peft, recipe.model_config_resolved())
+    if recipe.optimizer.name == "sgd":
+        raise RecipeError("the megatron engine trains with Adam(W)", field="optimizer.name",
+                          value=recipe.optimizer.name, fix="use adam, or the reference engine for SGD")
+    settings = resolved.peft
+    if settings is not None:
         if settings.expert_targets and recipe.layout.etp > 1:
             raise RecipeError("the megatron engine's expert adapters are whole on every expert-tensor-parallel "
                               "rank; it does not split them over ETP", field="layout.etp", value=recipe.layout.etp,
@@ -185,30 +190,3 @@ def engine_spec(name: str) -> EngineSpec:
     """The spec of a recipe's ``engine``."""
     traits(name)  # an unknown name is refused there, naming the field
     return ENGINES[name]
-
-
-# ---- the whole check of a recipe against its engine ------------------------------------
-def check_recipe(recipe, *, values: bool = True) -> None:
-    """Raise a RecipeError for anything the recipe's engine would not train as written
-    (``values=False``: all but the unstated optimizer values, which `run` checks after the
-    machine, so a machine that cannot run the recipe says so first)."""
-    from muse_stack.util import numerics
-
-    numerics.check(recipe)
-    if recipe.data.kind == "multimodal" or recipe.model.towers is not None:
-        recipe.towers_config_resolved()  # the towers are valid and fit the decoder
-    if recipe.peft is not None:
-        from muse_stack.recipes.peft import resolve
-
-        resolve(recipe.peft, recipe.model_config_resolved())
-    elif "base" in recipe.frozen:
-        raise RecipeError("frozen: [base] freezes the whole model, which leaves nothing to train without adapters",
-                          field="frozen", value=recipe.frozen, fix="add a peft block, or drop base from frozen")
-    for part in ("optimizer", "activations"):
-        if getattr(recipe.offload, part):
-            raise RecipeError(f"neither engine offloads: the {part} stays on the device", field=f"offload.{part}",
-                              value=True, fix=f"set offload.{part}=false (`muse-stack plan` then counts it on the device)")
-    engine_spec(recipe.engine).check(recipe)
-    if values:
-        check_recipe_values(recipe)
-

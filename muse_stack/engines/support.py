@@ -1,7 +1,7 @@
 """Recipe rules the engines share: the towers a recipe may freeze, what megatron-core's
 precision-aware optimizer needs, and every training value stated before an engine builds its
 optimizer. The whole check of a recipe against its engine is
-:func:`muse_stack.engines.spec.check_recipe`.
+:meth:`muse_stack.recipes.resolve.ResolvedRecipe.validate`.
 """
 
 from __future__ import annotations

@@ -176,7 +176,7 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
         run_overrides.append(f"hardware.count={count}")
     if per_node != first.hardware.per_node:
         run_overrides.append(f"hardware.per_node={per_node}")
-    recipe = prepare(name, run_overrides, steps, None)  # the planner and the engine's checks: raise here
+    recipe = prepare(name, run_overrides, steps, None).recipe  # the planner and the engine's checks: raise here
     pretrained = _check_start(recipe, pretrained_checkpoint, target, kubernetes)
     _check_loggers(recipe, target)
     if kubernetes and parsed is None and target.container:

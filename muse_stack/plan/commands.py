@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from muse_stack.util import atomic
@@ -17,6 +18,7 @@ from muse_stack.machine.hardware import gpus as gpus_of_table
 from muse_stack.plan.planner import Plan, make_plan
 from muse_stack.recipes.catalogue import load_recipe
 from muse_stack.recipes.commands import layout_label, print_filled
+from muse_stack.recipes.resolve import finalize
 
 console = Console()
 
@@ -163,13 +165,20 @@ def plan_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML fi
              json_out: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Validate the layout and estimate memory per GPU, before it costs a GPU-hour."""
     recipe = load_recipe(name, overrides or [])
-    plan, _ = make_plan(recipe, gpus=gpus)
+    resolved = finalize(recipe, gpus=gpus)
+    plan, _ = make_plan(resolved)
+    # what `run` and `launch` would refuse (the optimizer values are listed as not stated)
+    refused = resolved.refusal(values=False)
     if json_out:
         typer.echo(json.dumps({**plan.summary(), "filled": {p: f.model_dump(mode="json")
-                                                            for p, f in recipe.filled.items()}}, indent=2))
+                                                            for p, f in recipe.filled.items()},
+                               "refused": refused.as_dict() if refused is not None else None}, indent=2))
     else:
         print_plan(plan)
         print_filled(recipe)
+        if refused is not None:
+            console.print(f"[yellow]refused:[/] `run` and `launch` refuse the recipe: {escape(refused.field or '')}: "
+                          f"{escape(refused.message)}; fix: {escape(refused.fix or '')}", highlight=False)
     if plan.fits is False:
         raise typer.Exit(1)
 

@@ -536,15 +536,17 @@ def step_kernels(recipe: Recipe) -> StepKernels:
     return StepKernels(adam=adam, embedding_grad=emb, post_expert_norm_backward=norm)
 
 
-def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int, stages: list[int], dp: int,
+def estimate_step(resolved, spec: GpuSpec, world: int, stages: list[int], dp: int,
                   edp: int | None, microbatches: int, stage_params: list[tuple[int, int]],
                   cal: TimeCalibration | None = None, seq_lens: Sequence[int] | None = None,
                   links: Links | None = None, kernels: StepKernels | None = None) -> StepTime:
-    """Step time of ``recipe`` on ``world`` GPUs of ``spec``. ``stage_params``: (dense, expert)
+    """Step time of a resolved recipe (:class:`muse_stack.recipes.resolve.ResolvedRecipe`) on ``world``
+    GPUs of ``spec``. ``stage_params``: (dense, expert)
     trainable parameters held by one GPU of each stage (the memory plan's figures). ``links``:
     the fabrics, by default those of the recipe's machine (:func:`spec_links`).
     ``kernels``: the engine's kernel choices, by default those it makes for the recipe
     (:func:`step_kernels`; a fit to runs of an older engine gives the kernels they ran)."""
+    recipe, model = resolved.recipe, resolved.model
     cal = cal or TimeCalibration()
     kernels = kernels or step_kernels(recipe)
     lay, batch = recipe.layout, recipe.batch
@@ -572,13 +574,10 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
     fwd = {key: full_share * full[key] + (1 - full_share) * slide[key] for key in full}
     rec = recomputed_share(recipe.recompute.granularity or "none", recipe.recompute.modules,
                            layer_activation_bytes_per_token(model, tp, sp, etp=etp))
-    settings = None
+    settings = resolved.peft
     backward = dict(BACKWARD)
     adapters = dict.fromkeys(("dense_gemm", "expert_gemm"), 0.0)
-    if recipe.peft is not None:
-        from muse_stack.recipes.peft import resolve
-
-        settings = resolve(recipe.peft, model)
+    if settings is not None:
         backward.update(FROZEN_BACKWARD)
         adapters = adapter_terms(settings, model, spec, cal, tokens=tokens, tp=tp, ep=ep, etp=etp)
     # the adapters' backward computes both their weight and their input gradients: 2 x the forward
@@ -606,7 +605,7 @@ def estimate_step(recipe: Recipe, model: ModelConfig, spec: GpuSpec, world: int,
         1 + backward["dense_gemm"])  # the output layer: frozen too under adapters
     from muse_stack.plan.towers import tower_plan
 
-    towers = tower_plan(recipe)  # its stated choices are the plan's assumptions (planner.make_plan)
+    towers = tower_plan(resolved)  # its stated choices are the plan's assumptions (planner.make_plan)
     towers_s = tower_time(towers, spec, cal, sequences=batch.mbs,
                           full_recompute=(recipe.recompute.granularity or "none") == "full")
     stage_terms: list[TermTimes] = []

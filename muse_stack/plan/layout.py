@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from muse_stack.recipes.schema import Layout
+from muse_stack.util.errors import LayoutError
 
 
 def pack_alignment(layout: Layout) -> int:
@@ -53,6 +54,23 @@ def data_parallel(world: int, layout: Layout) -> int | None:
         return None
     denom = layout.tp * layout.pp * cp
     return world // denom if world % denom == 0 else None
+
+
+def micro_batches(gbs: int | None, mbs: int | None, dp: int | None, *, strict: bool = False) -> int | None:
+    """Micro-batches per data-parallel replica per step: GBS / (MBS x DP). None where a size is
+    unknown or the global batch does not split into whole micro-batches per replica (``strict``:
+    that is a :class:`LayoutError` naming ``batch.gbs``)."""
+    if not (gbs and mbs and dp):
+        return None
+    per_step = mbs * dp
+    if gbs % per_step:
+        if strict:
+            raise LayoutError("the global batch does not split into whole micro-batches per replica",
+                              field="batch.gbs", value=gbs,
+                              rule=f"GBS divisible by MBS x DP = {mbs} x {dp} = {per_step}",
+                              fix=f"use a multiple of {per_step}, e.g. {max(1, round(gbs / per_step)) * per_step}")
+        return None
+    return gbs // per_step
 
 
 def expert_data_parallel(world: int, layout: Layout) -> int | None:

@@ -144,9 +144,12 @@ def optimizer_state_bytes(recipe: Recipe) -> int:
     return 10 if recipe.optimizer.precision_aware and recipe.optimizer.param_remainders else 12
 
 
-def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], dp: int | None,
+def estimate(resolved, world: int, stages: list[int], dp: int | None,
              edp: int | None, microbatches: int | None, calibration: Calibration | None = None,
              assume_distributed_optimizer: bool = True) -> list[StageMemory]:
+    """Memory per GPU of each pipeline stage of a resolved recipe
+    (:class:`muse_stack.recipes.resolve.ResolvedRecipe`)."""
+    recipe, model = resolved.recipe, resolved.model
     cal = calibration or Calibration()
     factor = cal.activation_factor_for(bool(recipe.fusions.compile_elementwise))
     lay, batch = recipe.layout, recipe.batch
@@ -169,10 +172,10 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
 
     lora_dense = lora_expert = 0
     adapter_act = 0.0  # activation bytes per token and layer that the adapters add (or the frozen base drops)
-    if recipe.peft is not None:
-        from muse_stack.recipes.peft import EXPERT_TARGETS, resolve, target_shape
+    settings = resolved.peft
+    if settings is not None:
+        from muse_stack.recipes.peft import EXPERT_TARGETS, target_shape
 
-        settings = resolve(recipe.peft, model)
         lora_dense, lora_expert = adapter_params_per_layer(settings, model, tp=tp, ep=ep, etp=etp)
         k = model.num_experts_per_tok
         for target in settings.targets:
@@ -185,9 +188,9 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
 
     from muse_stack.plan.towers import tower_plan
 
-    towers = tower_plan(recipe)
+    towers = tower_plan(resolved)
     act = layer_activation_bytes_per_token(model, tp, sp, act_bytes=w_bytes, etp=etp)
-    if recipe.peft is not None:
+    if settings is not None:
         if not settings.expert_targets:
             adapter_act -= act["moe_expert_inputs"]
         act = {**act, "moe": act["moe"] + adapter_act}

@@ -6,16 +6,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from muse_stack.util.errors import LayoutError
 from muse_stack.machine.hardware import gpu_spec
 from muse_stack.plan.cost import StepKernels, StepTime, TimeCalibration, estimate_step
 from muse_stack.plan.fabrics import Links
-from muse_stack.plan.layout import data_parallel, expert_data_parallel, pack_alignment, stage_layers
+from muse_stack.plan.layout import pack_alignment
 from muse_stack.plan.memory import Calibration, StageMemory, estimate
 from muse_stack.plan.rules import RuleReport, check
 from muse_stack.plan.used import UsedMemory, used_memory
 from muse_stack.recipes.completeness import unstated_training_values
 from muse_stack.recipes.engines import traits
+from muse_stack.recipes.peft import adapter_params_per_layer
+from muse_stack.recipes.resolve import ResolvedRecipe, finalize
 from muse_stack.recipes.schema import Recipe
 
 
@@ -69,39 +70,26 @@ class Plan(BaseModel):
         return self.model_dump(mode="json")
 
 
-def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration | None = None,
+def make_plan(recipe: Recipe | ResolvedRecipe, gpus: int | None = None, calibration: Calibration | None = None,
               strict: bool = True, time_calibration: TimeCalibration | None = None,
               seq_lens: list[int] | None = None, links: Links | None = None,
               kernels: StepKernels | None = None) -> tuple[Plan, RuleReport]:
-    """Validate and plan. With ``strict`` a broken layout raises the first :class:`LayoutError`
-    (all of them are in its message). ``kernels``: the engine's kernel choices the step time prices
-    (default: those the engine makes for the recipe, :func:`muse_stack.plan.cost.step_kernels`)."""
-    from muse_stack.recipes.schema import MAX_GPUS
-
-    if gpus is not None and not (isinstance(gpus, int) and 1 <= gpus <= MAX_GPUS):
-        raise LayoutError("the GPU count is out of range", field="--gpus", value=gpus, rule=f"1 <= GPUs <= {MAX_GPUS:,}",
-                          fix="give --gpus 1 or more (or leave it out to plan for the recipe's hardware.count)")
-    model = recipe.model_config_resolved()
-    peft = None
-    if recipe.peft is not None:
-        from muse_stack.recipes.peft import adapter_params_per_layer, resolve
-
-        peft = resolve(recipe.peft, model)  # a target the model lacks is refused here, by name
+    """Validate and plan a recipe (or one :func:`~muse_stack.recipes.resolve.finalize` gave, for its
+    GPUs). With ``strict`` a broken layout raises the first :class:`LayoutError` (all of them are in
+    its message). ``kernels``: the engine's kernel choices the step time prices (default: those the
+    engine makes for the recipe, :func:`muse_stack.plan.cost.step_kernels`)."""
+    if isinstance(recipe, ResolvedRecipe):
+        resolved = recipe if gpus is None or gpus == recipe.world else finalize(recipe.recipe, gpus=gpus)
+    else:
+        resolved = finalize(recipe, gpus=gpus)  # a GPU count out of range is refused there, naming --gpus
+    recipe, model, peft, world = resolved.recipe, resolved.model, resolved.peft, resolved.world
     cal = calibration or Calibration()
-    world = gpus if gpus is not None else recipe.hardware.count
     report = check(recipe, model, world)
-    if strict and report.errors:
-        first = report.errors[0]
-        if len(report.errors) > 1:
-            rest = "\n".join(f"  also: {e.render()}" for e in report.errors[1:])
-            raise LayoutError(f"{first.message}\n{rest}", field=first.field, value=first.value, rule=first.rule,
-                              fix=first.fix)
-        raise first
+    if strict:
+        report.raise_errors()
     lay, batch = recipe.layout, recipe.batch
-    dp = data_parallel(world, lay)
-    edp = expert_data_parallel(world, lay)
-    stages = stage_layers(lay, model.num_hidden_layers)
-    micro = batch.gbs // (batch.mbs * dp) if (batch.gbs and batch.mbs and dp) else None
+    dp, edp, micro = resolved.dp, resolved.expert_dp, resolved.micro_batches
+    stages = list(resolved.stages) if resolved.stages is not None else None
     tokens = batch.gbs * batch.seq_length if batch.gbs and batch.seq_length else None
     packs = recipe.data.packs or recipe.data.rows
     steps_per_epoch = packs // batch.gbs if packs and batch.gbs else None
@@ -110,7 +98,7 @@ def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration 
         assumptions.append("layout.distributed_optimizer is not stated; the memory estimate assumes it on")
     from muse_stack.plan.towers import tower_plan
 
-    towers = tower_plan(recipe)
+    towers = tower_plan(resolved)
     if towers is not None:  # where the perception towers sit, what of them trains, what they compute
         assumptions.extend(towers.describe())
     if batch.mbs is None or batch.seq_length is None:
@@ -118,7 +106,7 @@ def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration 
     missing = [f"layout.{k}" for k in ("ep", "cp") if getattr(lay, k) is None]
     if missing:
         report.unchecked.append(f"memory: {', '.join(missing)} not stated (pass {missing[0]}=N)")
-    memory = estimate(recipe, model, world, stages, dp, edp, micro, cal) if stages and not missing else []
+    memory = estimate(resolved, world, stages, dp, edp, micro, cal) if stages and not missing else []
     spec = gpu_spec(recipe.hardware.gpu)
     gpu_mem = recipe.hardware.memory_gib or (spec.memory_gib if spec else None)
     totals = [m.total_gib for m in memory if m.total_gib is not None]
@@ -145,15 +133,16 @@ def make_plan(recipe: Recipe, gpus: int | None = None, calibration: Calibration 
     )
     if peak is not None and dp and edp:
         plan.used = used_memory(peak, tp=lay.tp, pp=lay.pp, cp=lay.cp or 1, ep=lay.ep or 1, etp=lay.etp, dp=dp, edp=edp)
-    plan.time, plan.time_unavailable = _step_time(recipe, model, world, stages, dp, edp, micro, memory,
+    plan.time, plan.time_unavailable = _step_time(resolved, world, stages, dp, edp, micro, memory,
                                                   time_calibration, seq_lens, links, kernels)
     return plan, report
 
 
-def _step_time(recipe: Recipe, model, world: int, stages: list[int] | None, dp: int | None, edp: int | None,
+def _step_time(resolved: ResolvedRecipe, world: int, stages: list[int] | None, dp: int | None, edp: int | None,
                micro: int | None, memory: list[StageMemory], cal: TimeCalibration | None,
                seq_lens: list[int] | None, links: Links | None = None,
                kernels: StepKernels | None = None) -> tuple[StepTime | None, str | None]:
+    recipe = resolved.recipe
     spec = gpu_spec(recipe.hardware.gpu)
     if spec is None:
         return None, f"no GPU figures for {recipe.hardware.gpu} in the machine table (muse_stack/machine/machines.yaml)"
@@ -170,5 +159,5 @@ def _step_time(recipe: Recipe, model, world: int, stages: list[int] | None, dp: 
     for m in memory:
         share = m.trainable_params / m.params if m.params else 0.0
         params.append((int(m.dense_params * share), int(m.expert_params * share)))
-    return estimate_step(recipe, model, spec, world, stages, dp, edp, micro, params, cal, seq_lens, links,
+    return estimate_step(resolved, spec, world, stages, dp, edp, micro, params, cal, seq_lens, links,
                          kernels), None

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from muse_stack.util.errors import LayoutError
 from muse_stack.models.muse_spark.config import ModelConfig
-from muse_stack.plan.layout import data_parallel, pack_alignment, stage_layers
+from muse_stack.plan.layout import data_parallel, micro_batches, pack_alignment, stage_layers
 from muse_stack.recipes.schema import Recipe
 
 
@@ -24,6 +24,17 @@ class RuleReport:
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    def raise_errors(self) -> None:
+        """Raise the first error, the others in its message."""
+        if not self.errors:
+            return
+        first = self.errors[0]
+        if len(self.errors) > 1:
+            rest = "\n".join(f"  also: {e.render()}" for e in self.errors[1:])
+            raise LayoutError(f"{first.message}\n{rest}", field=first.field, value=first.value, rule=first.rule,
+                              fix=first.fix)
+        raise first
 
 
 def _divisors_hint(n: int, limit: int = 8) -> str:
@@ -117,13 +128,13 @@ def check(recipe: Recipe, model: ModelConfig, world: int) -> RuleReport:
                                "so the plan assumes it on")
 
     # -- batch ------------------------------------------------------------------------------
-    dp = data_parallel(world, lay)
     if batch.mbs is None or batch.gbs is None:
         rep.unchecked.append("GBS divisible by MBS x DP: batch.mbs or batch.gbs is not stated")
-    elif dp is not None and batch.gbs % (batch.mbs * dp):
-        err(LayoutError("the global batch does not split into whole micro-batches per replica", field="batch.gbs",
-                        value=batch.gbs, rule=f"GBS divisible by MBS x DP = {batch.mbs} x {dp} = {batch.mbs * dp}",
-                        fix=f"use a multiple of {batch.mbs * dp}, e.g. {max(1, round(batch.gbs / (batch.mbs * dp))) * batch.mbs * dp}"))
+    else:
+        try:
+            micro_batches(batch.gbs, batch.mbs, data_parallel(world, lay), strict=True)
+        except LayoutError as exc:
+            err(exc)
     if batch.packed and batch.mbs is not None and batch.mbs != 1:
         err(LayoutError("offline packed sequences need micro-batch 1", field="batch.mbs", value=batch.mbs,
                         rule="offline packing needs MBS 1", fix="set batch.mbs=1 (pack more into each sequence instead)"))

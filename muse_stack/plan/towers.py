@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 from muse_stack.models.muse_spark.tower_config import MAX_IMAGE_TOKENS
 from muse_stack.models.muse_spark.flops import tower_flops_per_sequence
-from muse_stack.recipes.schema import Recipe
 from muse_stack.models.muse_spark.tower_config import TowersConfig
 
 #: names in ``frozen`` that freeze the projector
@@ -92,9 +91,10 @@ class TowerPlan:
                 "image-text data"]
 
 
-def tower_plan(recipe: Recipe) -> TowerPlan | None:
-    """The towers of an image-text recipe (or one whose model states ``model.towers``), else None."""
-    towers = recipe.towers_config_resolved()
+def tower_plan(resolved) -> TowerPlan | None:
+    """The towers of a resolved image-text recipe (or one whose model states ``model.towers``;
+    :class:`muse_stack.recipes.resolve.ResolvedRecipe`), else None."""
+    recipe, towers = resolved.recipe, resolved.towers
     if towers is None:
         return None
     frozen = set(recipe.frozen)
@@ -118,7 +118,7 @@ def tower_plan(recipe: Recipe) -> TowerPlan | None:
             ", an upper bound (state data.details.image_tokens_per_sequence)"
     else:
         tokens, source = None, "batch.seq_length not stated"
-    return TowerPlan(towers=towers, text_hidden_size=recipe.model_config_resolved().hidden_size,
+    return TowerPlan(towers=towers, text_hidden_size=resolved.model.hidden_size,
                      vision_trains=not base and "vision_tower" not in frozen,
                      audio_trains=not base and "audio_tower" not in frozen,
                      projector_trains=not base and not frozen & set(PROJECTOR_NAMES),

@@ -20,7 +20,10 @@ from collections.abc import Callable, Iterator
 from pydantic import BaseModel
 
 from muse_stack.util.errors import LayoutError
+from muse_stack.models.muse_spark.config import ModelConfig
+from muse_stack.plan.layout import micro_batches
 from muse_stack.plan.planner import make_plan
+from muse_stack.recipes.resolve import finalize
 from muse_stack.recipes.schema import Recipe
 
 RECOMPUTE: list[tuple[str, list[str] | None]] = [
@@ -111,8 +114,10 @@ class Layout(BaseModel):
                 f"MBS{self.mbs} recompute {rec}")
 
 
-def candidates(recipe: Recipe, world: int) -> Iterator[Layout]:
-    model = recipe.model_config_resolved()
+def candidates(recipe: Recipe, world: int, model: ModelConfig | None = None) -> Iterator[Layout]:
+    """The layouts of ``recipe`` on ``world`` GPUs the search plans (``model``: the recipe's model
+    configuration, where the caller has it)."""
+    model = model or finalize(recipe).model
     experts, heads = model.num_local_experts, model.num_key_value_heads
     gbs, seq = recipe.batch.gbs, recipe.batch.seq_length
     per_node = recipe.hardware.per_node
@@ -132,7 +137,7 @@ def candidates(recipe: Recipe, world: int) -> Iterator[Layout]:
                             even = first is None and pp > 1 and model.num_hidden_layers % (2 * pp) == 0
                             for vpp in (VPP if even else (1,)):
                                 for mbs in MBS:
-                                    if gbs % (mbs * dp) or (cp > 1 and seq % (2 * cp)):
+                                    if micro_batches(gbs, mbs, dp) is None or (cp > 1 and seq % (2 * cp)):
                                         continue
                                     for gran, modules in RECOMPUTE:
                                         yield Layout(layout={
@@ -160,7 +165,8 @@ def search(recipe: Recipe, world: int | None = None, progress: Callable[[int, in
     if recipe.batch.gbs is None or recipe.batch.seq_length is None:
         raise LayoutError("tune needs the global batch and the sequence length", field="batch.gbs",
                           value=recipe.batch.gbs, fix="state batch.gbs and batch.seq_length in the recipe")
-    todo = list(candidates(recipe, world))
+    resolved = finalize(recipe, gpus=world)
+    todo = list(candidates(recipe, world, resolved.model))
     found: list[Candidate] = []
     for j, cand in enumerate(todo):
         if progress and j % 64 == 0:
@@ -171,7 +177,7 @@ def search(recipe: Recipe, world: int | None = None, progress: Callable[[int, in
             "layout": recipe.layout.model_copy(update=cand.layout),
             "batch": recipe.batch.model_copy(update={"mbs": cand.mbs}),
             "recompute": recipe.recompute.model_copy(update={"granularity": cand.granularity, "modules": cand.modules})})
-        plan, report = make_plan(r, gpus=world, strict=False)
+        plan, report = make_plan(resolved.with_layout(r, gpus=world), strict=False)
         if report.errors or plan.time is None or plan.used is None or not (plan.fits and plan.fits_used):
             continue
         t = plan.time

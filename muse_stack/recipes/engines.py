@@ -1,6 +1,7 @@
-"""What a recipe may ask of each training engine: the traits the recipe checks, the planner and the
-machine check read, kept as data at the recipes' level (the engines' behaviour, which imports
-torch and megatron-core, is :mod:`muse_stack.engines.spec`).
+"""What a recipe may ask of each training engine: the traits the resolve step
+(:mod:`muse_stack.recipes.resolve`) checks, the planner and the machine check read, kept as data
+at the recipes' level (the engines' behaviour, which imports torch and megatron-core, is
+:mod:`muse_stack.engines.spec`).
 """
 
 from __future__ import annotations
@@ -30,17 +31,21 @@ class EngineTraits:
     step_time_model: bool  #: ``muse-stack plan`` models its step time (muse_stack/plan/cost.py)
     #: recipe fields only this engine reads: set on another engine, they are refused
     fields: frozenset[str]
+    #: the sizes it starts from, which it fills none of in: unstated, the recipe is refused
+    stated: tuple[str, ...]
 
 
 TRAITS: dict[str, EngineTraits] = {
     "reference": EngineTraits(
         name="reference", summary="the PyTorch reference engine (CPU or GPU, data-parallel only)",
-        runs_on_cpu=True, step_time_model=False, fields=frozenset()),
+        runs_on_cpu=True, step_time_model=False, fields=frozenset(),
+        stated=("batch.mbs", "batch.gbs", "layout.cp")),
     "megatron": EngineTraits(
         name="megatron", summary="the megatron-core engine, which runs megatron-core and Transformer Engine on CUDA",
         runs_on_cpu=False, step_time_model=True,
         fields=frozenset({"optimizer.precision_aware", "optimizer.param_remainders", "fusions.compile_elementwise",
-                          "precision=fp8", *MEGATRON_SETTINGS})),
+                          "precision=fp8", *MEGATRON_SETTINGS}),
+        stated=("batch.mbs", "batch.gbs", "batch.seq_length", "layout.cp", "layout.ep")),
 }
 
 

@@ -1,9 +1,11 @@
 """The recipe format: pydantic models for the declarative YAML files under ``recipes/``.
 
 A value the source document does not state is ``null`` with an entry in ``notes`` (keyed by
-its dotted path) saying so; nothing is invented. Rules that span fields (layouts that do not
-divide, batches that do not fit) are checked by :mod:`muse_stack.plan.rules`, not here, so a
-recipe can be read and shown even when its layout is wrong.
+its dotted path) saying so; nothing is invented. Here each value is checked, and what one recipe
+says of itself (no secrets, ``min_lr`` within ``lr``, steps or epochs); what an engine can run
+(layouts that do not divide, batches that do not split, sizes left unstated, settings of another
+engine, FP8 on a GPU without it) is checked once by :mod:`muse_stack.recipes.resolve`, so a
+recipe can be read and shown even when its engine would refuse it.
 """
 
 from __future__ import annotations
@@ -591,41 +593,7 @@ class Recipe(_Strict):
             raise ValueError(f"optimizer.min_lr ({self.optimizer.min_lr}) exceeds optimizer.lr ({self.optimizer.lr})")
         if self.training.steps is None and self.training.epochs is None:
             raise ValueError("training needs steps or epochs (or both)")
-        from muse_stack.recipes.engines import refuse_fields_of_other_engines
-
-        refuse_fields_of_other_engines(self)
-        self._check_fp8()
         return self
-
-    def _check_fp8(self) -> None:
-        from muse_stack.util.errors import RecipeError
-        from muse_stack.machine.hardware import gpu_spec
-
-        if self.precision != "fp8":
-            if self.fp8 is not None:
-                raise RecipeError("fp8 settings without precision: fp8", field="fp8", value=self.fp8.model_dump(),
-                                  fix="set precision=fp8, or drop the fp8 block")
-            return
-        settings = self.fp8 or Fp8()
-        for key, example in (("recipe", "tensorwise"), ("format", "hybrid")):
-            if getattr(settings, key) is None:
-                raise RecipeError(f"precision: fp8 needs fp8.{key} stated: it changes training", field=f"fp8.{key}",
-                                  value=None, fix=f"state it, e.g. fp8.{key}={example}")
-        if self.layout.dispatcher == "allgather":
-            raise RecipeError("FP8 grouped expert GEMMs need each expert's tokens padded to the FP8 multiple, which "
-                              "megatron-core does only with the alltoall or flex dispatcher", field="layout.dispatcher",
-                              value="allgather", fix="set layout.dispatcher=alltoall (or flex) with precision: fp8")
-        if settings.recipe == "delayed" and self.recompute.granularity == "full":
-            raise RecipeError("fp8.recipe delayed with full recompute would update the amax history twice per "
-                              "step (the recomputed forward counts again)", field="fp8.recipe", value="delayed",
-                              fix="use fp8.recipe=tensorwise with full recompute, or recompute.granularity=none")
-        spec = gpu_spec(self.hardware.gpu)
-        arch = spec.arch if spec is not None else "cpu"
-        allowed = FP8_RECIPE_ARCHS[settings.recipe]
-        if arch not in allowed:
-            raise RecipeError(f"fp8.recipe {settings.recipe} needs a GPU of {' or '.join(allowed)}; "
-                              f"{self.hardware.gpu} is {arch}", field="fp8.recipe", value=settings.recipe,
-                              fix="mxfp8 on Blackwell (B200, GB200); tensorwise, delayed or blockwise on Hopper")
 
     def model_config_resolved(self) -> ModelConfig:
         return self.model.resolve()
@@ -637,16 +605,17 @@ class Recipe(_Strict):
             return self.recompute.towers
         return self.recompute.granularity == "full"
 
-    def towers_config_resolved(self):
+    def towers_config_resolved(self, model: ModelConfig | None = None):
         """The perception towers the recipe's model carries (a TowersConfig): ``model.towers``, else the
-        released model's for image-text data; None for a text recipe without ``model.towers``."""
+        released model's for image-text data; None for a text recipe without ``model.towers``.
+        ``model``: the recipe's model configuration, where the caller has it."""
         if self.model.towers is None and self.data.kind != "multimodal":
             return None
         from muse_stack.util.errors import RecipeError
 
         towers = _towers_of(self.model.towers or {})
         try:
-            towers.check_text_hidden_size(self.model_config_resolved().hidden_size)
+            towers.check_text_hidden_size((model or self.model_config_resolved()).hidden_size)
         except RecipeError as exc:
             raise RecipeError(exc.message, field=f"model.towers.{exc.field}", value=exc.value, fix=exc.fix) from None
         return towers

@@ -120,14 +120,13 @@ def run_cmd(
         # after what the engine refuses in the recipe itself (on any machine), the engine and the
         # device: on a machine without them, that is the error to see, not the process count or
         # the layout that --gpus would lead to
-        from muse_stack.engines.spec import check_recipe
         from muse_stack.machine.availability import check_runnable_here
         from muse_stack.recipes.catalogue import load_recipe
+        from muse_stack.recipes.resolve import resolve
 
-        recipe = load_recipe(name, overrides or [])
-        check_recipe(recipe, values=False)
-        check_runnable_here(recipe, name)
-        check_recipe(recipe)  # then the optimizer values neither the recipe nor its fill policy states
+        resolved = resolve(load_recipe(name, overrides or []), values=False)
+        check_runnable_here(resolved.recipe, name)
+        resolved.validate()  # then the optimizer values neither the recipe nor its fill policy states
     outcome = run(None if resume is not None and not auto else name, overrides=overrides or [], out=out,
                   steps=steps, gpus=gpus, resume=resume if auto or resume is None else Path(resume),
                   pretrained_checkpoint=pretrained_checkpoint, progress=not no_progress and not as_json,

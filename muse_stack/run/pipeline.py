@@ -9,13 +9,14 @@ leaves its latest complete checkpoint, and ``--resume`` continues from it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 from muse_stack.engines import get_engine
-from muse_stack.engines.spec import check_recipe
 from muse_stack.util.errors import InputError, LayoutError, RecipeError, UsageError
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe
+from muse_stack.recipes.resolve import ResolvedRecipe, finalize, resolve
 from muse_stack.recipes.schema import REQUIRED_PATH, Recipe
 from muse_stack.run import dist
 from muse_stack.run import rundir
@@ -27,34 +28,34 @@ from muse_stack.run.trainer import RunOutcome, Trainer
 __all__ = ["RunOutcome", "prepare", "run"]
 
 
-def prepare(name: str, overrides: list[str], steps: int | None, gpus: int | None) -> Recipe:
+def prepare(name: str, overrides: list[str], steps: int | None, gpus: int | None) -> ResolvedRecipe:
     """Resolve and validate a recipe for a run; raises before anything is written."""
     return check_runnable(load_recipe(name, _extra(overrides, steps, gpus)), name)
 
 
-def check_runnable(recipe: Recipe, name: str) -> Recipe:
-    """The plan fits and the engine trains the recipe as written; raises otherwise."""
+def check_runnable(recipe: Recipe, name: str) -> ResolvedRecipe:
+    """The recipe resolved: the plan fits and the engine trains it as written; raises otherwise."""
     from muse_stack.plan.planner import make_plan
 
-    plan, _ = make_plan(recipe)
-    check_recipe(recipe)  # what the engine would refuse or not train as written, before any output
-    _check_vocab(recipe)
-    from muse_stack.data.split import check_stated
-
-    check_stated(recipe)  # a validation section with a value unstated
+    resolved = finalize(recipe)
+    plan, _ = make_plan(resolved)
+    resolved.validate()  # what the engine would refuse or not train as written, before any output
+    _check_vocab(resolved)
     if plan.fits is False:
         raise LayoutError(
             f"the plan does not fit: {plan.peak_memory_gib:.1f} GiB estimated on stage {plan.peak_stage} "
             f"of {plan.gpu_memory_gib:.1f} GiB per {plan.gpu}", field="layout", value=recipe.layout.model_dump(),
             rule="estimated peak memory within the GPU's memory less headroom",
             fix=f"see `muse-stack plan {name}`: raise EP or PP, turn on full recompute, or use more GPUs")
-    return recipe
+    return resolved
 
 
-def _check_vocab(recipe: Recipe) -> None:
+def _check_vocab(resolved: ResolvedRecipe) -> None:
     """The model's embedding holds every id the recipe's tokenizer gives (a smaller vocab_size
     would index past the embedding at the first step)."""
     from muse_stack.data.build import plan_for_recipe
+
+    recipe = resolved.recipe
 
     if recipe.data.kind in ("synthetic", "multimodal"):
         return  # synthetic ids come from the model's vocabulary; image-text rows are not built here
@@ -69,7 +70,7 @@ def _check_vocab(recipe: Recipe) -> None:
     from muse_stack.data.chat import ChatTokenizer
 
     ids = ChatTokenizer(data.tokenizer_dir).vocab_size
-    vocab = recipe.model_config_resolved().vocab_size
+    vocab = resolved.model.vocab_size
     if vocab < ids:
         raise RecipeError(f"the model's vocabulary ({vocab:,}) is smaller than the tokenizer's ({ids:,} ids, "
                           f"{data.tokenizer_dir})", field="model.vocab_size", value=vocab,
@@ -110,14 +111,18 @@ def _extra(overrides: list[str] | None, steps: int | None, gpus: int | None) -> 
 
 
 def _new_recipe(name: str, overrides: list[str] | None, steps: int | None, gpus: int | None,
-                pretrained_checkpoint: str | None, env: "dist.DistEnv") -> Recipe:
-    """The recipe a new run trains, checked: plan, engine, process count, loggers (the checkpoint it
-    starts from is checked by the caller: a resume takes its weights from its own checkpoint)."""
-    recipe = prepare(name, overrides or [], steps, gpus)
-    recipe = _with_start(recipe, pretrained_checkpoint)
+                pretrained_checkpoint: str | None, env: "dist.DistEnv") -> ResolvedRecipe:
+    """The recipe a new run trains, resolved and checked: plan, engine, process count, loggers (the
+    checkpoint it starts from is checked by the caller: a resume takes its weights from its own
+    checkpoint)."""
+    resolved = prepare(name, overrides or [], steps, gpus)
+    # the checkpoint it starts from: nothing is derived from it
+    resolved = dataclasses.replace(resolved, recipe=_with_start(resolved.recipe, pretrained_checkpoint))
+    recipe = resolved.recipe
     if recipe.hardware.gpu == "cpu" and env.world_size != recipe.hardware.count and env.world_size > 1:
         recipe = parse_recipe({**recipe.model_dump(mode="json"),
                                "hardware": {**recipe.hardware.model_dump(), "count": env.world_size}}, name)
+        resolved = resolve(recipe)  # the micro-batches per step follow the processes
     if env.world_size != recipe.hardware.count:
         raise LayoutError("the processes launched do not match the recipe's GPUs", field="hardware.count",
                           value=recipe.hardware.count,
@@ -126,7 +131,7 @@ def _new_recipe(name: str, overrides: list[str] | None, steps: int | None, gpus:
                               f"or pass --gpus {env.world_size}")
     get_engine(recipe.engine)  # fail early, before any output, when the engine cannot run here
     check_inputs(recipe, start=False)  # W&B importable: before the run directory exists
-    return recipe
+    return resolved
 
 
 def _locked_by_another(path: Path) -> str | None:
@@ -169,7 +174,7 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
         change = None
         auto = resume is not None and str(resume) == resuming.AUTO
         restart = False
-        wanted: Recipe | None = None
+        wanted: ResolvedRecipe | None = None
         if auto:
             if name is None:
                 raise UsageError("--resume auto needs the recipe the run trains", field="recipe", value=None,
@@ -182,7 +187,7 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
                                  "its checkpoint was trained with", field="--allow-change", value=True,
                                  fix="drop --allow-change, or continue the run with --resume DIR --allow-change")
             wanted = _new_recipe(name, overrides, steps, gpus, pretrained_checkpoint, env)
-            found = resuming.inspect_out(Path(out), wanted, auto=True)
+            found = resuming.inspect_out(Path(out), wanted.recipe, auto=True)
             if found.action == "completed":  # a requeue after the end: nothing to do, nothing changed
                 if dry_run:
                     return RunOutcome(path=found.path, status="dry-run", results={
@@ -193,7 +198,7 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
             if found.action == "resume":
                 resume = found.path
             else:
-                check_inputs(wanted)  # the checkpoint it starts from is readable
+                check_inputs(wanted.recipe)  # the checkpoint it starts from is readable
                 resume, restart = None, found.action == "restart"
         if resume is not None:
             from muse_stack.run.resume import plan_resume
@@ -215,7 +220,7 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
                 extra = [] if auto else _extra(overrides, steps, gpus)
                 if pretrained_checkpoint is not None and not auto:
                     extra.append(f"model.pretrained_checkpoint={json.dumps(str(pretrained_checkpoint))}")
-                plan = plan_resume(path, extra, allow_change, wanted=wanted)
+                plan = plan_resume(path, extra, allow_change, wanted=wanted.recipe if wanted else None)
                 recipe, change = plan.recipe, plan.change
                 if env.world_size != recipe.hardware.count:
                     raise LayoutError("the processes launched do not match the run's GPUs", field="hardware.count",
@@ -223,8 +228,8 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
                                       rule=f"one process per GPU: {env.world_size} launched",
                                       fix=f"launch {recipe.hardware.count} processes, or pass --gpus "
                                           f"{env.world_size} --allow-change to continue on {env.world_size}")
-                if change is not None:
-                    check_runnable(recipe, str(path))
+                # a changed recipe is checked as a new one; the run's own was when it started
+                resolved = check_runnable(recipe, str(path)) if change is not None else finalize(recipe)
                 check_inputs(recipe, start=False)  # the recipe's loggers can start (W&B installed)
                 # the changed recipe.yaml is written by the trainer once the checkpoint has loaded
             except BaseException:
@@ -239,7 +244,8 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
         else:
             if name is None:
                 raise InputError("no recipe given", field="recipe", value=None, fix="muse-stack run RECIPE")
-            recipe = wanted or _new_recipe(name, overrides, steps, gpus, pretrained_checkpoint, env)
+            resolved = wanted or _new_recipe(name, overrides, steps, gpus, pretrained_checkpoint, env)
+            recipe = resolved.recipe
             if wanted is None:
                 check_inputs(recipe)  # the checkpoint it starts from is readable
             path = Path(out) if out is not None else None
@@ -273,7 +279,7 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
                         path = rundir.create(path or rundir.default_run_dir(recipe.name, base_dir), recipe)
                         lock = RunLock(path).acquire()
                 path = Path(dist.broadcast(str(path) if path else None))
-            trainer = Trainer(recipe, path, env, stop, resuming=resume is not None, change=change, progress=progress,
+            trainer = Trainer(resolved, path, env, stop, resuming=resume is not None, change=change, progress=progress,
                               stop_after=stop_after, step_stream=step_stream)
             return trainer.run()
         finally:

@@ -29,19 +29,17 @@ from muse_stack.util.errors import RecipeError
 
 
 def micro_batches(recipe: Recipe, dp_size: int) -> int:
-    """Micro-batches per optimizer step on each data-parallel rank: GBS / (MBS x DP); a global
-    batch that does not split so is refused, naming the field."""
+    """Micro-batches per optimizer step on each data-parallel rank, by the one GBS / (MBS x DP)
+    rule (:func:`muse_stack.plan.layout.micro_batches`); a global batch that does not split so is
+    refused, naming the field."""
+    from muse_stack.plan.layout import micro_batches as rule
+
     batch = recipe.batch
     if not batch.mbs or not batch.gbs:
         raise RecipeError("the run needs the micro- and global batch sizes",
                           field="batch.mbs" if not batch.mbs else "batch.gbs", value=None,
                           fix="set batch.mbs and batch.gbs")
-    per_step = batch.mbs * dp_size
-    if batch.gbs % per_step:
-        raise RecipeError("the global batch does not split over the data-parallel ranks", field="batch.gbs",
-                          value=batch.gbs, rule=f"GBS divisible by MBS x DP = {per_step}",
-                          fix=f"use a multiple of {per_step}")
-    return batch.gbs // per_step
+    return rule(batch.gbs, batch.mbs, dp_size, strict=True)
 
 
 class TrainData:

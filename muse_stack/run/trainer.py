@@ -33,6 +33,7 @@ from muse_stack.util import atomic
 from muse_stack.engines import TrainContext, get_engine
 from muse_stack.util.errors import InputError, MuseStackError
 from muse_stack.recipes.catalogue import recipe_sha256, recipe_yaml
+from muse_stack.recipes.resolve import ResolvedRecipe
 from muse_stack.recipes.schema import Recipe
 from muse_stack.run import dist
 from muse_stack.run import faults, rundir
@@ -68,15 +69,16 @@ def warmup_steps(recipe: Recipe, total: int) -> int:
 
 
 class Trainer:
-    def __init__(self, recipe: Recipe, path: Path, env: "dist.DistEnv", stop: StopFlag, *, resuming: bool,
+    def __init__(self, resolved: ResolvedRecipe, path: Path, env: "dist.DistEnv", stop: StopFlag, *, resuming: bool,
                  change: dict[str, Any] | None = None, progress: bool = True,
                  stop_after: int | None = None, step_stream: Any = None) -> None:
-        self.recipe, self.path, self.env, self.stop = recipe, path, env, stop
+        self.resolved = resolved  #: the recipe and what it resolves to (muse_stack.recipes.resolve)
+        self.recipe, self.path, self.env, self.stop = resolved.recipe, path, env, stop
         self.step_stream = step_stream  #: where the step lines go without a progress bar (stdout)
         self.rank0 = env.rank == 0
         self.resuming, self.change = resuming, change
         self.progress, self.stop_after = progress, stop_after
-        self.model_cfg = recipe.model_config_resolved()
+        self.model_cfg = resolved.model
         # state
         self.step = 0  #: last finished step
         self.resumed_step = 0
@@ -95,7 +97,7 @@ class Trainer:
         self.setup_done = False  #: setup finished: from here on the run directory records this attempt
         self.started = time.time()
         self.prior_wall = 0.0
-        self.gc = recipe.training.gc
+        self.gc = self.recipe.training.gc
         self._gc_was_enabled: bool | None = None  #: set while the run holds the collector off
         self.gc_collections: list[int] = []  #: the steps after which the run collected by hand
         self.held_out = None  #: the held-out split (muse_stack.data.split.HeldOut) when the recipe validates
@@ -184,7 +186,8 @@ class Trainer:
 
         self.numerics = numerics.apply(recipe)  # before the engine touches the GPU
         ctx = TrainContext(recipe=recipe, model=self.model_cfg, rank=env.rank, world_size=env.world_size,
-                           local_rank=env.local_rank, pretrained_checkpoint=start)
+                           local_rank=env.local_rank, pretrained_checkpoint=start,
+                           resolved=self.resolved)
         self.engine = get_engine(recipe.engine)(ctx)
         self.steps = TrainSteps(self.engine, recipe, data, self.total)
         self.checkpoints = CheckpointManager(self.path, self.engine, interval=recipe.training.checkpoint_interval,

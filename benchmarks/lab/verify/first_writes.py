@@ -25,6 +25,7 @@ import torch
 
 from lab.verify.parity import TINY, _OneBatch, make_batch, tiny_recipe
 from muse_stack.engines.base import TrainContext
+from muse_stack.recipes.resolve import finalize
 from muse_stack.recipes.catalogue import parse_recipe
 
 #: 32 tokens, top-1 of 64 experts: at least half the experts get no token
@@ -47,7 +48,8 @@ def _engine(first_writes: bool | None, state: dict[str, torch.Tensor], batch: di
     from muse_stack.run.steps import TrainSteps
 
     recipe = _recipe(first_writes)
-    ctx = TrainContext(recipe=recipe, model=recipe.model_config_resolved(), rank=0, world_size=1, local_rank=0)
+    resolved = finalize(recipe, gpus=1)
+    ctx = TrainContext(recipe=recipe, model=resolved.model, resolved=resolved, rank=0, world_size=1, local_rank=0)
     engine = LoadedEngine(ctx, state)
     return engine, TrainSteps(engine, recipe, _OneBatch(batch), steps)
 

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from muse_stack.engines.base import TrainContext
+from muse_stack.recipes.resolve import finalize
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe
 
 #: a small model with every feature: 2 sliding + 2 full... layers S F S S, a window shorter
@@ -154,8 +155,8 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
             ref16 = reference(on["input_ids"], **args)
         ref_image = image_features(reference.model, on["pixel_values"], on["image_grid_thw"]) if towers else None
     del reference
-    ctx = TrainContext(recipe=recipe, model=cfg, rank=rank, world_size=world,
-                       local_rank=local)
+    ctx = TrainContext(recipe=recipe, model=cfg, rank=rank, world_size=world, local_rank=local,
+                       resolved=finalize(recipe, gpus=world))
     engine = LoadedEngine(ctx, state)
     forward_only = pp == 1 and cp == 1
     loss, n = eval_loss(engine, batch) if forward_only else (float("nan"), int(batch["loss_mask"].sum()))
@@ -216,7 +217,8 @@ def _train(engine, recipe, cfg, batch, steps: int, local: int) -> dict[str, Any]
     driven = TrainSteps(engine, recipe, _OneBatch(batch), steps)
     mine = [driven.step(s) for s in range(1, steps + 1)]
     # the reference alone on this GPU: GBS / MBS micro-batches of the same row, as the engine's DP ranks
-    ref_ctx = TrainContext(recipe=recipe, model=cfg, rank=0, world_size=1, local_rank=local)
+    ref_ctx = TrainContext(recipe=recipe, model=cfg, rank=0, world_size=1, local_rank=local,
+                           resolved=finalize(recipe, gpus=1))
     ref = TrainSteps(ReferenceEngine(ref_ctx), recipe, _OneBatch(batch), steps)
     theirs = [ref.step(s) for s in range(1, steps + 1)]
     return {"train_steps": steps,

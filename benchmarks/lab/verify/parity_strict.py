@@ -454,6 +454,7 @@ def engine_fp32_pass(engine, batch, ref_grads: dict[str, torch.Tensor]):
 def compare_fp32(cfg, recipe32, state, batch, device) -> dict[str, Any]:
     from lab.engine import LoadedEngine
     from muse_stack.engines.base import TrainContext
+    from muse_stack.recipes.resolve import finalize
 
     _tf32_off()
     ref32, (logits32, loss32, grads32), (logits64, loss64, grads64), margin = \
@@ -462,7 +463,7 @@ def compare_fp32(cfg, recipe32, state, batch, device) -> dict[str, Any]:
     controls = run_controls(ref32, batch, device, logits64, loss64, grads64, limits)
     del ref32
     torch.cuda.empty_cache()
-    ctx = TrainContext(recipe=recipe32, model=cfg)
+    ctx = TrainContext(recipe=recipe32, model=cfg, resolved=finalize(recipe32, gpus=1))
     engine = LoadedEngine(ctx, state)
     _tf32_off()  # after the engine's numerics setup too
     logits, loss, grads, unmapped = engine_fp32_pass(engine, batch, grads64)
@@ -494,6 +495,7 @@ def compare_bf16(cfg, recipe16, state, batch, device) -> dict[str, Any]:
     """bf16 engine vs float32 reference, against the reference's own bf16 floor."""
     from lab.engine import LoadedEngine, eval_logits, eval_loss
     from muse_stack.engines.base import TrainContext
+    from muse_stack.recipes.resolve import finalize
 
     ref = reference_model(cfg, state, torch.float32, device)
     on = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}
@@ -502,7 +504,7 @@ def compare_bf16(cfg, recipe16, state, batch, device) -> dict[str, Any]:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             r16 = ref(on["input_ids"], labels=on["labels"], loss_mask=on["loss_mask"])
     del ref
-    ctx = TrainContext(recipe=recipe16, model=cfg)
+    ctx = TrainContext(recipe=recipe16, model=cfg, resolved=finalize(recipe16, gpus=1))
     engine = LoadedEngine(ctx, state)
     mine_loss, n = eval_loss(engine, batch)
     mine = eval_logits(engine, batch)

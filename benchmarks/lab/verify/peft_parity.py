@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from muse_stack.engines.base import TrainContext
+from muse_stack.recipes.resolve import finalize
 from lab.verify.parity import SEQ, make_batch, tiny_recipe
 from muse_stack.recipes.catalogue import parse_recipe
 
@@ -141,7 +142,7 @@ def run(scheme: str = "lora", seed: int = 1234, train_steps: int = 3) -> dict[st
     ref32, _ = _reference_with_adapters(cfg, settings, seed, torch.float32, device)
     logits32, loss32, grads32 = _forward_backward_reference(ref32, batch, device)
     del ref32
-    ctx = TrainContext(recipe=recipe32, model=cfg)
+    ctx = TrainContext(recipe=recipe32, model=cfg, resolved=finalize(recipe32, gpus=1))
     engine = LoadedEngine(ctx, base, {k: v.float() for k, v in adapters.items()})
     mine_logits, mine_loss, mine = _engine_adapter_grads(engine, batch)
     stacked = _stack_engine_grads(mine, grads64)
@@ -180,7 +181,7 @@ def run(scheme: str = "lora", seed: int = 1234, train_steps: int = 3) -> dict[st
     from muse_stack.models.muse_spark import MuseSparkForCausalLM
 
     seeded = {k: v.clone() for k, v in MuseSparkForCausalLM(cfg, seed=seed).state_dict().items()}
-    ctx16 = TrainContext(recipe=recipe16, model=cfg)
+    ctx16 = TrainContext(recipe=recipe16, model=cfg, resolved=finalize(recipe16, gpus=1))
     engine16 = LoadedEngine(ctx16, seeded)
     training = _train(engine16, recipe16, cfg, batch, train_steps, 0)
 
