@@ -1,12 +1,11 @@
 """The word embedding's gradient into main_grad and the norm backward with it, measured
 (benchmarks/results/embedgrad/): embedgrad_choose.py's rule on made-up runs, the committed verdict recomputed from the
-committed runs, the switch in layers.py equal to it, each run's levers read back from what the engine recorded, and
-every figure the README states. CPU only; nothing is timed."""
+committed runs, the engine options' defaults equal to it, each run's levers read back from what the engine recorded,
+and every figure the README states. CPU only; nothing is timed."""
 
 from __future__ import annotations
 
 import json
-import re
 import statistics
 
 import pytest
@@ -17,7 +16,6 @@ choose = script("embedgrad_choose")
 _json, _text = FOLDER.json, FOLDER.text
 INTO, DENSE = "each token's gradient added into the fp32 main gradient (embedding_grad.py)", "a dense bf16 gradient"
 ONE_PASS, INDUCTOR = "one Triton pass (norm_backward.py)", "the compiled chain's (TorchInductor)"
-LAYERS = RESULTS.parents[1] / "muse_stack" / "engines" / "mcore" / "layers.py"
 
 
 def _runs(tmp_path, **tps):
@@ -45,16 +43,6 @@ def test_the_rule_on_made_up_runs(tmp_path):
         choose.verdict(tmp_path)
 
 
-def test_ship_sets_the_one_switch(tmp_path):
-    layers = tmp_path / "layers.py"
-    layers.write_text("class A:\n    fused_norm_backward: bool = False\n")
-    choose.ship(layers, True)
-    assert layers.read_text() == "class A:\n    fused_norm_backward: bool = True\n"
-    layers.write_text("class A:\n    fused_norm_backward: bool = False\n    fused_norm_backward: bool = False\n")
-    with pytest.raises(SystemExit, match="assigned 2 times"):
-        choose.ship(layers, True)
-
-
 def test_each_run_ran_what_it_is_named_for():
     for run in ("with", "without", "with-again", "both"):
         levers = _json(f"{run}.json")["levers"]
@@ -74,9 +62,11 @@ def test_the_committed_verdict_is_the_rule_and_the_engine_ships_it(capsys):
     assert choose.main([str(FOLDER.path)]) == 0
     printed = capsys.readouterr().out
     assert printed in (FOLDER.path / "verdict.txt").read_text()
-    # the switch in layers.py (read from the source: the module needs megatron-core, which a CPU lacks)
-    assert re.findall(r"^    fused_norm_backward: bool = (\w+)$", LAYERS.read_text(), flags=re.M) == \
-        [str(r["one_pass_norm_backward_kept"])]
+    # what the engine runs unset: each option's default in the engine option table
+    from muse_stack.recipes.options import BY_KEY
+
+    for key in ("embedding_into_main_grad", "one_pass_norm_backward"):
+        assert BY_KEY[key].default == ("on" if r[f"{key}_kept"] else "off"), key
 
 
 def test_the_readme_restates_the_runs_and_the_verdict():

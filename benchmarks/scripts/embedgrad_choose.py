@@ -2,7 +2,7 @@
 the post-expert norm's one-pass backward (``norm_backward.py``): whether the engine runs them, chosen from the
 step (``h200.sh embedgrad``).
 
-    python3 benchmarks/scripts/embedgrad_choose.py DIR [--write FILE] [--ship muse_stack/engines/mcore/layers.py]
+    python3 benchmarks/scripts/embedgrad_choose.py DIR [--write FILE]
 
 Reads ``with.json`` and ``with-again.json`` (``engine_steps.py`` as shipped: the embedding's lookup adds into
 main_grad; first and last in one call), ``without.json`` (``--dense-embedding-grad``) and ``both.json`` (as
@@ -15,8 +15,9 @@ least 0.5%) decides, with that drift:
   ``without``. Where the embedding alone falls short and the pair clears the rule, both are kept;
 * **the norm backward on top:** ``both`` against the baseline, where the embedding alone is kept.
 
-``--write`` writes the verdict as JSON; ``--ship`` sets ``MuseSparkExperts.fused_norm_backward`` in ``layers.py``
-to whether the norm backward is kept.
+``--write`` writes the verdict as JSON. What the engine runs unset is each option's default in the engine option
+table (``embedding_into_main_grad`` and ``one_pass_norm_backward`` in ``muse_stack/recipes/options.py``), which
+``tests/test_benchmarks_embedgrad.py`` checks against the committed verdict.
 """
 
 from __future__ import annotations
@@ -24,14 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from levers_choose import baseline, runs_tps  # noqa: E402
 
 RUNS = ("with", "with-again", "without", "both")
-ATTRIBUTE = re.compile(r"^(    fused_norm_backward: bool = )(True|False)$", re.M)
 
 
 def verdict(folder: pathlib.Path) -> dict:
@@ -47,19 +46,10 @@ def verdict(folder: pathlib.Path) -> dict:
             "embedding_into_main_grad_kept": embedding, "one_pass_norm_backward_kept": norm_backward}
 
 
-def ship(layers: pathlib.Path, on: bool) -> None:
-    """Set the experts' ``fused_norm_backward`` class attribute in ``layers`` (assigned once) to ``on``."""
-    text, n = ATTRIBUTE.subn(lambda m: m.group(1) + str(on), layers.read_text())
-    if n != 1:
-        raise SystemExit(f"{layers}: fused_norm_backward is assigned {n} times as a class attribute, not once")
-    layers.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=pathlib.Path)
     ap.add_argument("--write", type=pathlib.Path, help="write the verdict here (JSON)")
-    ap.add_argument("--ship", type=pathlib.Path, help="layers.py, whose fused_norm_backward to set to the verdict")
     args = ap.parse_args(argv)
     r = verdict(args.folder)
     t = r["tokens_per_s"]
@@ -71,9 +61,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{'kept' if r['one_pass_norm_backward_kept'] else 'rejected'}")
     if args.write:
         args.write.write_text(json.dumps(r, indent=1) + "\n")
-    if args.ship:
-        ship(args.ship, r["one_pass_norm_backward_kept"])
-        print(f"{args.ship}: fused_norm_backward = {r['one_pass_norm_backward_kept']}")
     return 0
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from muse_stack.models.muse_spark.config import ModelConfig
+from muse_stack.recipes import options as engine_options
 from muse_stack.recipes.peft import adapter_params_per_layer
 from muse_stack.recipes.schema import Recipe
 
@@ -42,7 +43,7 @@ class Calibration(BaseModel):
     # outside the caching allocator and are not in these peaks.
     activation_factor: float = 1.83  # measured activation bytes per modelled byte (fp32 temporaries of the norms and gates)
     # The same, fitted (with runtime_overhead_gib fixed) to the runs whose elementwise chains were
-    # fused by torch.compile (recipe fusions.compile_elementwise): fused chains keep fewer temporaries.
+    # fused by torch.compile (recipe engine_options.compile_elementwise): fused chains keep fewer temporaries.
     compiled_activation_factor: float = 1.12
     runtime_overhead_gib: float = 0.2  # cuBLAS/TE workspaces and other allocations outside the formulas
     logits_bytes: int = 10  # per logit on the last stage: fp32 logits, their gradient, bf16 copy
@@ -144,7 +145,8 @@ def estimate(recipe: Recipe, model: ModelConfig, world: int, stages: list[int], 
              edp: int | None, microbatches: int | None, calibration: Calibration | None = None,
              assume_distributed_optimizer: bool = True) -> list[StageMemory]:
     cal = calibration or Calibration()
-    factor = cal.activation_factor_for(bool(recipe.fusions.compile_elementwise))
+    compiled = engine_options.is_on(engine_options.resolve(recipe), "compile_elementwise")
+    factor = cal.activation_factor_for(compiled)
     lay, batch = recipe.layout, recipe.batch
     tp, pp, etp = lay.tp, lay.pp, lay.etp
     cp = lay.cp or 1
