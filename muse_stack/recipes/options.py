@@ -354,8 +354,8 @@ ROWS: tuple[EngineOption, ...] = (
         description="the experts' SwiGLU between the two grouped GEMMs without the routing weight (it comes after "
                     "the post-expert norm): megatron-core's unweighted fused SwiGLU. false: its weighted one given "
                     "ones, which also reduces a gradient for those ones that nothing reads "
-                    "(muse_stack/engines/mcore/layers.py). Unset: on where it applies. The same numbers (a product "
-                    "with ones is exact)",
+                    "(muse_stack/engines/mcore/layers.py). Unset: on where it applies. The same function (the weights "
+                    "are ones); the weighted kernels' backward may round the last bit otherwise",
         blocker=_unweighted_swiglu_blocker, prices=Unpriced(_FITTED),
         install=Install(module="muse_stack.engines.mcore.layers", stage="model"),
         attribution=(Attribution("weighted-swiglu", False,
