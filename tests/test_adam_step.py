@@ -2,12 +2,13 @@
 FusedAdam bookkeeping it replaces, against one Adam update in fp64 from the same fp32 inputs, within the bounds
 derived in tests/adam_bounds.py. The interpreter checks are tests/adam_step_checks.py, each in its own process
 (TRITON_INTERPRET=1 must be set before Triton is first imported). Here too: when the step applies, and the recipe
-check of performance.triton_adam."""
+check of engine_options.triton_adam."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -70,7 +71,7 @@ def test_what_the_step_does_not_run(kw, why):
     assert "not Transformer Engine's FusedAdam" in adam_step.unsupported(_Adam())
 
 
-def test_install_steps_every_fused_adam_or_none(monkeypatch):
+def test_install_steps_every_fused_adam_or_none():
     from muse_stack.engines.mcore import adam_step
 
     class Distributed:
@@ -88,32 +89,33 @@ def test_install_steps_every_fused_adam_or_none(monkeypatch):
     assert "capturable" in adam_step.install(Chained(Distributed(c), Distributed(d)))
     assert not adam_step.installed(c) and not adam_step.installed(d), "all or none"
     assert "no Transformer Engine FusedAdam" in adam_step.install(Distributed(torch.optim.SGD([torch.zeros(1)], 0.1)))
-    monkeypatch.setattr(adam_step, "enabled", False)
+    # the engine option: off leaves TE's step, on installs (engine_options.triton_adam, as the engine calls it)
     e = FusedAdam()
-    assert "off" in adam_step.install(Distributed(e)) and not adam_step.installed(e)
+    assert adam_step.install_triton_adam(SimpleNamespace(optimizer=Distributed(e)), False) is None
+    assert not adam_step.installed(e)
+    assert adam_step.install_triton_adam(SimpleNamespace(optimizer=Distributed(e)), True) is None
+    assert adam_step.installed(e)
 
 
 @pytest.mark.parametrize("overrides, why", [
     (["optimizer.precision_aware=false", "optimizer.param_remainders=null"], "precision_aware"),
     (["optimizer.param_remainders=true"], "param_remainders"),
-    (["performance.optimizer_cuda_graph=true"], "optimizer_cuda_graph"),
+    (["engine_options.optimizer_cuda_graph=true"], "optimizer_cuda_graph"),
 ])
 def test_the_recipe_refuses_triton_adam_where_it_cannot_run(overrides, why):
-    from muse_stack.engines.mcore.config import check_performance
-    from muse_stack.recipes.engines import triton_adam_blocker
+    from muse_stack.recipes.options import check, why_not
 
     recipe = load_recipe("slice-1gpu", overrides)
-    assert why in triton_adam_blocker(recipe)
-    check_performance(recipe)  # unset: it applies where it can
+    assert why in why_not(recipe, "triton_adam")
+    check(recipe)  # unset: it applies where it can
     with pytest.raises(RecipeError) as err:
-        check_performance(load_recipe("slice-1gpu", [*overrides, "performance.triton_adam=true"]))
-    assert err.value.field == "performance.triton_adam" and why in str(err.value)
+        check(load_recipe("slice-1gpu", [*overrides, "engine_options.triton_adam=true"]))
+    assert err.value.field == "engine_options.triton_adam" and why in str(err.value)
 
 
 def test_the_shipped_slice_can_step_through_it():
-    from muse_stack.engines.mcore.config import check_performance
-    from muse_stack.recipes.engines import triton_adam_blocker
+    from muse_stack.recipes.options import check, why_not
 
-    recipe = load_recipe("slice-1gpu", ["performance.triton_adam=true"])
-    assert triton_adam_blocker(recipe) is None
-    check_performance(recipe)
+    recipe = load_recipe("slice-1gpu", ["engine_options.triton_adam=true"])
+    assert why_not(recipe, "triton_adam") is None
+    check(recipe)

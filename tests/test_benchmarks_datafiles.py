@@ -43,7 +43,6 @@ def _wrong(tmp_path: Path) -> tuple[Path, Path]:
     cal = json.loads(CALIBRATION.read_text())
     for e in (*cal["time"].values(), *cal["memory"].values(), *cal["used"].values()):
         e.update(value=1.0, source="nowhere", command="nothing")
-    cal["engine_kernels"]["post_expert_norm_backward"].update(value="compiled", source="nowhere", command="nothing")
     launch = json.loads(LAUNCH.read_text())
     for e in launch.values():
         e.update(value={k: 1 for k in e["value"]}, source="nowhere", command="nothing")
@@ -58,9 +57,6 @@ def test_the_commands_rewrite_the_committed_data_files_byte_for_byte(tmp_path):
     assert cal.read_bytes() != CALIBRATION.read_bytes() and launch.read_bytes() != LAUNCH.read_bytes()
     script("normbwd_choose").write_files(RESULTS / "normbwd" / "kernels.json", launch, cal)
     script("adam_choose").write_files(RESULTS / "adam" / "kernels.json", launch, cal)
-    embedgrad = script("embedgrad_choose")
-    folder = RESULTS / "embedgrad"
-    embedgrad.ship(folder, embedgrad.verdict(folder)["one_pass_norm_backward_kept"], cal)
     plan = RESULTS / "plan"
     fit = _plan_script("fit")
     fit.write_calibration(fit.fit(), plan / "fit.json", cal)
@@ -76,7 +72,7 @@ def test_the_commands_rewrite_the_committed_data_files_byte_for_byte(tmp_path):
 def test_each_entry_names_a_committed_folder_and_a_script_of_the_lab():
     """A renamed result folder or script leaves no entry pointing nowhere: rerun the entry's command."""
     cal = json.loads(CALIBRATION.read_text())
-    for e in [*cal["time"].values(), *cal["memory"].values(), *cal["used"].values(), *cal["engine_kernels"].values(),
+    for e in [*cal["time"].values(), *cal["memory"].values(), *cal["used"].values(),
               *json.loads(LAUNCH.read_text()).values()]:
         assert (ROOT / e["source"]).is_dir(), e["source"]
         python, path, *_ = e["command"].split()

@@ -1,13 +1,11 @@
 """The word embedding's gradient into main_grad and the norm backward with it, measured
 (benchmarks/results/embedgrad/): embedgrad_choose.py's rule on made-up runs, the committed verdict recomputed from the
-committed runs (the switch it writes into the planner's calibration is tests/test_benchmarks_datafiles.py's), each
-run's levers read back from what the engine recorded, and every figure the README states. CPU only; nothing is
-timed."""
+committed runs, the engine options' defaults equal to it, each run's levers read back from what the engine recorded,
+and every figure the README states. CPU only; nothing is timed."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 
 import pytest
@@ -18,7 +16,6 @@ choose = script("embedgrad_choose")
 _json, _text = FOLDER.json, FOLDER.text
 INTO, DENSE = "each token's gradient added into the fp32 main gradient (embedding_grad.py)", "a dense bf16 gradient"
 ONE_PASS, INDUCTOR = "one Triton pass (norm_backward.py)", "the compiled chain's (TorchInductor)"
-CALIBRATION = RESULTS.parents[1] / "muse_stack" / "plan" / "calibration.json"
 
 
 def _runs(tmp_path, **tps):
@@ -46,21 +43,6 @@ def test_the_rule_on_made_up_runs(tmp_path):
         choose.verdict(tmp_path)
 
 
-def test_ship_writes_the_one_entry(tmp_path):
-    cal = tmp_path / "calibration.json"
-    shutil.copy(CALIBRATION, cal)
-    before = json.loads(cal.read_text())
-    folder = tmp_path / "embedgrad-x"
-    choose.ship(folder, False, cal)
-    after = json.loads(cal.read_text())
-    assert after["engine_kernels"]["post_expert_norm_backward"] == {
-        "value": "compiled", "source": folder.as_posix(),
-        "command": f"python benchmarks/scripts/embedgrad_choose.py {folder.as_posix()} --ship"}
-    assert after["time"] == before["time"]
-    choose.ship(folder, True, cal)
-    assert json.loads(cal.read_text())["engine_kernels"]["post_expert_norm_backward"]["value"] == "one_pass"
-
-
 def test_each_run_ran_what_it_is_named_for():
     for run in ("with", "without", "with-again", "both"):
         levers = _json(f"{run}.json")["levers"]
@@ -80,6 +62,11 @@ def test_the_committed_verdict_is_the_rule(capsys):
     assert choose.main([str(FOLDER.path)]) == 0
     printed = capsys.readouterr().out
     assert printed in (FOLDER.path / "verdict.txt").read_text()
+    # what the engine runs unset: each option's default in the engine option table
+    from muse_stack.recipes.options import BY_KEY
+
+    for key in ("embedding_into_main_grad", "one_pass_norm_backward"):
+        assert BY_KEY[key].default == ("on" if r[f"{key}_kept"] else "off"), key
 
 
 def test_the_readme_restates_the_runs_and_the_verdict():

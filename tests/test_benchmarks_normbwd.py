@@ -52,11 +52,9 @@ def test_the_readme_states_the_fastest_committed_launch():
 
 def test_the_engine_runs_it_since_the_embedding_measurement():
     """Off by this folder's verdict; on since benchmarks/results/embedgrad/, where it was kept with the embedding's
-    change: the engine and the planner read it from the planner's calibration, which embedgrad_choose.py --ship
-    writes from that folder (tests/test_benchmarks_datafiles.py)."""
-    from muse_stack.plan.calibration import calibration
+    change (its test checks the option's default against that verdict)."""
+    from muse_stack.recipes.options import BY_KEY
 
-    shipped = calibration().engine_kernels.post_expert_norm_backward
-    assert shipped.value == "one_pass" and shipped.source == "benchmarks/results/embedgrad"
+    assert BY_KEY["one_pass_norm_backward"].default == "on"
     assert "it is on since `embedgrad/`" in " ".join(
         (FOLDER.path.parents[2] / "docs" / "gpu-engine.md").read_text().split())

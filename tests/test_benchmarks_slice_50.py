@@ -59,7 +59,8 @@ def test_the_shipped_recipe_is_the_one_that_ran_and_reaches_50_percent():
     ran = load_recipe(str(BENCH / "archive/slice-1gpu-mbs4-precision-aware" / "recipe.yaml"))
     shipped = load_recipe("slice-1gpu")
     assert ran.model_config_resolved() == shipped.model_config_resolved()
-    for part in ("layout", "batch", "recompute", "fusions", "optimizer", "numerics", "training", "data", "precision"):
+    for part in ("layout", "batch", "recompute", "engine_options", "optimizer", "numerics", "training", "data",
+                 "precision"):
         assert getattr(ran, part) == getattr(shipped, part), part
     assert (shipped.optimizer.precision_aware, shipped.optimizer.param_remainders) == (True, False)
     assert (shipped.batch.mbs, shipped.batch.gbs, shipped.batch.seq_length) == (4, 8, 4096)

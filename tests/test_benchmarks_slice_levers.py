@@ -43,13 +43,13 @@ def test_rejected_levers_were_slower_and_mbs8_leaves_no_headroom():
 
 def test_the_shipped_recipe_is_the_one_that_ran():
     """benchmarks/results/archive/slice-1gpu-mbs4-allgather ran `muse-stack run slice-1gpu` with nothing overridden: its kept
-    recipe trains what the catalogue's does (model, layout, batch, fusions, data). Since then the
+    recipe trains what the catalogue's does (model, layout, batch, engine options, data). Since then the
     final checkpoint, which is not training, has been switched off, and the optimizer has become
     the precision-aware one (../archive/slice-1gpu-mbs4-precision-aware/README.md)."""
     ran = load_recipe(str(BENCH / "archive/slice-1gpu-mbs4-allgather" / "recipe.yaml"))
     shipped = load_recipe("slice-1gpu")
     assert ran.model_config_resolved() == shipped.model_config_resolved()
-    for part in ("layout", "batch", "recompute", "fusions", "optimizer", "numerics", "training", "data"):
+    for part in ("layout", "batch", "recompute", "engine_options", "optimizer", "numerics", "training", "data"):
         a, b = getattr(ran, part).model_dump(), getattr(shipped, part).model_dump()
         if part == "training":  # the recipe no longer writes the 60.6 GB final checkpoint that run failed to save
             assert (a.pop("final_checkpoint"), b.pop("final_checkpoint")) == (True, False)

@@ -257,12 +257,12 @@ def test_run_directories_diff_names_the_recipe_fields_that_differ(tmp_path, caps
 
     a = _run_dir(tmp_path, "a")
     b = _run_dir(tmp_path, "b", **{"layout.ep": "4", "recompute.granularity": "selective",
-                                   "fusions.compile_elementwise": "true", "hardware.price_per_gpu_hour": "3.5"})
+                                   "engine_options.compile_elementwise": "true", "hardware.price_per_gpu_hour": "3.5"})
     report = diff_inputs(a, b)
     assert classes(report) == {
         "recipe.layout.ep": NUMERICS,
         "recipe.recompute.granularity": PERFORMANCE,
-        "recipe.fusions.compile_elementwise": NUMERICS,
+        "recipe.engine_options.compile_elementwise": NUMERICS,
         "recipe.hardware.price_per_gpu_hour": INFORMATIONAL,
     }
     assert report.exit_code == 2

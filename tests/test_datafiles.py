@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from muse_stack.plan import calibration as calibration_file
-from muse_stack.plan.cost import TimeCalibration, step_kernels
+from muse_stack.plan.cost import TimeCalibration
 from muse_stack.plan.memory import Calibration
 from muse_stack.plan.planner import make_plan
 from muse_stack.plan.used import UsedCalibration
@@ -95,31 +95,14 @@ def test_a_changed_efficiency_changes_the_plan(tmp_path, monkeypatch):
     assert after.step_s > before.step_s
 
 
-def test_the_shipped_norm_backward_is_the_files(tmp_path, monkeypatch):
-    recipe = load_recipe("slice-1gpu")
-    assert step_kernels(recipe).post_expert_norm_backward == "one_pass"
-    before = _time()
-
-    def compiled(d):
-        d["engine_kernels"]["post_expert_norm_backward"]["value"] = "compiled"
-
-    monkeypatch.setattr(calibration_file, "FILE", _copy(tmp_path, "compiled.json", compiled))
-    assert step_kernels(recipe).post_expert_norm_backward == "compiled"
-    after = _time()
-    assert after.kernels.post_expert_norm_backward == "compiled"
-    assert after.terms_s["elementwise"] > before.terms_s["elementwise"]  # the compiled chain's share is the lower
-
-
 @pytest.mark.parametrize("edit, field, says", [
     (lambda d: d["time"]["layer_overhead_s"].update(value="fast"), "time.layer_overhead_s.value", "valid number"),
     (lambda d: d["time"]["remainder_passes"].update(value=-1.0), "time.remainder_passes.value", ">= 0"),
     (lambda d: d["time"]["attention_efficiency"].update(value=0.0), "time", "time.attention_efficiency.value is 0.0"),
     (lambda d: d["time"]["adam_bandwidth_te"].pop("command"), "time.adam_bandwidth_te.command", "Field required"),
-    (lambda d: d["engine_kernels"]["post_expert_norm_backward"].update(value="two_pass"),
-     "engine_kernels.post_expert_norm_backward.value", "one_pass"),
     (lambda d: d["time"].pop("microbatch_overhead_s"), "time.microbatch_overhead_s", "is missing"),
     (lambda d: d["time"].update(gemm_efficiency=d["time"]["gemm_efficiency_dense"]), "time.gemm_efficiency",
-     "no field of muse_stack.plan.cost.TimeCalibration"),
+     "no field of TimeCalibration (plan/cost.py)"),
     (lambda d: d.pop("used"), "used", "Field required"),
 ])
 def test_a_calibration_the_planner_cannot_use_names_the_file_and_field(tmp_path, monkeypatch, edit, field, says):
@@ -128,7 +111,6 @@ def test_a_calibration_the_planner_cannot_use_names_the_file_and_field(tmp_path,
     with pytest.raises(InputError) as e:
         TimeCalibration()
         UsedCalibration()
-        step_kernels(load_recipe("slice-1gpu"))
     assert e.value.field == field and str(path) in e.value.message and says in e.value.message
     assert e.value.exit_code == 3
 

@@ -39,7 +39,10 @@ def _routing(seed: int):
 def _dispatcher(cls, fused: bool):
     config = SimpleNamespace(moe_router_topk=TOPK, add_bias_linear=False, moe_permute_fusion=fused)
     groups = SimpleNamespace(ep=None, expt_tp=None, tp_ep=None)  # one rank: every expert local
-    return cls(EXPERTS, list(range(EXPERTS)), config=config, pg_collection=groups)
+    dispatcher = cls(EXPERTS, list(range(EXPERTS)), config=config, pg_collection=groups)
+    if hasattr(dispatcher, "prefetch_counts"):  # ours: engine_options.early_expert_counts on, as the engine installs it
+        dispatcher.early_counts = True
+    return dispatcher
 
 
 def _round_trip(dispatcher, routing_map, probs, hidden, grad, prefetch: bool, sync_debug: str = "default"):

@@ -1,6 +1,8 @@
 """The word embedding's lookup that adds its gradient into main_grad (muse_stack.engines.mcore.embedding_grad) on
 the CPU, within the bound derived in tests/embedding_grad_checks.py; where it applies; the recipe check of
-performance.embedding_into_main_grad."""
+engine_options.embedding_into_main_grad."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -68,10 +70,23 @@ def test_where_the_dense_lookup_stays(words, why):
     assert not embedding_grad.installed(words)
 
 
-def test_the_switch_keeps_the_dense_lookup(monkeypatch):
-    monkeypatch.setattr(embedding_grad, "enabled", False)
+def _engine(words: torch.nn.Module, pre_process: bool = True):
+    """What the option's install reads of the engine: its DDP's module (the model of this rank)."""
+    module = SimpleNamespace(pre_process=pre_process, embedding=SimpleNamespace(word_embeddings=words),
+                             padding_hook=None, pad_row=None)
+    return SimpleNamespace(model=SimpleNamespace(module=module))
+
+
+def test_the_option_keeps_the_dense_lookup_when_off():
+    """engine_options.embedding_into_main_grad as the engine installs it: off leaves megatron-core's lookup,
+    on installs ours; a stage without the embedding has none to change."""
     words = _Words()
-    assert "switched off" in embedding_grad.install(words, None, None) and not embedding_grad.installed(words)
+    assert embedding_grad.install_embedding_into_main_grad(_engine(words), False) is None
+    assert not embedding_grad.installed(words)
+    assert "first pipeline stage" in embedding_grad.install_embedding_into_main_grad(_engine(words, False), True)
+    assert not embedding_grad.installed(words)
+    assert embedding_grad.install_embedding_into_main_grad(_engine(words), True) is None
+    assert embedding_grad.installed(words)
 
 
 @pytest.mark.parametrize("recipe, overrides, why", [
@@ -79,20 +94,18 @@ def test_the_switch_keeps_the_dense_lookup(monkeypatch):
     ("lora-64", [], "frozen under peft"),
 ])
 def test_the_recipe_refuses_it_where_it_cannot_run(recipe, overrides, why):
-    from muse_stack.engines.mcore.config import check_performance
-    from muse_stack.recipes.engines import embedding_into_main_grad_blocker
+    from muse_stack.recipes.options import check, why_not
 
-    assert why in embedding_into_main_grad_blocker(load_recipe(recipe, overrides))
+    assert why in why_not(load_recipe(recipe, overrides), "embedding_into_main_grad")
     with pytest.raises(RecipeError) as err:
-        check_performance(load_recipe(recipe, [*overrides, "performance.embedding_into_main_grad=true"]))
-    assert err.value.field == "performance.embedding_into_main_grad" and why in str(err.value)
+        check(load_recipe(recipe, [*overrides, "engine_options.embedding_into_main_grad=true"]))
+    assert err.value.field == "engine_options.embedding_into_main_grad" and why in str(err.value)
 
 
 def test_the_shipped_slice_adds_into_main_grad():
-    from muse_stack.engines.mcore.config import check_performance
-    from muse_stack.recipes.engines import embedding_into_main_grad_blocker
+    from muse_stack.recipes.options import check, why_not
 
-    recipe = load_recipe("slice-1gpu", ["performance.embedding_into_main_grad=true"])
-    assert embedding_into_main_grad_blocker(recipe) is None
-    check_performance(recipe)
+    recipe = load_recipe("slice-1gpu", ["engine_options.embedding_into_main_grad=true"])
+    assert why_not(recipe, "embedding_into_main_grad") is None
+    check(recipe)
 

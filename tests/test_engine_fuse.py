@@ -29,7 +29,7 @@ def chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def _reset():
     torch._dynamo.reset()
     yield
-    fuse.configure(False)
+    fuse.configure(False, inductor_options={})
     torch._dynamo.reset()
 
 
@@ -70,9 +70,38 @@ def test_reconfiguring_rebuilds_the_compiled_chain():
 
 
 def test_recipe_switch_is_for_the_megatron_engine_only():
-    assert load_recipe("slice-1gpu", ["fusions.compile_elementwise=true"]).fusions.compile_elementwise is True
-    with pytest.raises(RecipeError, match="fusions.compile_elementwise"):
-        resolve(load_recipe("tiny-cpu", ["fusions.compile_elementwise=true"]))
+    assert load_recipe("slice-1gpu", ["engine_options.compile_elementwise=true"]).engine_options.compile_elementwise
+    with pytest.raises(RecipeError, match="engine_options.compile_elementwise"):
+        resolve(load_recipe("tiny-cpu", ["engine_options.compile_elementwise=true"]))
+
+
+class OptionsBackend:
+    """A torch.compile backend that keeps the options each graph was compiled with."""
+
+    def __init__(self) -> None:
+        self.options: list = []
+
+    def __call__(self, gm, example_inputs, options=None):
+        self.options.append(options)
+        return gm.forward
+
+
+def test_the_options_install_the_compiled_chains_and_inductors_multi_kernel():
+    """engine_options.compile_elementwise and compile_multi_kernel as the engine installs them: the chains
+    compiled, with TorchInductor's multi-kernel as the compile's option (none when off)."""
+    x, w = torch.randn(4, 8), torch.randn(8)
+    backend = OptionsBackend()
+    fuse.configure(False, backend=backend)
+    fuse.install_compile_elementwise(None, True)
+    fuse.configure(True, backend=backend)  # the install chose TorchInductor: this test's backend instead
+    fuse.install_compile_multi_kernel(None, True)
+    torch.testing.assert_close(chain(x, w), _expected(x, w))
+    torch._dynamo.reset()
+    fuse.install_compile_multi_kernel(None, False)
+    chain(x, w)
+    assert backend.options == [fuse.MULTI_KERNEL, None]
+    fuse.install_compile_elementwise(None, False)
+    assert not fuse.enabled()
 
 
 class RecordingBackend:

@@ -1,7 +1,7 @@
-"""The megatron engine's fusion and performance settings (recipe ``fusions`` / ``performance``;
-issue 34's levers): each reaches the megatron-core config it names, unset keeps what the engine
-shipped before the settings existed, and the combinations megatron-core or TE cannot run are
-refused. CPU: the pure config builders; with megatron-core and TE importable, the real configs."""
+"""The megatron engine's options that are megatron-core mechanisms (recipe ``engine_options``; issue 34's
+levers): each reaches the megatron-core config it names, unset keeps what the engine shipped before the
+settings existed, and the combinations megatron-core or TE cannot run are refused. CPU: the pure config
+builders; with megatron-core and TE importable, the real configs."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import pytest
 import torch
 
 from muse_stack.engines.mcore.config import (
-    check_performance,
-    clip_on_device,
     ddp_config_kwargs,
     optimizer_config_kwargs,
     transformer_config_kwargs,
@@ -18,15 +16,18 @@ from muse_stack.engines.mcore.config import (
 from muse_stack.engines.megatron_available import missing
 from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
-from muse_stack.recipes.engines import MEGATRON_SETTINGS
+from muse_stack.recipes.options import ROWS, check
+from muse_stack.recipes.options import resolve as resolve_options
 from muse_stack.recipes.resolve import finalize, resolve
+
+MEGATRON_OPTIONS = [row.field for row in ROWS if "megatron" in row.engines]
 
 
 def configs(*overrides: str) -> dict[str, dict]:
     recipe = load_recipe("slice-1gpu", list(overrides))
     return {"transformer": transformer_config_kwargs(recipe, recipe.model_config_resolved()),
             "optimizer": optimizer_config_kwargs(recipe), "ddp": ddp_config_kwargs(recipe),
-            "clip": {"on_device": clip_on_device(recipe)}}
+            "clip": {"on_device": resolve_options(recipe)["clip_on_device"].value}}
 
 
 #: what the engine ran before these settings existed (config.py and megatron.py as of issue 34):
@@ -39,18 +40,19 @@ SHIPPED = {("transformer", "moe_permute_fusion"): True, ("transformer", "moe_rou
 
 #: each lever alone, as h200.sh's levers5 step sets it, and the one value it must change
 LEVERS = [
-    ("fusions.gradient_accumulation=false", "transformer", "gradient_accumulation_fusion", False),
-    ("fusions.permute=false", "transformer", "moe_permute_fusion", False),
-    ("fusions.router=true", "transformer", "moe_router_fusion", True),
-    ("performance.clip_on_device=false", "clip", "on_device", False),
-    ("performance.optimizer_cuda_graph=true", "optimizer", "optimizer_cuda_graph", True),
-    ("performance.overlap_grad_reduce=true", "ddp", "overlap_grad_reduce", True),
+    ("engine_options.gradient_accumulation=false", "transformer", "gradient_accumulation_fusion", False),
+    ("engine_options.permute=false", "transformer", "moe_permute_fusion", False),
+    ("engine_options.router=true", "transformer", "moe_router_fusion", True),
+    ("engine_options.clip_on_device=false", "clip", "on_device", False),
+    ("engine_options.optimizer_cuda_graph=true", "optimizer", "optimizer_cuda_graph", True),
+    ("engine_options.overlap_grad_reduce=true", "ddp", "overlap_grad_reduce", True),
 ]
 
 
 def test_unset_is_what_the_engine_shipped():
     recipe = load_recipe("slice-1gpu")
-    assert all(getattr(getattr(recipe, f.split(".")[0]), f.split(".")[1]) is None for f in MEGATRON_SETTINGS)
+    assert all(getattr(recipe.engine_options, f.split(".")[1]) is None for f in MEGATRON_OPTIONS
+               if f != "engine_options.compile_elementwise")  # the slice states that one
     got = configs()
     assert {key: got[part][key] for part, key in SHIPPED} == {key: v for (_, key), v in SHIPPED.items()}
     assert got["ddp"]["use_distributed_optimizer"] is True  # the slice's layout.distributed_optimizer
@@ -66,13 +68,13 @@ def test_each_lever_reaches_its_config_and_nothing_else(override, part, key, val
 
 @pytest.mark.parametrize("override", [o for o, *_ in LEVERS])
 def test_the_shipped_value_stated_changes_nothing(override):
-    """Stating the shipped value (e.g. fusions.permute=true) builds the same configs as leaving it unset."""
+    """Stating the shipped value (e.g. engine_options.permute=true) builds the same configs as leaving it unset."""
     field, value = override.split("=")
     shipped = {"false": "true", "true": "false"}[value]
     assert configs(f"{field}={shipped}") == configs()
 
 
-@pytest.mark.parametrize("field", MEGATRON_SETTINGS)
+@pytest.mark.parametrize("field", MEGATRON_OPTIONS)
 def test_the_reference_engine_refuses_each_setting(field):
     with pytest.raises(RecipeError) as err:
         resolve(load_recipe("tiny-cpu", [f"{field}=true"]))
@@ -81,23 +83,24 @@ def test_the_reference_engine_refuses_each_setting(field):
 
 def test_refused_combinations_name_the_field_and_the_fix():
     cases = [
-        (["fusions.router=true", "numerics.deterministic=true"], "fusions.router", "drop fusions.router"),
-        (["performance.optimizer_cuda_graph=true", "performance.clip_on_device=false"],
-         "performance.optimizer_cuda_graph", "clip_on_device"),
-        (["performance.optimizer_cuda_graph=true", "optimizer.param_remainders=true"],
-         "performance.optimizer_cuda_graph", "optimizer.param_remainders=false"),
+        (["engine_options.router=true", "numerics.deterministic=true"], "engine_options.router",
+         "drop engine_options.router"),
+        (["engine_options.optimizer_cuda_graph=true", "engine_options.clip_on_device=false"],
+         "engine_options.optimizer_cuda_graph", "clip_on_device"),
+        (["engine_options.optimizer_cuda_graph=true", "optimizer.param_remainders=true"],
+         "engine_options.optimizer_cuda_graph", "optimizer.param_remainders=false"),
     ]
     for overrides, field, fix in cases:
         recipe = load_recipe("slice-1gpu", overrides)
-        for build in (check_performance, optimizer_config_kwargs,
+        for build in (check, optimizer_config_kwargs,
                       lambda r: transformer_config_kwargs(r, r.model_config_resolved())):
             with pytest.raises(RecipeError) as err:
                 build(recipe)
             assert err.value.field == field and fix in err.value.fix, overrides
     # each half of a refused pair alone is accepted
-    for override in ("fusions.router=true", "numerics.deterministic=true", "performance.clip_on_device=false",
-                     "optimizer.param_remainders=true", "performance.optimizer_cuda_graph=true"):
-        check_performance(load_recipe("slice-1gpu", [override]))
+    for override in ("engine_options.router=true", "numerics.deterministic=true", "engine_options.clip_on_device=false",
+                     "optimizer.param_remainders=true", "engine_options.optimizer_cuda_graph=true"):
+        check(load_recipe("slice-1gpu", [override]))
 
 
 def test_the_engine_check_refuses_before_any_gpu_work():
@@ -105,10 +108,10 @@ def test_the_engine_check_refuses_before_any_gpu_work():
     TransformerConfig arguments, so a refused pair fails there and not on a lent GPU."""
     from muse_stack.engines.spec import _check_megatron
 
-    _check_megatron(finalize(load_recipe("slice-1gpu", ["performance.optimizer_cuda_graph=true"])))
+    _check_megatron(finalize(load_recipe("slice-1gpu", ["engine_options.optimizer_cuda_graph=true"])))
     with pytest.raises(RecipeError):
-        _check_megatron(finalize(load_recipe("slice-1gpu", ["performance.optimizer_cuda_graph=true",
-                                                            "performance.clip_on_device=false"])))
+        _check_megatron(finalize(load_recipe("slice-1gpu", ["engine_options.optimizer_cuda_graph=true",
+                                                            "engine_options.clip_on_device=false"])))
 
 
 needs_megatron = pytest.mark.skipif(not torch.cuda.is_available() or missing() is not None,
@@ -141,7 +144,7 @@ def test_the_shipped_clip_reads_no_norm_on_the_host():
     """megatron-core's clip takes its tensor path when TE provides multi_tensor_scale_tensor
     (megatron/core/optimizer/clip_grads.py): the coefficient is computed and applied on the GPU,
     which CUDA's sync debug mode proves (a host read raises there). The engine ships this path;
-    the graph wrapper of performance.optimizer_cuda_graph exists in this megatron-core."""
+    the graph wrapper of engine_options.optimizer_cuda_graph exists in this megatron-core."""
     from megatron.core.optimizer import clip_grads
     from megatron.core.optimizer.optimizer_cuda_graph import OptimizerCudaGraphWrapper  # noqa: F401
 

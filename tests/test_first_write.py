@@ -150,13 +150,13 @@ def test_where_the_writes_apply(kw, reason):
 
 
 @pytest.mark.parametrize("overrides", [
-    ["performance.first_micro_batch_writes=true", "recompute.granularity=full"],
-    ["performance.first_micro_batch_writes=true", "fusions.gradient_accumulation=false"],
+    ["engine_options.first_micro_batch_writes=true", "recompute.granularity=full"],
+    ["engine_options.first_micro_batch_writes=true", "engine_options.gradient_accumulation=false"],
 ])
 def test_asking_for_the_writes_where_they_cannot_run_is_refused(overrides):
-    from muse_stack.engines.mcore.config import check_performance
+    from muse_stack.recipes.options import check
 
     with pytest.raises(RecipeError) as err:
-        check_performance(load_recipe("slice-1gpu", overrides))
-    assert err.value.field == "performance.first_micro_batch_writes"
-    check_performance(load_recipe("slice-1gpu", overrides[1:]))  # unset: it just does not apply
+        check(load_recipe("slice-1gpu", overrides))
+    assert err.value.field == "engine_options.first_micro_batch_writes"
+    check(load_recipe("slice-1gpu", overrides[1:]))  # unset: it just does not apply

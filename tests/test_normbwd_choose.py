@@ -52,7 +52,7 @@ def test_the_fastest_launch_and_its_shares_are_written_into_copies_of_the_data_f
         {k: v for k, v in before_launch.items() if k != "norm_backward"}
     assert {k: v for k, v in after_cal["time"].items() if k not in shares} == \
         {k: v for k, v in before_cal["time"].items() if k not in shares}
-    assert after_cal["engine_kernels"] == before_cal["engine_kernels"]
+    assert {k: v for k, v in after_cal.items() if k != "time"} == {k: v for k, v in before_cal.items() if k != "time"}
 
 
 def test_a_launch_or_share_the_product_would_refuse_writes_neither_file(tmp_path):

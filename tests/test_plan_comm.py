@@ -195,12 +195,12 @@ def test_zero_without_a_group(size, span):
 
 
 def test_overlapped_grad_reduce_leaves_the_last_bucket_and_the_gather_exposed():
-    """performance.overlap_grad_reduce: the reduce-scatter runs under the last micro-batch's backward
+    """engine_options.overlap_grad_reduce: the reduce-scatter runs under the last micro-batch's backward
     (a stage's backward here is tens of milliseconds against ~0.2 ms a bucket) but for its last
     bucket; the bf16 all-gather after the optimizer stays whole."""
     params = 80_000_000  # two 40 M buckets
     plain = _steps([], [(params, 0)] * 16)
-    over = _steps(["performance.overlap_grad_reduce=true"], [(params, 0)] * 16)
+    over = _steps(["engine_options.overlap_grad_reduce=true"], [(params, 0)] * 16)
     reduce = 0.75 * params * 4 / (NVL5_GBPS * 1e9)
     gather = 0.75 * params * 2 / (NVL5_GBPS * 1e9)
     assert plain.terms_s["dp_comm"] == pytest.approx(reduce + gather, rel=REL)

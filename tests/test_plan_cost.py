@@ -134,12 +134,12 @@ def test_parallel_terms_vanish_without_their_parallelism():
 def test_compiled_fusions_cut_the_elementwise_term():
     """The passes over the activations scale by compiled / eager passes; the engine's own kernels in the
     same term (the one-pass norm backward, the embedding's gradient) run either way."""
-    _, eager = _time("slice-1gpu", ["fusions.compile_elementwise=false"])
+    _, eager = _time("slice-1gpu", ["engine_options.compile_elementwise=false"])
     _, fused = _time("slice-1gpu")
     cal = TimeCalibration()
     no_passes = cal.model_copy(update={"elementwise_passes": 0.0, "elementwise_passes_compiled": 0.0})
     kernels = {}
-    for name, ov in (("eager", ["fusions.compile_elementwise=false"]), ("fused", [])):
+    for name, ov in (("eager", ["engine_options.compile_elementwise=false"]), ("fused", [])):
         plan, _ = make_plan(load_recipe("slice-1gpu", ov), strict=False, time_calibration=no_passes)
         kernels[name] = plan.time.terms_s["elementwise"]
     assert kernels["eager"] == pytest.approx(kernels["fused"], rel=REL) and kernels["fused"] > 0

@@ -49,12 +49,20 @@ def test_the_engine_kernels_follow_the_engines_own_checks():
     assert remainders.adam == "te" and remainders.embedding_grad == "main_grad"
     assert step_kernels(load_recipe("slice-1gpu", ["optimizer.precision_aware=false",
                                                     "optimizer.param_remainders=null"])).adam == "te"
-    assert step_kernels(load_recipe("slice-1gpu", ["performance.triton_adam=false"])).adam == "te"
-    assert step_kernels(load_recipe("slice-1gpu", ["performance.embedding_into_main_grad=false"])).embedding_grad \
+    assert step_kernels(load_recipe("slice-1gpu", ["engine_options.triton_adam=false"])).adam == "te"
+    assert step_kernels(load_recipe("slice-1gpu", ["engine_options.embedding_into_main_grad=false"])).embedding_grad \
         == "dense"
     assert step_kernels(load_recipe("proxy-2gpu", ["layout.tp=2", "layout.ep=1"])).embedding_grad == "dense"
     lora = ["peft.scheme=lora", "peft.rank=8", "peft.targets=[self_attn.q_proj]"]
     assert step_kernels(load_recipe("slice-1gpu", lora)).embedding_grad == "frozen"
+
+
+def test_the_norm_backward_the_planner_prices_is_the_option_the_engine_installs():
+    """The planner reads engine_options.one_pass_norm_backward as the engine resolves it: unset, the one pass;
+    off, the compiled chain's."""
+    assert step_kernels(load_recipe("slice-1gpu")).post_expert_norm_backward == "one_pass"
+    off = load_recipe("slice-1gpu", ["engine_options.one_pass_norm_backward=false"])
+    assert step_kernels(off).post_expert_norm_backward == "compiled"
 
 
 def test_the_adam_update_is_its_bytes_at_its_kernels_share():
@@ -83,7 +91,7 @@ def test_the_norm_backward_is_its_bytes_at_its_kernels_share():
     calls = m.num_hidden_layers * one.microbatches
     want = calls * call * (1 / cal.norm_backward_bandwidth_compiled - 1 / cal.norm_backward_bandwidth_one_pass)
     assert compiled.terms_s["elementwise"] - one.terms_s["elementwise"] == pytest.approx(want, rel=1e-9)
-    eager = ["fusions.compile_elementwise=false"]
+    eager = ["engine_options.compile_elementwise=false"]
     eager_chain = _plan(eager, kernels=SHIPPED.model_copy(update={"post_expert_norm_backward": "compiled"}))
     eager_one = _plan(eager, kernels=SHIPPED)
     assert eager_one.terms_s["elementwise"] - eager_chain.terms_s["elementwise"] == pytest.approx(

@@ -86,7 +86,7 @@ def test_lora_64_scaled_to_one_gpu_is_the_measured_slice_run():
     scaled = load_recipe("lora-64", scale)
     slice_run = load_recipe("slice-1gpu", LORA64_ON_SLICE)
     assert scaled.model_config_resolved() == slice_run.model_config_resolved()
-    for part in ("layout", "batch", "recompute", "fusions", "optimizer", "numerics", "hardware"):
+    for part in ("layout", "batch", "recompute", "engine_options", "optimizer", "numerics", "hardware"):
         a, b = getattr(scaled, part).model_dump(), getattr(slice_run, part).model_dump()
         # descriptive fields of a layout (label, summary) and the price are not training settings
         for k in ("label", "summary", "highlights", "instance", "price_per_gpu_hour"):

@@ -2,7 +2,7 @@
 the post-expert norm's one-pass backward (``norm_backward.py``): whether the engine runs them, chosen from the
 step (``h200.sh embedgrad``).
 
-    python benchmarks/scripts/embedgrad_choose.py DIR [--write FILE] [--ship]
+    python benchmarks/scripts/embedgrad_choose.py DIR [--write FILE]
 
 Reads ``with.json`` and ``with-again.json`` (``engine_steps.py`` as shipped: the embedding's lookup adds into
 main_grad; first and last in one call), ``without.json`` (``--dense-embedding-grad``) and ``both.json`` (as
@@ -15,10 +15,9 @@ least 0.5%) decides, with that drift:
   ``without``. Where the embedding alone falls short and the pair clears the rule, both are kept;
 * **the norm backward on top:** ``both`` against the baseline, where the embedding alone is kept.
 
-``--write`` writes the verdict as JSON; ``--ship`` writes which post-expert norm backward the engine runs
-(``one_pass`` where the norm backward is kept, else ``compiled``) as ``engine_kernels.post_expert_norm_backward`` in
-``muse_stack/plan/calibration.json``, with DIR and this command (:mod:`datafiles`): the engine
-(``MuseSparkExperts.fused_norm_backward``) and the planner read it there.
+``--write`` writes the verdict as JSON. What the engine runs unset is each option's default in the engine option
+table (``embedding_into_main_grad`` and ``one_pass_norm_backward`` in ``muse_stack/recipes/options.py``), which
+``tests/test_benchmarks_embedgrad.py`` checks against the committed verdict.
 """
 
 from __future__ import annotations
@@ -48,21 +47,10 @@ def verdict(folder: pathlib.Path) -> dict:
             "embedding_into_main_grad_kept": embedding, "one_pass_norm_backward_kept": norm_backward}
 
 
-def ship(folder: pathlib.Path, on: bool, path: pathlib.Path = datafiles.CALIBRATION) -> str:
-    """Write the post-expert norm backward the engine runs (the one pass where ``on``) into calibration.json
-    (``path``), with ``folder`` and the command that writes it."""
-    cmd = datafiles.command(__file__, folder, "--ship")
-    value = "one_pass" if on else "compiled"
-    entry = datafiles.entry(value, folder, cmd)
-    return datafiles.write_calibration({"engine_kernels": {"post_expert_norm_backward": entry}}, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=pathlib.Path)
     ap.add_argument("--write", type=pathlib.Path, help="write the verdict here (JSON)")
-    ap.add_argument("--ship", action="store_true",
-                    help="write the norm backward the verdict keeps into muse_stack/plan/calibration.json")
     args = ap.parse_args(argv)
     r = verdict(args.folder)
     t = r["tokens_per_s"]
@@ -74,10 +62,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{'kept' if r['one_pass_norm_backward_kept'] else 'rejected'}")
     if args.write:
         args.write.write_text(json.dumps(r, indent=1) + "\n")
-    if args.ship:
-        ship(args.folder, r["one_pass_norm_backward_kept"])
-        print(f"{datafiles.rel(datafiles.CALIBRATION)}: engine_kernels.post_expert_norm_backward = "
-              f"{'one_pass' if r['one_pass_norm_backward_kept'] else 'compiled'}")
     return 0
 
 

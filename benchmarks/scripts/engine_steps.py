@@ -9,14 +9,14 @@ Model FLOPs per token: the runner's formula (:mod:`muse_stack.models.muse_spark.
 for a frozen base (forward and backward to inputs of the base, the adapters' full training).
 
     PYTHONPATH=. python benchmarks/scripts/engine_steps.py slice-1gpu [overrides...] --steps 30 --warmup 10 --out x.json
-    (each flag of SWITCHES below runs one change as the engine ran it before, or a candidate; --help lists them.
-     The grad buffer zeroed whole every step is the override performance.first_micro_batch_writes=false)
+    (each attribution flag runs the engine with one of its options set otherwise: as the engine ran before, or a
+     candidate. The flags are the engine option table's (muse_stack/recipes/options.py, each row's attribution):
+     a flag is the override it names, engine_options.KEY=VALUE, applied with the others; --help lists them.)
 """
 
 from __future__ import annotations
 
 import gc
-import importlib
 import statistics
 import sys
 import time
@@ -27,64 +27,42 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the lab package
 
 from lab.benchio import finish, megatron_engine, recipe_args  # noqa: E402
+from muse_stack.recipes.options import attribution_flags  # noqa: E402
 
 
-#: the attribution switches: (flag, what it runs, module, object.attribute, the value the flag sets there)
-SWITCHES = (
-    ("--weighted-swiglu", "the experts' SwiGLU as the engine ran it before: megatron-core's weighted one, given ones",
-     "muse_stack.engines.mcore.layers", "MuseSparkExperts.unweighted_swiglu", False),
-    ("--te-clip-scale", "the clip's scale as megatron-core runs it: TE's multi_tensor_scale_tensor every step",
-     "muse_stack.engines.mcore.clip_scale", "skip_unclipped", False),
-    ("--late-counts", "the experts' token counts as megatron-core's allgather dispatcher reads them: .cpu() after the "
-                      "latent GEMM, then masked_select",
-     "muse_stack.engines.mcore.dispatch", "EarlyCountAllGatherDispatcher.early_counts", False),
-    ("--separate-pre-mlp-norm", "the pre-MLP norm as its own chain after the post-attention residual's",
-     "muse_stack.engines.mcore.layers", "MuseSparkLayer.fused_pre_mlp_norm", False),
-    ("--mcore-swiglu", "the experts' SwiGLU backward as megatron-core's compiled one instead of TE's dswiglu",
-     "muse_stack.engines.mcore.layers", "MuseSparkExperts.te_swiglu_backward", False),
-    ("--te-adam", "the Adam step as TE's FusedAdam runs it: multi_tensor_adam launches instead of one Triton "
-                  "launch per parameter group (muse_stack/engines/mcore/adam_step.py)",
-     "muse_stack.engines.mcore.adam_step", "enabled", False),
-    ("--dense-embedding-grad", "the word embedding's backward as megatron-core's: a dense bf16 gradient of the table, "
-                               "added into main_grad by DDP (muse_stack/engines/mcore/embedding_grad.py)",
-     "muse_stack.engines.mcore.embedding_grad", "enabled", False),
-    ("--compiled-norm-backward", "the post-expert norm's backward as the compiled chain's (TorchInductor) instead of "
-                                 "one Triton pass (muse_stack/engines/mcore/norm_backward.py)",
-     "muse_stack.engines.mcore.layers", "MuseSparkExperts.fused_norm_backward", False),
-    ("--fused-norm-backward", "the post-expert norm's backward as one Triton pass, as shipped since "
-                              "benchmarks/results/embedgrad/ (the runs in normbwd/, adam/ and embedgrad/ name it)",
-     "muse_stack.engines.mcore.layers", "MuseSparkExperts.fused_norm_backward", True),
-    ("--inductor-multi-kernel", "a candidate, not shipped: the compiled elementwise chains with TorchInductor's "
-                                "multi-kernel (persistent row reductions up to 16,384 columns, benchmarked against "
-                                "looped ones)",
-     "torch._inductor.config", "triton.multi_kernel", 1),
-)
+def attributed(args) -> dict[str, str]:
+    """Each attribution flag given, with the override it sets; two flags that set one option both ways are refused."""
+    chosen: dict[str, str] = {}
+    by_option: dict[str, str] = {}
+    for flag, (option, attribution) in attribution_flags().items():
+        if not getattr(args, flag[2:].replace("-", "_")):
+            continue
+        override = option.override(attribution.value)
+        other = by_option.setdefault(option.key, flag)
+        if other != flag and chosen[other] != override:
+            raise SystemExit(f"{other} and {flag} set {option.field} both ways: give one")
+        chosen[flag] = override
+    return chosen
 
 
-def _switch(module: str, path: str, value) -> None:
-    """Set ``module.path`` (an attribute of an object in the module) to ``value`` for this process."""
-    owner = importlib.import_module(module)
-    *objects, attribute = path.split(".")
-    for name in objects:
-        owner = getattr(owner, name)
-    setattr(owner, attribute, value)
+def parser():
+    """The recipe's arguments and one flag per attribution of the engine option table."""
+    ap = recipe_args(steps=30, warmup=10)
+    for flag, (option, attribution) in attribution_flags().items():
+        ap.add_argument(flag, action="store_true", help=f"{attribution.what} ({option.override(attribution.value)})")
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = recipe_args(steps=30, warmup=10)
-    for flag, what, *_ in SWITCHES:
-        ap.add_argument(flag, action="store_true", help=what)
-    args = ap.parse_args(argv)
-    for flag, _, module, path, value in SWITCHES:
-        if getattr(args, flag[2:].replace("-", "_")):
-            _switch(module, path, value)
+    args = parser().parse_args(argv)
+    flags = attributed(args)
 
     from muse_stack.models.muse_spark.flops import FORMULA, PEFT_FORMULA, training_flops_per_token
     from muse_stack.machine.devmem import cuda_memory
     from muse_stack.recipes.peft import resolve
     from muse_stack.machine.peak import peak_for
 
-    recipe, engine, steps = megatron_engine(args.recipe, args.overrides, args.steps)
+    recipe, engine, steps = megatron_engine(args.recipe, [*args.overrides, *flags.values()], args.steps)
     cfg = recipe.model_config_resolved()
     collector = recipe.training.gc
     if collector.manual:  # as the runner does (run/trainer.py): no automatic collection inside a step
@@ -111,10 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     peak, source = peak_for(recipe.hardware.gpu)
     describe = engine.describe()
     result = {
-        "recipe": args.recipe, "overrides": args.overrides, "device": torch.cuda.get_device_name(),
+        "recipe": args.recipe, "overrides": args.overrides, "attribution": flags,
+        "device": torch.cuda.get_device_name(),
         "experts_swiglu": "weighted, given ones" if args.weighted_swiglu else "unweighted",
         "optimizer": describe["optimizer"],
-        # the recipe's fusions / performance settings as megatron-core and TE hold them (h200.sh levers5)
+        # the recipe's engine options as megatron-core, TE and the engine's modules hold them (h200.sh levers5)
         "levers": describe["levers"],
         "method": f"{args.steps} steps, window steps {args.warmup + 1}-{args.steps}; each step bracketed by "
                   "torch.cuda.synchronize()",

@@ -32,7 +32,7 @@ PACKED="data.kind=sft data.builder=packed data.files=[data/tiny-chat.jsonl] data
 # precision-aware optimizer since)
 ASRAN="batch.mbs=1 layout.dispatcher=alltoall optimizer.precision_aware=null optimizer.param_remainders=null"
 # the elementwise chains fused by torch.compile (the slice's own setting), or not
-FUSED="fusions.compile_elementwise=true" EAGER="fusions.compile_elementwise=false"
+FUSED="engine_options.compile_elementwise=true" EAGER="engine_options.compile_elementwise=false"
 SMALL="model.overrides.num_local_experts=8 model.overrides.num_experts_per_tok=2"
 # lora-64's adapters (its peft block) on the slice, at lora-64's micro-batching (MBS 1, alltoall)
 LORA64="batch.mbs=1 layout.dispatcher=alltoall optimizer.precision_aware=null optimizer.param_remainders=null peft.scheme=lora peft.rank=32 peft.alpha=32 peft.dropout=0.0 peft.per_expert=true
@@ -120,7 +120,7 @@ for what in "${@:-smoke}"; do
     # off alone; shipped again (the drift); a candidate (the chains under Inductor's multi-kernel). Then a profile of
     # the shipped step. Outputs: $OUT/te-swiglu-backward-and-first-microbatch-writes.tgz.
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
-    WHOLE="performance.first_micro_batch_writes=false"
+    WHOLE="engine_options.first_micro_batch_writes=false"
     D=$(realpath -m "$OUT/te-swiglu-backward-and-first-microbatch-writes"); mkdir -p "$D"
     one $MS fingerprint -o "$D/fingerprint.json"
     one $ES $W --out "$D/shipped.json"
@@ -171,9 +171,8 @@ for what in "${@:-smoke}"; do
     # the norm backward's), then slice-1gpu with it / with megatron-core's dense lookup (--dense-embedding-grad) /
     # with it again, each with the norm backward as the compiled chain's (--compiled-norm-backward), then with both
     # (engine_steps.py, 20 steps, window 9-20), and the verdict (embedgrad_choose.py: the embedding alone, the pair,
-    # the norm backward on top), which writes the norm backward the engine runs into the planner's calibration.json
-    # (engine_kernels, which layers.py reads); the folder also stays
-    # in /tmp/embedgrad for a side-by-side sitting in the next call. Outputs: $OUT/embedgrad.tgz
+    # the norm backward on top; the engine option table's defaults follow it, checked by tests/test_benchmarks_embedgrad.py);
+    # the folder also stays in /tmp/embedgrad for a side-by-side sitting in the next call. Outputs: $OUT/embedgrad.tgz
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"; C=--compiled-norm-backward
     D=$(realpath -m "$OUT/embedgrad"); mkdir -p "$D"
     one $MS fingerprint -o "$D/fingerprint.json"
@@ -183,7 +182,7 @@ for what in "${@:-smoke}"; do
     one $ES $C --dense-embedding-grad $W --out "$D/without.json"
     one $ES $C $W --out "$D/with-again.json"
     one $ES --fused-norm-backward $W --out "$D/both.json"
-    python3 benchmarks/scripts/embedgrad_choose.py "$D" --write "$D/verdict.json" --ship | tee "$D/verdict.txt"
+    python3 benchmarks/scripts/embedgrad_choose.py "$D" --write "$D/verdict.json" | tee "$D/verdict.txt"
     rm -rf /tmp/embedgrad && cp -r "$D" /tmp/embedgrad
     tar czf "$OUT/embedgrad.tgz" -C "$(dirname "$D")" embedgrad ;;
   profile2) # one step of the slice as shipped by class of GPU work, with operator shapes

@@ -18,7 +18,7 @@ none does):
   package that differs is classified on its own).
 
 Between two run directories the resolved recipes are compared too (``recipe.*``): what the
-run computes (model, layout, batch, precision, optimizer, training schedule, data, fusions,
+run computes (model, layout, batch, precision, optimizer, training schedule, data, engine options,
 frozen modules, PEFT, the held-out split's size ``validation.eval_iters``) is numerics; recompute,
 offload, hardware, checkpoint cadence and validation cadence (``validation.eval_interval``) are
 performance (the recipe's ``env`` is classed like the environment); names, descriptions,

@@ -119,4 +119,7 @@ def read_recipe(run: Path) -> dict[str, Any]:
                      field="recipe", error=InputError)
     if not isinstance(data, dict):
         raise InputError(f"{file} is not a YAML mapping", field="recipe", value=str(file), fix=RUN_FIX)
-    return data
+    from muse_stack.recipes.options import migrate
+
+    # a run recorded before the engine options were one section compares as the same recipe in the new form
+    return migrate(data, warn=False)

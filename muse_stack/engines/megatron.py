@@ -61,11 +61,18 @@ class MegatronEngine:
         """Set up in the order megatron-core needs: the process groups and seeds, the model of
         this rank (its weights, adapters and frozen towers), then DDP and the optimizer over what
         trains, then its data-parallel rank and size."""
+        from muse_stack.recipes import options
         from muse_stack.util import numerics
 
         numerics.apply(ctx.recipe)  # deterministic mode: before any kernel runs (idempotent)
         require_megatron()
         self.ctx = ctx
+        #: the recipe's engine options as resolved (muse_stack/recipes/options.py), and why each is off (None: on)
+        self.options = options.resolve(ctx.recipe)
+        self.options_off: dict[str, str | None] = {key: r.why_off(key) for key, r in self.options.items()}
+        #: the step's first micro-batch writes (engine_options.first_micro_batch_writes; None: the whole buffer
+        #: zeroed), as its install leaves it
+        self.first_writes = None
         seed = ctx.recipe.training.seed if ctx.recipe.training.seed is not None else 0
         self._init_parallel(seed)
         model = self._build_model(seed)
@@ -81,7 +88,6 @@ class MegatronEngine:
         from megatron.core.process_groups_config import ProcessGroupCollection
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        from muse_stack.engines.mcore import fuse
         from muse_stack.engines.mcore.config import transformer_config, virtual_stages
 
         ctx = self.ctx
@@ -106,7 +112,6 @@ class MegatronEngine:
 
             self.fp32_gemms = fp32_gemm.install()
         self.config = transformer_config(recipe, ctx.model)
-        fuse.configure(bool(recipe.fusions.compile_elementwise))
         self.pg = ProcessGroupCollection.use_mpu_process_groups()
         self.seq_length = batch.seq_length
 
@@ -124,6 +129,7 @@ class MegatronEngine:
         self.towers = ctx.resolved.towers
         model = build_model(self.config, ctx.model, self.seq_length, self.pg, towers=self.towers, seed=seed,
                             recompute_towers=recipe.recompute_towers()).cuda()
+        self._install_options("model", model)
         ep_rank, ep = ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()
         self.load_kwargs = dict(layer_offset=model.decoder.layer_offset,
                                 expert_offset=ep_rank * (ctx.model.num_local_experts // ep),
@@ -173,7 +179,7 @@ class MegatronEngine:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        from muse_stack.engines.mcore.config import clip_on_device, ddp_config_kwargs, optimizer_config_kwargs
+        from muse_stack.engines.mcore.config import ddp_config_kwargs, optimizer_config_kwargs
         from muse_stack.engines.support import require_stated
 
         recipe = self.ctx.recipe
@@ -192,76 +198,29 @@ class MegatronEngine:
             from muse_stack.engines.mcore.optimizer_order import align_group_orders
 
             self.reordered_optimizer_params = align_group_orders(self.optimizer)
-        #: performance.clip_on_device (unset: on): megatron-core's clip keeps the norm on the GPU
-        self.clip_on_device = clip_on_device(recipe)
-        if self.clip_on_device:  # the same scale, skipped on unclipped steps: see clip_scale
-            from muse_stack.engines.mcore import clip_scale
-
-            clip_scale.install()
-        else:
-            self.optimizer.step = partial(_host_clip_step, self.optimizer.step)
-        self._adam_step()
-        self._embedding_grad()
-        if self.opt_config.optimizer_cuda_graph:  # as megatron-core's own training loop wraps it (training.py)
-            from megatron.core.optimizer.optimizer_cuda_graph import OptimizerCudaGraphWrapper
-
-            # its iteration count and graph are class attributes (one per process): a new engine starts over
-            OptimizerCudaGraphWrapper.cuda_graph, OptimizerCudaGraphWrapper.result = None, None
-            OptimizerCudaGraphWrapper.curr_iteration = 0
-            self.optimizer.step = OptimizerCudaGraphWrapper(
-                self.optimizer.step, cuda_graph_warmup_steps=self.config.cuda_graph_warmup_steps,
-                use_single_mempool=self.config.cuda_graph_use_single_mempool)
-        self._first_writes(ddp_config)
+        self._install_options("optimizer", self)
         self.config.no_sync_func = self.model.no_sync
         # the loss arrives divided by the global supervised-token count (train_step): no second pass
         self.config.finalize_model_grads_func = partial(_finalize_prescaled, finalize_model_grads)
         self._loss_scale = 1.0
         self.config.grad_scale_func = self.optimizer.scale_loss
 
-    def _adam_step(self) -> None:
-        """performance.triton_adam (unset: on where it applies): TE's FusedAdam steps through one
-        persistent Triton launch per parameter group (:mod:`muse_stack.engines.mcore.adam_step`);
-        ``adam_step_off`` says why not."""
-        from muse_stack.engines.mcore import adam_step
+    def _install_options(self, stage: str, target: Any) -> None:
+        """The engine options with an install function at ``stage`` (muse_stack/recipes/options.py), in the
+        table's order, each with its value as resolved: ``model`` (``target`` this rank's model, before DDP)
+        or ``optimizer`` (``target`` this engine, once DDP and the optimizer exist). ``options_off`` records
+        why each is off (None: on)."""
+        import importlib
 
-        if self.ctx.recipe.performance.triton_adam is False:
-            self.adam_step_off = "performance.triton_adam: false"
-        else:
-            self.adam_step_off = adam_step.install(self.optimizer)
+        from muse_stack.recipes import options
 
-    def _embedding_grad(self) -> None:
-        """performance.embedding_into_main_grad (unset: on where it applies): the word embedding's
-        backward adds each token's gradient into its fp32 main gradient, with no dense gradient
-        (:mod:`muse_stack.engines.mcore.embedding_grad`); ``embedding_grad_off`` says why not."""
-        from muse_stack.engines.mcore import embedding_grad
-
-        module = self.model.module
-        if self.ctx.recipe.performance.embedding_into_main_grad is False:
-            self.embedding_grad_off = "performance.embedding_into_main_grad: false"
-        elif not module.pre_process:
-            self.embedding_grad_off = "the embedding is on the first pipeline stage"
-        else:
-            self.embedding_grad_off = embedding_grad.install(module.embedding.word_embeddings, module.padding_hook,
-                                                             module.pad_row)
-
-    def _first_writes(self, ddp_config) -> None:
-        """performance.first_micro_batch_writes (unset: on where it applies): the step's first
-        micro-batch writes the decoder's TE weight gradients, the rest of the buffers is zeroed
-        (:mod:`muse_stack.engines.mcore.first_write`). ``first_writes_off`` says why not."""
-        from muse_stack.engines.mcore import first_write
-
-        self.first_writes = None
-        if self.ctx.recipe.performance.first_micro_batch_writes is False:
-            self.first_writes_off = "performance.first_micro_batch_writes: false"
-            return
-        self.first_writes_off = first_write.why_not(self.config, ddp_config)
-        if self.first_writes_off is not None:
-            return
-        modules = first_write.eligible_modules(self.model.module, self.model.module.decoder)
-        if not modules:
-            self.first_writes_off = "no TE module of the decoder has a trainable weight"
-            return
-        self.first_writes = first_write.FirstMicroBatchWrites(self.model, modules)
+        for row in options.installed_at(stage):
+            resolved = self.options.get(row.key)
+            if resolved is None:
+                continue
+            module, function = row.install_function.split(":")
+            why = getattr(importlib.import_module(module), function)(target, resolved.value)
+            self.options_off[row.key] = why if resolved.value else resolved.why_off(row.key)
 
     def _init_data(self) -> None:
         """This process's data-parallel rank and size (the share of each global batch the run gives
@@ -535,8 +494,8 @@ class MegatronEngine:
                 "peak_memory_kind": "max allocated (CUDA)"}
 
     def _levers(self) -> dict[str, Any]:
-        """The recipe's fusions and performance settings as megatron-core and TE hold them, read off
-        the built config, DDP and optimizer (docs/gpu-engine.md, "Levers")."""
+        """The recipe's engine options as megatron-core, TE and the engine's modules hold them, read off
+        the built config, DDP, optimizer and modules (docs/gpu-engine.md, "Engine options")."""
         from megatron.core.optimizer import clip_grads
 
         step = self.optimizer.step
@@ -546,9 +505,10 @@ class MegatronEngine:
                      else f"eager until step {step.cuda_graph_warmup_steps + 1}")
         from muse_stack.engines.mcore import clip_scale
 
-        on_device = self.clip_on_device and clip_grads.multi_tensor_scale_tensor_impl is not None
+        on_device = self.options["clip_on_device"].value and clip_grads.multi_tensor_scale_tensor_impl is not None
         scale = ("none on an unclipped step (a Triton kernel that reads the coefficient on the GPU)"
                  if clip_scale.installed() else "every step (TE's multi_tensor_scale_tensor)")
+        adam_off, embedding_off = self.options_off["triton_adam"], self.options_off["embedding_into_main_grad"]
         return {"gradient_accumulation_fusion": self.config.gradient_accumulation_fusion,
                 "moe_permute_fusion": self.config.moe_permute_fusion,
                 "moe_router_fusion": self.config.moe_router_fusion,
@@ -559,13 +519,12 @@ class MegatronEngine:
                 "expert_counts": self._expert_counts_read(),
                 "experts_swiglu": self._swiglu_loaded(),
                 "post_expert_norm_backward": self._post_expert_norm_backward(),
-                "adam_step": "one Triton launch per parameter group (adam_step.py)" if self.adam_step_off is None
-                else f"Transformer Engine's multi_tensor_adam ({self.adam_step_off})",
+                "adam_step": "one Triton launch per parameter group (adam_step.py)" if adam_off is None
+                else f"Transformer Engine's multi_tensor_adam ({adam_off})",
                 "embedding_grad": "each token's gradient added into the fp32 main gradient (embedding_grad.py)"
-                if self.embedding_grad_off is None
-                else f"a dense bf16 gradient added by megatron-core's DDP ({self.embedding_grad_off})",
+                if embedding_off is None else f"a dense bf16 gradient added by megatron-core's DDP ({embedding_off})",
                 "grad_buffer_zeroing": self.first_writes.describe() if self.first_writes is not None
-                else f"the whole buffer, every step ({self.first_writes_off})",
+                else f"the whole buffer, every step ({self.options_off['first_micro_batch_writes']})",
                 "pre_mlp_norm": self._pre_mlp_norm_run()}
 
     def _expert_counts_read(self) -> str | None:
@@ -796,20 +755,6 @@ def _per_token_loss(mask: torch.Tensor, scale: float, output: torch.Tensor):
     loss_sum = output.sum()
     count = mask.sum().to(torch.int)
     return loss_sum * scale, count, {"lm loss": torch.stack([loss_sum.detach().double(), count.double()])}
-
-
-def _host_clip_step(step):
-    """megatron-core's optimizer step on its host clip path (``performance.clip_on_device: false``):
-    without TE's ``multi_tensor_scale_tensor`` its ``clip_grads`` reads the norm on the host
-    (``.item()``) and scales only when the norm exceeds ``clip_grad``. Only for this call."""
-    from megatron.core.optimizer import clip_grads
-
-    saved = clip_grads.multi_tensor_scale_tensor_impl
-    clip_grads.multi_tensor_scale_tensor_impl = None
-    try:
-        return step()
-    finally:
-        clip_grads.multi_tensor_scale_tensor_impl = saved
 
 
 def _finalize_prescaled(finalize, model, num_tokens=None, **kwargs):

@@ -21,16 +21,15 @@ to the runs' peak allocated memory (``benchmarks/scripts/plan/fit.py --write``).
 ``used``: :class:`muse_stack.plan.used.UsedCalibration`, the allocator's reserve and the memory outside the
 allocator measured on the runs that recorded device memory (``benchmarks/scripts/plan/fit_used.py --write``).
 
-``engine_kernels``: which of its own kernels the megatron engine runs where no recipe field decides it
-(``embedgrad_choose.py --ship``); the planner prices it (:func:`muse_stack.plan.cost.step_kernels`) and the
-engine runs it (muse_stack/engines/mcore/layers.py), both from here.
+Which of its own kernels the engine runs is no calibration: each is an engine option of the recipe
+(muse_stack/recipes/options.py), on where it applies unless the recipe says otherwise.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -55,20 +54,12 @@ def _finite_non_negative(v: float) -> float:
 Number = Entry[Annotated[float, AfterValidator(_finite_non_negative)]]
 
 
-class EngineKernels(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    #: the post-expert norm's backward: the compiled chain's, or the engine's one Triton pass (norm_backward.py)
-    post_expert_norm_backward: Entry[Literal["compiled", "one_pass"]]
-
-
 class CalibrationFile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     time: dict[str, Number]
     memory: dict[str, Number]
     used: dict[str, Number]
-    engine_kernels: EngineKernels
 
     @field_validator("time")
     @classmethod
@@ -106,8 +97,3 @@ def calibrated(section: str, name: str) -> Any:
     """A pydantic field whose default is ``section.name`` of calibration.json, read when first needed."""
     _FIELDS[section].add(name)
     return Field(default_factory=lambda: value(section, name))
-
-
-def one_pass_norm_backward() -> bool:
-    """Whether the engine runs the post-expert norm's backward as its one Triton pass (where Triton is present)."""
-    return calibration().engine_kernels.post_expert_norm_backward.value == "one_pass"

@@ -107,7 +107,7 @@ from muse_stack.models.muse_spark.config import ModelConfig
 from muse_stack.plan import calibration as calibration_file
 from muse_stack.plan.fabrics import Fabric, Links
 from muse_stack.plan.memory import layer_activation_bytes_per_token
-from muse_stack.recipes.engines import embedding_into_main_grad_blocker, triton_adam_blocker
+from muse_stack.recipes import options as engine_options
 from muse_stack.recipes.schema import Recipe
 
 #: bytes of HBM traffic per sharded parameter in one Adam step of the distributed optimizer
@@ -520,20 +520,13 @@ class StepKernels(BaseModel):
 
 
 def step_kernels(recipe: Recipe) -> StepKernels:
-    """The kernels the megatron engine runs for ``recipe``: its own where it applies them (unset: on
-    where they apply; the same checks as the engine's, :mod:`muse_stack.recipes.engines`)."""
-    perf = recipe.performance
-    adam = "triton" if perf.triton_adam is not False and triton_adam_blocker(recipe) is None else "te"
+    """The kernels the megatron engine runs for ``recipe``: each priced engine option's choice as the engine
+    resolves it (:func:`muse_stack.recipes.options.kernels`: on where it applies, unset), and no embedding
+    gradient at all where the table is frozen (adapters)."""
+    chosen = engine_options.kernels(recipe)
     if recipe.peft is not None:
-        emb = "frozen"
-    elif perf.embedding_into_main_grad is not False and embedding_into_main_grad_blocker(recipe) is None:
-        emb = "main_grad"
-    else:
-        emb = "dense"
-    # the norm's backward as the engine ships it (calibration.json's engine_kernels, which
-    # MuseSparkExperts.fused_norm_backward reads too)
-    norm = "one_pass" if calibration_file.one_pass_norm_backward() else "compiled"
-    return StepKernels(adam=adam, embedding_grad=emb, post_expert_norm_backward=norm)
+        chosen["embedding_grad"] = "frozen"
+    return StepKernels(**chosen)
 
 
 def estimate_step(resolved, spec: GpuSpec, world: int, stages: list[int], dp: int,
@@ -554,7 +547,9 @@ def estimate_step(resolved, spec: GpuSpec, world: int, stages: list[int], dp: in
     vpp = lay.vpp or 1
     sp = bool(lay.sequence_parallel) or (tp > 1 and lay.sequence_parallel is None)
     per_node = recipe.hardware.per_node
-    compiled = bool(recipe.fusions.compile_elementwise)
+    options = engine_options.resolve(recipe)
+    compiled = engine_options.is_on(options, "compile_elementwise")
+    overlap = engine_options.is_on(options, "overlap_grad_reduce")
     assumptions: list[str] = []
     links = links or spec_links(spec, per_node)
     eff = cal.link_efficiency
@@ -658,7 +653,7 @@ def estimate_step(resolved, spec: GpuSpec, world: int, stages: list[int], dp: in
 
     dense_dp, expert_dp = dp_time(dense_p, dp * cp, dp_fabric), dp_time(expert_p, edp_, edp_fabric)
     reduce_s, gather_s = dense_dp[0] + expert_dp[0], dense_dp[1] + expert_dp[1]
-    if recipe.performance.overlap_grad_reduce and reduce_s > 0:
+    if overlap and reduce_s > 0:
         # megatron-core DDP's overlap_grad_reduce: each bucket is reduced as soon as the last
         # micro-batch's backward has filled it, so the reduce runs under that backward (the slowest
         # stage's, its GPU terms' backward share); the last bucket's reduce follows the backward and
@@ -714,8 +709,9 @@ def estimate_step(resolved, spec: GpuSpec, world: int, stages: list[int], dp: in
     assumptions.append(
         f"communication: {links.intra.describe()} inside {links.domain} GPUs, {links.inter.describe()} across "
         "(muse_stack/machine/machines.yaml); megatron-core's 1F1B send/receive blocks and the all-to-all dispatcher "
-        "runs in line" + ("" if recipe.performance.overlap_grad_reduce else
-                          "; the DDP reduce runs after the last micro-batch (performance.overlap_grad_reduce unset)"))
+        "runs in line" + ("" if overlap else
+                          "; the DDP reduce runs after the last micro-batch (engine_options.overlap_grad_reduce "
+                          "off)"))
     tokens_step = batch.gbs * seq
     tps = tokens_step / step / world
     flops = dict(training_flops_per_token(model, seq_lens, peft=settings))

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from muse_stack.models.muse_spark.config import ModelConfig
 from muse_stack.plan.calibration import calibrated
+from muse_stack.recipes import options as engine_options
 from muse_stack.recipes.peft import adapter_params_per_layer
 from muse_stack.recipes.schema import Recipe
 
@@ -45,7 +46,7 @@ class Calibration(BaseModel):
     # bytes per modelled byte (fp32 temporaries of the norms and gates).
     activation_factor: float = calibrated("memory", "activation_factor")
     # The same, fitted (with runtime_overhead_gib fixed) to the runs whose elementwise chains were
-    # fused by torch.compile (recipe fusions.compile_elementwise): fused chains keep fewer temporaries.
+    # fused by torch.compile (recipe engine_options.compile_elementwise): fused chains keep fewer temporaries.
     compiled_activation_factor: float = calibrated("memory", "compiled_activation_factor")
     # cuBLAS/TE workspaces and other allocations outside the formulas
     runtime_overhead_gib: float = calibrated("memory", "runtime_overhead_gib")
@@ -151,7 +152,8 @@ def estimate(resolved, world: int, stages: list[int], dp: int | None,
     (:class:`muse_stack.recipes.resolve.ResolvedRecipe`)."""
     recipe, model = resolved.recipe, resolved.model
     cal = calibration or Calibration()
-    factor = cal.activation_factor_for(bool(recipe.fusions.compile_elementwise))
+    compiled = engine_options.is_on(engine_options.resolve(recipe), "compile_elementwise")
+    factor = cal.activation_factor_for(compiled)
     lay, batch = recipe.layout, recipe.batch
     tp, pp, etp = lay.tp, lay.pp, lay.etp
     cp = lay.cp or 1

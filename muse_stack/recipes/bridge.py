@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from muse_stack.recipes.options import bridge_keys, migrate_path
 from muse_stack.util.errors import RecipeError
 
 #: Bridge ConfigContainer key -> recipe field (dotted). Names as in megatron.bridge.training.config
@@ -98,6 +99,9 @@ BRIDGE_KEYS: dict[str, str] = {
     "peft.dim": "peft.rank",
     "peft.alpha": "peft.alpha",
     "peft.target_modules": "peft.targets",
+    # the engine options that are megatron-core config fields (TransformerConfig on the model provider,
+    # OptimizerConfig, DistributedDataParallelConfig): muse_stack/recipes/options.py
+    **bridge_keys(),
 }
 
 #: ConfigContainer sections that are not recipe sections: any key under them is a Bridge key
@@ -139,6 +143,7 @@ def _is_recipe_path(path: list[str]) -> bool:
 def translate(path: list[str]) -> list[str]:
     """The recipe path for an override key: a recipe field is kept, a Bridge key in the table is
     translated, and a Bridge key without a recipe equivalent is refused naming the nearest field."""
+    path = migrate_path(path)  # the sections the engine options were in before (fusions, performance)
     dotted = ".".join(path)
     if dotted in BRIDGE_KEYS:
         return BRIDGE_KEYS[dotted].split(".")
@@ -163,13 +168,21 @@ def translate(path: list[str]) -> list[str]:
 
 def bridge_rows(recipe: Any) -> list[tuple[str, str, Any]]:
     """(Bridge key, recipe field, the recipe's value) for every row of the table; a model shape is
-    the resolved model's value (the checkpoint's config with the recipe's overrides)."""
+    the resolved model's value (the checkpoint's config with the recipe's overrides), an engine option
+    the value its engine resolves (stated, or its default where it applies)."""
+    from muse_stack.recipes.options import SECTION, resolve
+
     data = recipe.model_dump(mode="json")
     model = recipe.model_config_resolved().model_dump(mode="json")
+    options = resolve(recipe)
     rows = []
     for key, field in BRIDGE_KEYS.items():
         if field.startswith("model.overrides."):
             rows.append((key, field, model.get(field.removeprefix("model.overrides."))))
+            continue
+        if field.startswith(f"{SECTION}."):  # as the engine resolves it (None: not an option of this engine)
+            found = options.get(field.removeprefix(f"{SECTION}."))
+            rows.append((key, field, found.value if found is not None else None))
             continue
         node: Any = data
         for part in field.split("."):

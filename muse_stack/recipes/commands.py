@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Optional
 
 import typer
@@ -41,12 +42,18 @@ def show_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML fi
              bridge: bool = typer.Option(False, "--bridge", help="print the Megatron-Bridge key of each field "
                                          "that has one, with the recipe's value"),
              json_out: bool = typer.Option(False, "--json", help="print the resolved recipe as JSON "
-                                           "(filled values under \"filled\")")) -> None:
+                                           "(filled values under \"filled\")"),
+             engine_options: bool = typer.Option(False, "--options", help="print each engine option as its "
+                                                 "engine resolves it, and where its value came from")) -> None:
     """The resolved recipe as YAML; each value its fill policy filled is under filled, with its source
-    (--json: JSON for scripts; --bridge: the Bridge ConfigContainer keys it answers to)."""
+    (--json: JSON for scripts; --bridge: the Bridge ConfigContainer keys it answers to; --options: the
+    engine options as the engine resolves them)."""
     recipe = load_recipe(name, overrides or [])
     if json_out:
         typer.echo(json.dumps(recipe.model_dump(mode="json"), indent=2))
+        return
+    if engine_options:
+        print_options(recipe)
         return
     if not bridge:
         typer.echo(recipe_yaml(recipe), nl=False)  # ends with `filled:`, each filled value and its source
@@ -63,6 +70,26 @@ def show_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML fi
     for key, rest in rows:
         line = f"{key:<{key_w}}  {rest}"
         typer.echo(line if len(line) <= width else f"{key}\n    {rest}")
+
+
+def print_options(recipe) -> None:
+    """Each engine option of the recipe's engine, its value and where it came from (stated, or the option's
+    default and why it does not apply here): muse_stack/recipes/options.py."""
+    from muse_stack.recipes.options import SECTION, resolve
+
+    resolved = resolve(recipe)
+    if not resolved:
+        typer.echo(f"{recipe.name}: the {recipe.engine} engine reads no engine option")
+        return
+    typer.echo(f"{recipe.name}: {SECTION} as the {recipe.engine} engine resolves them")
+    width = max(console.width, 40)
+    rows = [(f"{SECTION}.{key} = {json.dumps(r.value)}", r.source) for key, r in resolved.items()]
+    key_w = max(len(k) for k, _ in rows)
+    for key, source in rows:
+        line = f"{key:<{key_w}}  {source}"
+        if len(line) > width:  # the source on its own indented lines, never cut
+            line = key + "\n" + textwrap.fill(source, width, initial_indent="    ", subsequent_indent="    ")
+        typer.echo(line)
 
 
 def register(app: typer.Typer) -> None:

@@ -181,69 +181,21 @@ class Recompute(_Strict):
                           "(memory, not numerics: the recomputed forward is the same); unset: with granularity full")
 
 
-class Fusions(_Strict):
-    """Kernel fusions of the megatron engine. Unset keeps what the engine ships; each description
-    says whether turning it changes numerics."""
+def _engine_options_model() -> type[BaseModel]:
+    """The ``engine_options`` section: one field per row of the engine option table
+    (:data:`muse_stack.recipes.options.ROWS`), each ``true``, ``false`` or unset, described by its row."""
+    from pydantic import create_model
 
-    compile_elementwise: bool | None = Field(
-        None, description="megatron engine: fuse the norm / gate / residual / softcap chains with torch.compile")
-    gradient_accumulation: bool | None = Field(
-        None, description="megatron engine: megatron-core's gradient_accumulation_fusion: TE's weight-gradient GEMMs "
-                          "(the experts' grouped GEMMs among them) accumulate in fp32 straight into main_grad. Unset: "
-                          "on. false changes numerics: each micro-batch's weight gradient is written in bf16 and then "
-                          "added to main_grad by megatron-core's DDP")
-    permute: bool | None = Field(
-        None, description="megatron engine: megatron-core's moe_permute_fusion (TE's fused token permute and unpermute "
-                          "around the experts). Unset: on. false: megatron-core's torch permutation, whose unpermute "
-                          "sums each token's expert outputs in another order (may change bf16 rounding)")
-    router: bool | None = Field(
-        None, description="megatron engine: megatron-core's moe_router_fusion (TE's fused sigmoid, expert bias, top-k "
-                          "and normalisation in one kernel). Unset: off. true computes the same fp32 routing in another "
-                          "order: may change the last bits of the routing weights (not with numerics.deterministic)")
+    from muse_stack.recipes.options import ROWS
+
+    fields: dict[str, Any] = {row.key: (bool | None, Field(None, description=row.description)) for row in ROWS}
+    return create_model("EngineOptions", __base__=_Strict, __doc__=(
+        "Options of the training engines, one row each of muse_stack/recipes/options.py (docs/gpu-engine.md, "
+        "\"Engine options\"). Unset keeps what the engine ships; each description says whether turning it "
+        "changes numerics."), **fields)
 
 
-class Performance(_Strict):
-    """Settings of the megatron engine that change how a step runs, each a mechanism of megatron-core
-    itself. Unset keeps what the engine ships; each description says whether turning it changes
-    numerics (docs/gpu-engine.md, "Levers")."""
-
-    clip_on_device: bool | None = Field(
-        None, description="the gradient clip without a host sync: megatron-core keeps the norm and the clip coefficient "
-                          "on the GPU and scales the gradients by it with no pass on a step whose coefficient is 1 (the "
-                          "norm below optimizer.clip_grad; a Triton kernel reads the coefficient on the GPU). Unset: on. "
-                          "false: "
-                          "megatron-core's host path, which reads the norm on the host and scales only when it exceeds "
-                          "optimizer.clip_grad (the coefficient in double instead of fp32: a clipped step may differ "
-                          "in the last bits)")
-    optimizer_cuda_graph: bool | None = Field(
-        None, description="capture the optimizer step (norm, clip, Adam, the parameter copy) in a CUDA graph and replay "
-                          "it (megatron-core's optimizer_cuda_graph and OptimizerCudaGraphWrapper, after "
-                          "cuda_graph_warmup_steps eager steps). Unset: off. TE's capturable Adam keeps the learning rate "
-                          "and step count on the GPU: may change the last bits of the update. Needs clip_on_device and "
-                          "a fp32 master (not optimizer.param_remainders)")
-    overlap_grad_reduce: bool | None = Field(
-        None, description="megatron-core DDP's overlap_grad_reduce: each gradient bucket is reduced while the backward "
-                          "continues, instead of all at once after it. Unset: off. The same reduction of the same "
-                          "buckets (no numerics change intended)")
-    first_micro_batch_writes: bool | None = Field(
-        None, description="the step's first micro-batch has Transformer Engine's weight-gradient GEMMs write the decoder "
-                          "weights' main gradients (TE's overwrite_main_grad) instead of adding them to zeros, and the "
-                          "step zeroes only the rest of megatron-core's grad buffers. Unset: on where it applies "
-                          "(gradient accumulation fusion, no recompute). The same gradients; cuBLAS may pick another "
-                          "kernel for a written output than for an added one, so the first micro-batch's weight "
-                          "gradients may differ in the last bits")
-    triton_adam: bool | None = Field(
-        None, description="Transformer Engine's FusedAdam (optimizer.precision_aware, fp32 master weights) steps through "
-                          "one persistent Triton launch per parameter group instead of TE's multi_tensor_adam "
-                          "launches. Unset: on where it applies (not with optimizer.param_remainders or "
-                          "performance.optimizer_cuda_graph). TE's arithmetic in the same order; where nvcc contracted "
-                          "a multiply-add otherwise, the update may differ in the last bit of fp32")
-    embedding_into_main_grad: bool | None = Field(
-        None, description="The word embedding's backward adds each token's gradient, in fp32, into the table's main "
-                          "gradient instead of building a dense bf16 gradient of the whole table for megatron-core's DDP "
-                          "to add. Unset: on where it applies (layout.tp 1, the embedding trains). A row's sum over a "
-                          "micro-batch is no longer rounded to bf16 before it is added: the embedding's gradient may "
-                          "differ by that rounding")
+EngineOptions = _engine_options_model()
 
 
 class Numerics(_Strict):
@@ -500,8 +452,8 @@ class Recipe(_Strict):
     batch: Batch = Field(default_factory=Batch)
     recompute: Recompute = Field(default_factory=Recompute)
     offload: Offload = Field(default_factory=Offload)
-    fusions: Fusions = Field(default_factory=Fusions)
-    performance: Performance = Field(default_factory=Performance)
+    engine_options: EngineOptions = Field(default_factory=EngineOptions,
+                                          description="options of the engine (muse_stack/recipes/options.py)")
     numerics: Numerics = Field(default_factory=Numerics)
     precision: Literal["bf16", "fp32", "fp8"] | None = "bf16"
     fp8: Fp8 | None = Field(None, description="the FP8 scaling recipe and format, with precision: fp8 only")
@@ -527,6 +479,15 @@ class Recipe(_Strict):
                                               "common recipe for the recipe's kind (muse_stack/recipes/fill.py), or none")
     filled: dict[str, FilledValue] = Field(default_factory=dict, description="dotted path -> each value the fill "
                                                                                "policy filled, with its source")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_options_section(cls, data: Any) -> Any:
+        """The sections the engine options were in before (``fusions``, ``performance``) moved into
+        ``engine_options``, each with a warning naming its new key."""
+        from muse_stack.recipes.options import migrate
+
+        return migrate(data) if isinstance(data, dict) else data
 
     @field_validator("name")
     @classmethod

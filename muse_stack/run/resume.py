@@ -72,7 +72,9 @@ def plan_resume(path: Path, extra: list[str], allow_change: bool, wanted: Recipe
         baseline = parse_recipe(on_disk, str(path / rundir.RECIPE))
         fields = changed_fields(baseline, wanted)
         before_sha = _recorded_sha(path) or recipe_sha256(baseline)
-        if before_sha != recipe_sha256(baseline):  # edited since the run started; no copy names the fields
+        # edited since the run started (no copy names the fields); a recipe.yaml written in an older form of the
+        # format (hashed as written) and read into the current one is not edited
+        if before_sha not in (recipe_sha256(baseline), _file_sha(path / rundir.RECIPE)):
             fields = {"recipe.yaml": [f"sha256 {before_sha[:12]}", f"sha256 {recipe_sha256(baseline)[:12]}"],
                       **fields}
     results = _results(path)
@@ -103,6 +105,15 @@ def _results(path: Path) -> dict[str, Any]:
         return json.loads((path / rundir.RESULTS).read_text())
     except (OSError, ValueError):
         return {}  # missing, or stale from a process that died
+
+
+def _file_sha(file: Path) -> str | None:
+    import hashlib
+
+    try:
+        return hashlib.sha256(file.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _recorded_sha(path: Path) -> str | None:

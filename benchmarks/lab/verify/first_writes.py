@@ -1,4 +1,4 @@
-"""The step's first micro-batch writing the main gradients (``performance.first_micro_batch_writes``)
+"""The step's first micro-batch writing the main gradients (``engine_options.first_micro_batch_writes``)
 against megatron-core zeroing the whole grad buffer, on a GPU.
 
 ``python -m lab.verify.first_writes [--steps K] [--out FILE]``. Two engines of the small
@@ -38,7 +38,7 @@ def _recipe(first_writes: bool | None):
     doc["batch"].update(mbs=1, gbs=2, seq_length=SEQ)
     doc["layout"]["dispatcher"] = "allgather"  # as slice-1gpu: the counts reach the host before the experts run
     doc["numerics"] = {"deterministic": True}
-    doc["performance"] = dict(doc.get("performance") or {}, first_micro_batch_writes=first_writes)
+    doc["engine_options"] = dict(doc.get("engine_options") or {}, first_micro_batch_writes=first_writes)
     return parse_recipe(doc, "first-writes-tiny")
 
 
@@ -90,7 +90,7 @@ def run(steps: int = 2, seed: int = 1234) -> dict[str, Any]:
     torch.cuda.empty_cache()
 
     writes, writes_steps = _engine(None, state, batch, steps)
-    assert writes.first_writes is not None, writes.first_writes_off
+    assert writes.first_writes is not None, writes.options_off["first_micro_batch_writes"]
     written_grads: list = []
     _capture(writes, written_grads)
     first_counts: list[list[int]] = []  # each MoE layer's expert token counts in a step's first micro-batch

@@ -88,7 +88,7 @@ def fit() -> dict:
     eager = {n: parts(*POINTS[n]) for n in POINTS}
     fused = {n: parts(*COMPILED[n]) for n in COMPILED}
     for n, (name, overrides) in COMPILED.items():
-        assert load_recipe(name, overrides).fusions.compile_elementwise, n
+        assert load_recipe(name, overrides).engine_options.compile_elementwise, n
     y = np.array([measured(n) - s - lg for n, (s, lg, _) in eager.items()])
     a = np.array([[act, 1.0] for _, _, act in eager.values()])
     (factor, overhead), *_ = np.linalg.lstsq(a, y, rcond=None)

@@ -54,9 +54,6 @@ from muse_stack.engines.mcore.launch import FILE as LAUNCH_FILE
 from muse_stack.engines.mcore.launch import launches
 from muse_stack.util.errors import InputError
 
-#: False: :func:`install` leaves TE's step as it is (for attribution:
-#: ``benchmarks/scripts/engine_steps.py --te-adam``)
-enabled = True
 #: the launch on a GPU: programs per streaming multiprocessor, warps per program and elements a
 #: program updates per iteration, read from launch.json (``adam_step``: the fastest of the grid
 #: ``benchmarks/scripts/kernels.py --only adam`` timed on an H200, written by ``adam_choose.py launch
@@ -239,7 +236,7 @@ def _entries(adam: Any, group: dict) -> tuple[list, list]:
             continue
         if grad.dtype != torch.float32 or not (grad.is_contiguous() and p.is_contiguous()):
             raise RuntimeError(f"the Triton Adam step needs contiguous fp32 gradients; a {tuple(p.shape)} parameter "
-                               f"has a {grad.dtype} gradient (set muse_stack.engines.mcore.adam_step.enabled = False "
+                               f"has a {grad.dtype} gradient (set engine_options.triton_adam=false in the recipe "
                                "for TE's step)")
         m, v = state["exp_avg"], state["exp_avg_sq"]
         if p.dtype == torch.bfloat16:
@@ -284,8 +281,6 @@ def _fused_adams(optimizer: Any) -> list[Any]:
 def install(optimizer: Any) -> str | None:
     """Run :func:`step` for every TE FusedAdam inside megatron-core's ``optimizer``. Returns why
     not (and leaves TE's step) where it does not apply; None when installed."""
-    if not enabled:
-        return "off (muse_stack.engines.mcore.adam_step.enabled)"
     if triton is None:
         return "no Triton"
     adams = _fused_adams(optimizer)
@@ -303,3 +298,9 @@ def install(optimizer: Any) -> str | None:
 def installed(adam: Any) -> bool:
     s = adam.__dict__.get("step")
     return isinstance(s, partial) and s.func is step
+
+
+def install_triton_adam(engine: Any, on: bool) -> str | None:
+    """``engine_options.triton_adam``: :func:`install` into ``engine``'s optimizer (on), or TE's step left
+    as it is (off); why not though asked (None: as asked)."""
+    return install(engine.optimizer) if on else None

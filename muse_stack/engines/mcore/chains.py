@@ -1,6 +1,6 @@
 """The elementwise chains of the GPU layers: the norms, gates, residuals and softcap between two
 matmuls, in fp32, exactly as :mod:`muse_stack.models.muse_spark` computes them. Each is one ``torch.compile``
-graph under the recipe's ``fusions.compile_elementwise`` (:mod:`.fuse`), so its fp32
+graph under the recipe's ``engine_options.compile_elementwise`` (:mod:`.fuse`), so its fp32
 intermediates stay in registers; eager otherwise. Nothing here needs megatron-core, so the chains
 are checked against the reference model's norms on any machine.
 """

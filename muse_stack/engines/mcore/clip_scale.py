@@ -20,6 +20,7 @@ scaled as one flat span, so a step costs one or a few launches, not one per para
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
@@ -31,9 +32,6 @@ except ImportError:  # a torch without Triton: the engine keeps TE's multi_tenso
 
 #: elements per program and loop iteration (fp32: 16 KiB)
 BLOCK = 4096
-#: False: :func:`install` leaves megatron-core's clip as it is (TE's scale every step; for
-#: attribution, ``benchmarks/scripts/engine_steps.py --te-clip-scale``)
-skip_unclipped = True
 #: programs per streaming multiprocessor: enough resident loads to keep HBM busy on a clipped step
 PROGRAMS_PER_SM = 8
 
@@ -132,19 +130,65 @@ def scale_unless_one(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Seq
             _launch(s, t, coeff)
 
 
+#: megatron-core's own scale (TE's ``multi_tensor_scale_tensor``) while :func:`install` has put ours in its place
+_replaced: list = []
+
+
 def install() -> bool:
     """Make megatron-core's device clip path use :func:`scale_unless_one` (for the process).
-    False where megatron-core has no device path here (no TE ``multi_tensor_scale_tensor``),
-    Triton is missing or :data:`skip_unclipped` is off; the clip then stays as megatron-core runs it."""
+    False where megatron-core has no device path here (no TE ``multi_tensor_scale_tensor``) or
+    Triton is missing; the clip then stays as megatron-core runs it."""
     from megatron.core.optimizer import clip_grads
 
-    if not skip_unclipped or triton is None or clip_grads.multi_tensor_scale_tensor_impl is None:
+    if installed():
+        return True
+    if triton is None or clip_grads.multi_tensor_scale_tensor_impl is None:
         return False
+    _replaced[:] = [clip_grads.multi_tensor_scale_tensor_impl]
     clip_grads.multi_tensor_scale_tensor_impl = scale_unless_one
     return True
+
+
+def uninstall() -> None:
+    """megatron-core's own scale again, where :func:`install` replaced it in this process."""
+    from megatron.core.optimizer import clip_grads
+
+    if installed():
+        clip_grads.multi_tensor_scale_tensor_impl = _replaced.pop()
 
 
 def installed() -> bool:
     from megatron.core.optimizer import clip_grads
 
     return clip_grads.multi_tensor_scale_tensor_impl is scale_unless_one
+
+
+def install_clip_skip_unclipped(engine, on: bool) -> str | None:
+    """``engine_options.clip_skip_unclipped``: the scale of megatron-core's device clip path by
+    :func:`scale_unless_one` (on), or TE's every step (off); why not though asked (None: as asked)."""
+    if not on:
+        uninstall()
+        return None
+    return None if install() else "no Triton, or no device clip path in megatron-core here"
+
+
+def install_clip_on_device(engine, on: bool) -> str | None:
+    """``engine_options.clip_on_device``: on, megatron-core's device clip path (its own when TE's scale is
+    importable); off, each optimizer step of ``engine`` runs megatron-core's host path (:func:`host_clip_step`)."""
+    if not on:
+        engine.optimizer.step = partial(host_clip_step, engine.optimizer.step)
+    return None
+
+
+def host_clip_step(step):
+    """megatron-core's optimizer step on its host clip path (``engine_options.clip_on_device: false``):
+    without TE's ``multi_tensor_scale_tensor`` its ``clip_grads`` reads the norm on the host
+    (``.item()``) and scales only when the norm exceeds ``clip_grad``. Only for this call."""
+    from megatron.core.optimizer import clip_grads
+
+    saved = clip_grads.multi_tensor_scale_tensor_impl
+    clip_grads.multi_tensor_scale_tensor_impl = None
+    try:
+        return step()
+    finally:
+        clip_grads.multi_tensor_scale_tensor_impl = saved

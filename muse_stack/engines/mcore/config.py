@@ -19,7 +19,7 @@ from typing import Any
 
 from muse_stack.util.errors import RecipeError
 from muse_stack.models.muse_spark.config import ModelConfig
-from muse_stack.recipes.engines import embedding_into_main_grad_blocker, triton_adam_blocker
+from muse_stack.recipes import options
 from muse_stack.recipes.schema import Recipe
 
 
@@ -69,70 +69,19 @@ def fp8_kwargs(recipe: Recipe) -> dict[str, Any]:
     return {"fp8": settings.format, "fp8_recipe": settings.recipe, "moe_router_padding_for_fp8": True}
 
 
-def first_writes_blocker(gradient_accumulation_fusion: bool, recompute_granularity: str | None,
-                         recompute_modules: list[str] | None) -> str | None:
-    """Why the step's first micro-batch cannot write the main gradients under these settings (None: it
-    can): the recipe's check below and the engine (:func:`.first_write.why_not`) ask the same."""
-    if not gradient_accumulation_fusion:
-        return "gradient accumulation fusion is off: TE returns the gradients and DDP adds them"
-    if recompute_granularity == "full":
-        return "full recompute runs the layers' forward again in the backward"
-    if recompute_granularity == "selective" and "moe" in (recompute_modules or []):
-        return "selective recompute of the MoE layer runs its GEMMs' forward again in the backward"
-    return None
-
-
-def check_performance(recipe: Recipe) -> None:
-    """Refuse the ``fusions`` / ``performance`` combinations megatron-core, TE or the engine cannot run."""
-    perf = recipe.performance
-    if recipe.fusions.router and recipe.numerics.deterministic:
-        raise RecipeError("numerics.deterministic is verified bitwise with megatron-core's unfused routing; TE's "
-                          "fused router kernel is not", field="fusions.router", value=True,
-                          fix="drop fusions.router (or numerics.deterministic)")
-    if perf.first_micro_batch_writes and first_writes_blocker(recipe.fusions.gradient_accumulation is not False,
-                                                              recipe.recompute.granularity, recipe.recompute.modules):
-        raise RecipeError("the first micro-batch writes the main gradients inside TE's fused weight-gradient GEMMs, "
-                          "in the forward it runs once: it needs gradient accumulation fusion and no recompute of "
-                          "whole layers or of the MoE layer", field="performance.first_micro_batch_writes", value=True,
-                          fix="drop performance.first_micro_batch_writes (it applies where it can), or the recompute")
-    if perf.triton_adam and (why := triton_adam_blocker(recipe)) is not None:
-        raise RecipeError(f"the Triton Adam step cannot run: {why}", field="performance.triton_adam", value=True,
-                          fix="drop performance.triton_adam (it applies where it can)")
-    if perf.embedding_into_main_grad and (why := embedding_into_main_grad_blocker(recipe)) is not None:
-        raise RecipeError(f"the embedding's gradient cannot go into main_grad: {why}",
-                          field="performance.embedding_into_main_grad", value=True,
-                          fix="drop performance.embedding_into_main_grad (it applies where it can)")
-    if not perf.optimizer_cuda_graph:
-        return
-    if perf.clip_on_device is False:
-        raise RecipeError("a captured optimizer step cannot read the gradient norm on the host",
-                          field="performance.optimizer_cuda_graph", value=True,
-                          fix="drop performance.clip_on_device=false (the clip stays on the GPU), or the graph")
-    if recipe.optimizer.precision_aware and recipe.optimizer.param_remainders:
-        # transformer_engine/pytorch/optimizers/fused_adam.py: "Capturable mode doesn't support storing param remainders"
-        raise RecipeError("TE's capturable FusedAdam does not keep the master weights as int16 remainders",
-                          field="performance.optimizer_cuda_graph", value=True,
-                          fix="set optimizer.param_remainders=false (a fp32 master), or drop the graph")
-
-
-def clip_on_device(recipe: Recipe) -> bool:
-    """Whether megatron-core's gradient clip keeps the norm and coefficient on the GPU (its path
-    with TE's ``multi_tensor_scale_tensor``; the engine's default) rather than reading the norm on
-    the host (``performance.clip_on_device: false``)."""
-    return recipe.performance.clip_on_device is not False
-
-
 def ddp_config_kwargs(recipe: Recipe) -> dict[str, Any]:
     """megatron-core ``DistributedDataParallelConfig`` fields (pure): fp32 gradient reduction, the
-    recipe's distributed optimizer, and ``performance.overlap_grad_reduce`` (unset: off)."""
+    recipe's distributed optimizer, and the engine options that are DDP fields (muse_stack/recipes/options.py)."""
     dist_opt = recipe.layout.distributed_optimizer if recipe.layout.distributed_optimizer is not None else True
-    return dict(grad_reduce_in_fp32=True, overlap_grad_reduce=bool(recipe.performance.overlap_grad_reduce),
-                use_distributed_optimizer=dist_opt, check_for_nan_in_grad=False)
+    return dict(grad_reduce_in_fp32=True, use_distributed_optimizer=dist_opt, check_for_nan_in_grad=False,
+                **options.config_fields(options.resolve(recipe), "ddp"))
 
 
 def transformer_config_kwargs(recipe: Recipe, model: ModelConfig) -> dict[str, Any]:
-    """Keyword arguments of megatron-core's TransformerConfig (dtypes as strings)."""
-    check_performance(recipe)
+    """Keyword arguments of megatron-core's TransformerConfig (dtypes as strings); the engine options that
+    are its fields as the recipe resolves them (muse_stack/recipes/options.py), after refusing any it cannot
+    run."""
+    options.check(recipe)
     lay = recipe.layout
     tp, pp, cp, ep = lay.tp, lay.pp, lay.cp or 1, lay.ep or 1
     if model.num_attention_heads % tp or model.num_key_value_heads % tp:
@@ -186,9 +135,6 @@ def transformer_config_kwargs(recipe: Recipe, model: ModelConfig) -> dict[str, A
         moe_router_topk_scaling_factor=None if model.routed_scaling_factor == 1.0 else model.routed_scaling_factor,
         moe_grouped_gemm=True,
         moe_token_dispatcher_type=lay.dispatcher or "alltoall",
-        # fusions (recipe.fusions; unset: as shipped): TE's fused token permutation on, its fused router off
-        moe_permute_fusion=recipe.fusions.permute is not False,
-        moe_router_fusion=bool(recipe.fusions.router),
         tensor_model_parallel_size=tp,
         sequence_parallel=sp,
         pipeline_model_parallel_size=pp,
@@ -213,10 +159,10 @@ def transformer_config_kwargs(recipe: Recipe, model: ModelConfig) -> dict[str, A
         pipeline_dtype="float32",  # the residual stream crosses stages in fp32
         bias_activation_fusion=True,
         apply_rope_fusion=True,
-        # TE's weight-gradient GEMMs (TEGroupedLinear's fuse_wgrad_accumulation for the experts) accumulate into main_grad
-        gradient_accumulation_fusion=recipe.fusions.gradient_accumulation is not False,
         variable_seq_lengths=False,
         deterministic_mode=bool(recipe.numerics.deterministic),
+        # engine options (moe_permute_fusion, moe_router_fusion, gradient_accumulation_fusion, ...)
+        **options.config_fields(options.resolve(recipe), "transformer"),
     )
     if kwargs["recompute_modules"] is None:
         kwargs.pop("recompute_modules")
@@ -244,7 +190,7 @@ def optimizer_config_kwargs(recipe: Recipe) -> dict[str, Any]:
     """megatron-core ``OptimizerConfig`` fields from the recipe's optimizer (pure; every training
     value comes from the recipe, which :func:`muse_stack.engines.support.require_stated` checks;
     ``params_dtype`` is added by the engine from its ``TransformerConfig``)."""
-    check_performance(recipe)
+    options.check(recipe)
     opt = recipe.optimizer
     dist_opt = ddp_config_kwargs(recipe)["use_distributed_optimizer"]
     kwargs: dict[str, Any] = dict(
@@ -255,6 +201,7 @@ def optimizer_config_kwargs(recipe: Recipe) -> dict[str, Any]:
         # separate fp32 -> bf16 copy pass); with remainders the master is the bf16 weight + int16
         use_precision_aware_optimizer=bool(opt.precision_aware),
         store_param_remainders=bool(opt.precision_aware and opt.param_remainders),
-        # TE's capturable FusedAdam (lr and step on the GPU), for megatron-core's OptimizerCudaGraphWrapper
-        optimizer_cuda_graph=bool(recipe.performance.optimizer_cuda_graph))
+        # engine options (optimizer_cuda_graph: TE's capturable FusedAdam, lr and step on the GPU, for
+        # megatron-core's OptimizerCudaGraphWrapper)
+        **options.config_fields(options.resolve(recipe), "optimizer"))
     return kwargs

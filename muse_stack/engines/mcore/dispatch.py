@@ -40,9 +40,10 @@ def expert_counts(routing_map: torch.Tensor, first: int, last: int) -> torch.Ten
 class EarlyCountAllGatherDispatcher(MoEAllGatherTokenDispatcher):
     """megatron-core's allgather dispatcher, with the local counts read early where no tokens move."""
 
-    #: False: megatron-core's dispatch_postprocess as it is (``.cpu()`` then ``masked_select``), for
-    #: attribution (``benchmarks/scripts/engine_steps.py --late-counts``)
-    early_counts: bool = True
+    #: ``engine_options.early_expert_counts``, set by the engine when it builds the model
+    #: (:func:`install_early_expert_counts`). False: megatron-core's dispatch_postprocess as it is
+    #: (``.cpu()`` then ``masked_select``)
+    early_counts: bool
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -88,3 +89,14 @@ class EarlyCountAllGatherDispatcher(MoEAllGatherTokenDispatcher):
         self.local_probs = permuted_probs
         self.routing_map = None
         return permuted, tokens_per_expert, permuted_probs
+
+
+def install_early_expert_counts(model: torch.nn.Module, on: bool) -> str | None:
+    """``engine_options.early_expert_counts`` on every MoE layer's dispatcher of ``model`` (an allgather
+    dispatcher is this one, :class:`~muse_stack.engines.mcore.layers.MuseSparkMoE`); why it is off though asked
+    (None: as asked, or no dispatcher of this kind here)."""
+    for m in model.modules():
+        dispatcher = getattr(m, "token_dispatcher", None)
+        if isinstance(dispatcher, EarlyCountAllGatherDispatcher):
+            dispatcher.early_counts = on
+    return None

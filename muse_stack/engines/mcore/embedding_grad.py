@@ -30,9 +30,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-#: False: the engine keeps megatron-core's dense lookup (``engine_steps.py --dense-embedding-grad``)
-enabled = True
-
 _dummies: dict[tuple, torch.Tensor] = {}
 
 
@@ -84,8 +81,6 @@ class LookupIntoMainGrad(torch.autograd.Function):
 def why_not(words: torch.nn.Module) -> str | None:
     """Why ``words`` (megatron-core's ``VocabParallelEmbedding``) keeps its dense lookup (None: it can add
     into main_grad)."""
-    if not enabled:
-        return "switched off for this process (engine_steps.py --dense-embedding-grad)"
     if not words.weight.requires_grad:
         return "the embedding is frozen"
     if words.tp_group.size() > 1:
@@ -115,3 +110,15 @@ def install(words: torch.nn.Module, padding_hook: Any, pad_row: int | None) -> s
 
 def installed(words: torch.nn.Module) -> bool:
     return getattr(words, "lookup_into_main_grad", False)
+
+
+def install_embedding_into_main_grad(engine: Any, on: bool) -> str | None:
+    """``engine_options.embedding_into_main_grad``: :func:`install` on the word embedding of ``engine``'s
+    model (on; the first pipeline stage holds it), or megatron-core's lookup left as it is (off); why not
+    though asked (None: as asked)."""
+    if not on:
+        return None
+    module = engine.model.module
+    if not module.pre_process:
+        return "the embedding is on the first pipeline stage"
+    return install(module.embedding.word_embeddings, module.padding_hook, module.pad_row)

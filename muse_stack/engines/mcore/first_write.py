@@ -51,7 +51,7 @@ def module_weights(module: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 def why_not(config: Any, ddp_config: Any) -> str | None:
     """Why the whole buffer must be zeroed under these settings (None: the first micro-batch can write)."""
-    from muse_stack.engines.mcore.config import first_writes_blocker
+    from muse_stack.recipes.options import first_writes_blocker
 
     reason = first_writes_blocker(config.gradient_accumulation_fusion, config.recompute_granularity,
                                   config.recompute_modules)
@@ -122,7 +122,7 @@ class FirstMicroBatchWrites:
         if n > 1:
             raise RuntimeError(
                 f"{type(module).__name__} ran twice in the step's first micro-batch: its second weight gradient "
-                "would overwrite the first. Set performance.first_micro_batch_writes: false in the recipe")
+                "would overwrite the first. Set engine_options.first_micro_batch_writes: false in the recipe")
 
     @contextmanager
     def _partial_reset(self) -> Iterator[None]:
@@ -171,6 +171,23 @@ class FirstMicroBatchWrites:
     def describe(self) -> str:
         return (f"the step's first micro-batch writes the main gradients of {len(self.modules)} TE modules' "
                 f"weights ({self.written_elements:,} of {self.buffer_elements:,} elements); the rest is zeroed")
+
+
+def install_first_micro_batch_writes(engine: Any, on: bool) -> str | None:
+    """``engine_options.first_micro_batch_writes``: ``engine.first_writes``, the first micro-batch's writes over
+    the decoder's TE modules (on, where the built config allows), or None (off: the whole buffer zeroed); why
+    not though asked (None: as asked)."""
+    engine.first_writes = None
+    if not on:
+        return None
+    reason = why_not(engine.config, engine.model.ddp_config)
+    if reason is not None:
+        return reason
+    modules = eligible_modules(engine.model.module, engine.model.module.decoder)
+    if not modules:
+        return "no TE module of the decoder has a trainable weight"
+    engine.first_writes = FirstMicroBatchWrites(engine.model, modules)
+    return None
 
 
 def complement(kept: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:

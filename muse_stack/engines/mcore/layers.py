@@ -26,7 +26,7 @@ Composed from megatron-core and Transformer Engine modules (see :mod:`.spec`):
 
 Norms follow :mod:`muse_stack.models.muse_spark.norms` exactly; they run in fp32 and hand the parameters'
 dtype to the matmuls (bf16; fp32 with ``precision: fp32``, :func:`set_matmul_dtype`). The
-recipe's ``fusions.compile_elementwise`` fuses the elementwise chains with
+recipe's ``engine_options.compile_elementwise`` fuses the elementwise chains with
 ``torch.compile`` (:mod:`muse_stack.engines.mcore.fuse`); the chains are in
 :mod:`muse_stack.engines.mcore.chains`.
 """
@@ -70,7 +70,6 @@ from muse_stack.engines.mcore import norm_backward
 from muse_stack.engines.mcore.first_write import module_weights, zero_unrouted
 from muse_stack.models.muse_spark.residual import initial_gate_value
 from muse_stack.models.muse_spark.config import ModelConfig
-from muse_stack.plan.calibration import one_pass_norm_backward
 
 
 # ---- parameters -----------------------------------------------------------------------
@@ -247,22 +246,22 @@ class MuseSparkExperts(TEGroupedMLP):
     """
 
     post_norm_eps: float = 1e-8
-    #: the SwiGLU between the two grouped GEMMs carries no routing weight (the weight comes after
-    #: the post-expert norm), so it runs megatron-core's unweighted fused SwiGLU. Its weighted one,
-    #: given ones, also reduces a gradient for those ones that nothing reads. False: the weighted
-    #: one with ones (the engine before; ``benchmarks/scripts/engine_steps.py --weighted-swiglu``)
-    unweighted_swiglu: bool = True
-    #: that SwiGLU's backward as Transformer Engine's ``dswiglu`` kernel (:class:`SwiGLUTEBackward`;
-    #: the forward is megatron-core's either way). False: megatron-core's compiled backward, one
-    #: kernel that computes each output element's half of the concatenated gradient on its own
-    #: (``benchmarks/scripts/engine_steps.py --mcore-swiglu``)
-    te_swiglu_backward: bool = True
-    #: the post-expert norm's backward as one Triton pass over its input (:mod:`.norm_backward`), where
-    #: muse_stack/plan/calibration.json's ``engine_kernels`` says so (the planner prices the same): the
-    #: verdict of ``benchmarks/results/embedgrad/``, which measured it with the word embedding's gradient
-    #: into main_grad (``embedgrad_choose.py --ship``). Off: the compiled chain's own backward, TorchInductor's
-    #: row pass and a column sum that reads the input again (``engine_steps.py --compiled-norm-backward``)
-    fused_norm_backward: bool = one_pass_norm_backward()
+    # Set by the engine from the recipe's engine options when it builds the model (each install_* function,
+    # muse_stack/recipes/options.py); a module no engine installed has none of them.
+    #: ``engine_options.unweighted_swiglu``: the SwiGLU between the two grouped GEMMs carries no routing
+    #: weight (the weight comes after the post-expert norm), so it runs megatron-core's unweighted fused
+    #: SwiGLU. Its weighted one, given ones, also reduces a gradient for those ones that nothing reads.
+    #: False: the weighted one with ones (the engine before)
+    unweighted_swiglu: bool
+    #: ``engine_options.te_swiglu_backward``: that SwiGLU's backward as Transformer Engine's ``dswiglu``
+    #: kernel (:class:`SwiGLUTEBackward`; the forward is megatron-core's either way). False: megatron-core's
+    #: compiled backward, one kernel that computes each output element's half of the concatenated gradient
+    #: on its own
+    te_swiglu_backward: bool
+    #: ``engine_options.one_pass_norm_backward``: the post-expert norm's backward as one Triton pass over its
+    #: input (:mod:`.norm_backward`, which installs it). False: the compiled chain's own backward,
+    #: TorchInductor's row pass and a column sum that reads the input again
+    fused_norm_backward: bool
 
     def __init__(self, num_local_experts: int, config, submodules, pg_collection=None, name=None) -> None:
         super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection, name=name)
@@ -281,7 +280,7 @@ class MuseSparkExperts(TEGroupedMLP):
                 and c.moe_mlp_glu_interleave_size is None)
 
     def one_pass_norm_backward(self) -> bool:
-        """Whether the post-expert norm's backward runs as one Triton pass (the switch on, Triton present)."""
+        """Whether the post-expert norm's backward runs as one Triton pass (the option on, Triton present)."""
         return self.fused_norm_backward and norm_backward.available()
 
     def _experts(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, permuted_probs: torch.Tensor):
@@ -344,10 +343,11 @@ class LayerSubmodules:
 class MuseSparkLayer(MegatronModule):
     """One decoder layer on the fp32 residual stream [s, b, H]."""
 
-    #: the post-attention residual and the pre-MLP norm as one chain (:func:`post_attention_residual_and_norm`).
-    #: False: two chains, the norm through its module (the engine before;
-    #: ``benchmarks/scripts/engine_steps.py --separate-pre-mlp-norm``)
-    fused_pre_mlp_norm: bool = True
+    #: ``engine_options.fused_pre_mlp_norm``, set by the engine when it builds the model
+    #: (:func:`install_fused_pre_mlp_norm`): the post-attention residual and the pre-MLP norm as one chain
+    #: (:func:`post_attention_residual_and_norm`). False: two chains, the norm through its module (the engine
+    #: before)
+    fused_pre_mlp_norm: bool
 
     def __init__(self, config, submodules: LayerSubmodules, layer_number: int, muse: ModelConfig,
                  pg_collection=None, vp_stage=None) -> None:
@@ -463,6 +463,30 @@ class MuseSparkBlock(MegatronModule):
         return stream
 
 
+def _set(model: torch.nn.Module, kind: type, attribute: str, on: bool) -> None:
+    for m in model.modules():
+        if isinstance(m, kind):
+            setattr(m, attribute, on)
+
+
+def install_unweighted_swiglu(model: torch.nn.Module, on: bool) -> str | None:
+    """``engine_options.unweighted_swiglu`` on every expert layer of ``model``."""
+    _set(model, MuseSparkExperts, "unweighted_swiglu", on)
+    return None
+
+
+def install_te_swiglu_backward(model: torch.nn.Module, on: bool) -> str | None:
+    """``engine_options.te_swiglu_backward`` on every expert layer of ``model``."""
+    _set(model, MuseSparkExperts, "te_swiglu_backward", on)
+    return None
+
+
+def install_fused_pre_mlp_norm(model: torch.nn.Module, on: bool) -> str | None:
+    """``engine_options.fused_pre_mlp_norm`` on every decoder layer of ``model``."""
+    _set(model, MuseSparkLayer, "fused_pre_mlp_norm", on)
+    return None
+
+
 def _quantization(config, layer: int = -1, *, is_init: bool = False):
     """megatron-core's FP8 context for global layer ``layer`` (none without FP8)."""
     if not config.fp8:
@@ -473,4 +497,5 @@ def _quantization(config, layer: int = -1, *, is_init: bool = False):
 
 
 __all__ = ["MuseSparkAttention", "MuseSparkBlock", "MuseSparkExperts", "MuseSparkLayer", "MuseSparkMoE",
-           "MuseSparkRouter", "softcap_logits", "set_matmul_dtype"]
+           "MuseSparkRouter", "install_fused_pre_mlp_norm", "install_te_swiglu_backward", "install_unweighted_swiglu",
+           "softcap_logits", "set_matmul_dtype"]

@@ -1,4 +1,4 @@
-"""The post-expert norm's backward in one pass over its input (a candidate: measured, and off).
+"""The post-expert norm's backward in one pass over its input.
 
 The post-expert norm with the routing weight (:func:`.chains.weighted_gain_first_norm`) computes,
 per expert slot ``i`` (a row of the experts' output ``x``, width ``D``), with the gain ``g = 1 + w``
@@ -26,8 +26,10 @@ The same function in fp32 as Inductor's, summed in another order: ``tests/test_n
 
 Measured on an H200 (``benchmarks/results/normbwd/``): 1.25 ms a call at its fastest launch, against
 2.30 ms for Inductor's two kernels; in the step, +0.48% tokens/s, below the 0.5% a lever must gain
-(``benchmarks/scripts/levers_choose.py``), so the engine does not run it
-(``MuseSparkExperts.fused_norm_backward``).
+(``benchmarks/scripts/levers_choose.py``), so the engine did not run it then. It runs since
+``benchmarks/results/embedgrad/``, kept with the word embedding's gradient into main_grad, the pair chosen
+together (+1.16% in the step): ``engine_options.one_pass_norm_backward``, unset on, which
+:func:`install_one_pass_norm_backward` sets on the expert layers.
 """
 
 from __future__ import annotations
@@ -140,3 +142,14 @@ def weighted_gain_first_norm(x: torch.Tensor, w: torch.Tensor, probs: torch.Tens
     """:func:`.chains.weighted_gain_first_norm` (its forward, compiled as the recipe says) with the
     one-pass backward above; ``x`` is [rows, width]."""
     return _WeightedGainFirstNorm.apply(x, w, probs, eps)
+
+
+def install_one_pass_norm_backward(model: torch.nn.Module, on: bool) -> str | None:
+    """``engine_options.one_pass_norm_backward`` on every expert layer of ``model``; why it cannot run
+    here though asked (None: as asked)."""
+    from muse_stack.engines.mcore.layers import MuseSparkExperts
+
+    for m in model.modules():
+        if isinstance(m, MuseSparkExperts):
+            m.fused_norm_backward = on
+    return "no Triton" if on and not available() else None
