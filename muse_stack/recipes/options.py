@@ -38,12 +38,13 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from muse_stack.util.errors import RecipeError
 
-if TYPE_CHECKING:
-    from muse_stack.recipes.schema import Recipe
+#: a :class:`muse_stack.recipes.schema.Recipe`, whose ``engine_options`` section the schema makes from this table
+#: (so this module does not import the schema)
+Recipe = Any
 
 #: the recipe section
 SECTION = "engine_options"
@@ -382,7 +383,7 @@ ROWS: tuple[EngineOption, ...] = (
         prices=Priced("the post-expert norm's backward at its kernel's measured bandwidth "
                       "(TimeCalibration.norm_backward_bandwidth_one_pass or _compiled)",
                       kernel="post_expert_norm_backward", on="one_pass", off="compiled"),
-        install=Install(module="muse_stack.engines.mcore.norm_backward", stage="model"),
+        install=Install(module="muse_stack.engines.mcore.layers", stage="model"),
         attribution=(
             Attribution("compiled-norm-backward", False,
                         "the post-expert norm's backward as the compiled chain's (TorchInductor) instead of one "

@@ -481,6 +481,13 @@ def install_te_swiglu_backward(model: torch.nn.Module, on: bool) -> str | None:
     return None
 
 
+def install_one_pass_norm_backward(model: torch.nn.Module, on: bool) -> str | None:
+    """``engine_options.one_pass_norm_backward`` on every expert layer of ``model`` (the kernel:
+    :mod:`.norm_backward`); why it cannot run here though asked (None: as asked)."""
+    _set(model, MuseSparkExperts, "fused_norm_backward", on)
+    return "no Triton" if on and not norm_backward.available() else None
+
+
 def install_fused_pre_mlp_norm(model: torch.nn.Module, on: bool) -> str | None:
     """``engine_options.fused_pre_mlp_norm`` on every decoder layer of ``model``."""
     _set(model, MuseSparkLayer, "fused_pre_mlp_norm", on)

@@ -29,7 +29,7 @@ Measured on an H200 (``benchmarks/results/normbwd/``): 1.25 ms a call at its fas
 (``benchmarks/scripts/levers_choose.py``), so the engine did not run it then. It runs since
 ``benchmarks/results/embedgrad/``, kept with the word embedding's gradient into main_grad, the pair chosen
 together (+1.16% in the step): ``engine_options.one_pass_norm_backward``, unset on, which
-:func:`install_one_pass_norm_backward` sets on the expert layers.
+:func:`muse_stack.engines.mcore.layers.install_one_pass_norm_backward` sets on the expert layers.
 """
 
 from __future__ import annotations
@@ -142,14 +142,3 @@ def weighted_gain_first_norm(x: torch.Tensor, w: torch.Tensor, probs: torch.Tens
     """:func:`.chains.weighted_gain_first_norm` (its forward, compiled as the recipe says) with the
     one-pass backward above; ``x`` is [rows, width]."""
     return _WeightedGainFirstNorm.apply(x, w, probs, eps)
-
-
-def install_one_pass_norm_backward(model: torch.nn.Module, on: bool) -> str | None:
-    """``engine_options.one_pass_norm_backward`` on every expert layer of ``model``; why it cannot run
-    here though asked (None: as asked)."""
-    from muse_stack.engines.mcore.layers import MuseSparkExperts
-
-    for m in model.modules():
-        if isinstance(m, MuseSparkExperts):
-            m.fused_norm_backward = on
-    return "no Triton" if on and not available() else None
