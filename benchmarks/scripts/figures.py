@@ -1039,7 +1039,7 @@ def project_readme() -> dict:
 GPU_ENGINE_ROWS = {
     "MBS 1": "proxy-1gpu",
     "EP 2, DP 2, distributed optimizer": "proxy-2gpu",
-    "EP 2, `fusions.compile_elementwise=true`": "proxy-2gpu-compiled",
+    "EP 2, `engine_options.compile_elementwise=true`": "proxy-2gpu-compiled",
     "PP 2 (1 + 3 layers), 8 micro-batches": "pp2",
     "CP 2 (a2a)": "cp2",
     "ETP 2, EP 1, dense DP 2": "etp2",
@@ -1052,8 +1052,8 @@ GPU_ENGINE_ROWS = {
     "MBS 4, allgather dispatcher (chains compiled; before the precision-aware optimizer), a later lease": "archive/slice-1gpu-mbs4-allgather",
     "MBS 1, alltoall (the recipe before MBS 4; the engine before its last chains)": "slice-1gpu-mbs1-compiled",
     "MBS 2 (compiled)": "slice-1gpu-mbs2-compiled",
-    "MBS 1, `fusions.compile_elementwise=false`": "slice-1gpu-mbs1-eager",
-    "MBS 2, `fusions.compile_elementwise=false`": "slice-1gpu-mbs2-eager",
+    "MBS 1, `engine_options.compile_elementwise=false`": "slice-1gpu-mbs1-eager",
+    "MBS 2, `engine_options.compile_elementwise=false`": "slice-1gpu-mbs2-eager",
 }
 
 
