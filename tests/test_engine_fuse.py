@@ -6,7 +6,7 @@ import torch
 from muse_stack.engines.mcore import fuse
 from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
-from muse_stack.recipes.resolve import resolve
+from muse_stack.resolve.recipe import resolve
 
 
 class CountingBackend:

@@ -18,7 +18,7 @@ from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 from muse_stack.recipes.options import ROWS, check
 from muse_stack.recipes.options import resolve as resolve_options
-from muse_stack.recipes.resolve import finalize, resolve
+from muse_stack.resolve.recipe import finalize, resolve
 
 MEGATRON_OPTIONS = [row.field for row in ROWS if "megatron" in row.engines]
 

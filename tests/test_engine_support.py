@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from muse_stack.recipes.resolve import resolve
+from muse_stack.resolve.recipe import resolve
 from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
 

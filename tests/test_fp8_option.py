@@ -9,7 +9,7 @@ from muse_stack.compare.classify import NUMERICS, classify
 from muse_stack.engines.mcore.config import transformer_config_kwargs
 from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.catalogue import load_recipe
-from muse_stack.recipes.resolve import resolve
+from muse_stack.resolve.recipe import resolve
 
 FP8 = ["precision=fp8", "fp8.recipe=tensorwise", "fp8.format=hybrid", "layout.dispatcher=alltoall"]
 

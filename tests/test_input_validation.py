@@ -310,7 +310,7 @@ def test_url_credentials_are_redacted_wherever_written(tmp_path):
 
 # ---- defects are reported without a traceback ------------------------------------------------------
 def test_a_defect_exits_70_without_a_traceback(cli, monkeypatch):
-    import muse_stack.recipes.commands as commands
+    import muse_stack.cli.recipes as commands
 
     def boom(*_a, **_k):
         raise ZeroDivisionError("x" * 10_000)

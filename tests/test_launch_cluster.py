@@ -316,7 +316,7 @@ def test_a_credential_in_the_checkpoint_path_is_refused_and_never_written(cli, t
 
 def test_the_docker_run_line_a_cpu_machine_suggests_carries_ngcs_flags(cli, monkeypatch):
     import muse_stack.engines.megatron_available as megatron_available
-    import muse_stack.machine.availability as availability
+    import muse_stack.run.availability as availability
 
     monkeypatch.setattr(megatron_available, "missing", lambda: "CUDA is not available on this machine")
     monkeypatch.setattr(availability, "_cuda_devices", lambda: 0)

@@ -151,14 +151,14 @@ def _megatron_recipe(**over):
 
 
 def test_peft_on_the_megatron_engine_passes_the_resolve_step():
-    from muse_stack.recipes.resolve import resolve
+    from muse_stack.resolve.recipe import resolve
 
     resolve(_megatron_recipe())
     resolve(_megatron_recipe(**{"training.async_checkpoint": True}))  # the adapter state saves async too
 
 
 def test_expert_adapters_under_etp_are_refused_naming_the_field():
-    from muse_stack.recipes.resolve import resolve
+    from muse_stack.resolve.recipe import resolve
 
     with pytest.raises(RecipeError) as err:
         resolve(_megatron_recipe(**{"layout.etp": 2, "layout.tp": 2}))
@@ -176,7 +176,7 @@ def _tiny():
 
 
 def _settings():
-    from muse_stack.recipes.peft import resolve
+    from muse_stack.models.muse_spark.peft_config import resolve
 
     recipe = _tiny()
     raw = recipe.model_dump(mode="json")

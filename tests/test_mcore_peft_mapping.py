@@ -17,7 +17,7 @@ from muse_stack.engines.mcore.peft import (MCORE_MODULES, attach_adapters, load_
                                            replicated_over_tp, shard_factor)
 from muse_stack.models.muse_spark import MuseSparkForCausalLM
 from muse_stack.models.muse_spark.peft import adapter_modules, adapter_state_dict, apply_peft
-from muse_stack.recipes.peft import ATTENTION_TARGETS, EXPERT_TARGETS, TARGETS, PeftSettings
+from muse_stack.models.muse_spark.peft_config import ATTENTION_TARGETS, EXPERT_TARGETS, TARGETS, PeftSettings
 from tiny_model import tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,7 +15,7 @@ from muse_stack.models.muse_spark.peft import DoRA, adapter_modules, adapter_sta
 from muse_stack.models.muse_spark.peft_io import (export_adapters_hf_peft, export_merged, load_adapters, save_adapters,
                                       base_identity)
 from muse_stack.recipes.catalogue import load_recipe
-from muse_stack.recipes.peft import ATTENTION_TARGETS, TARGETS, PeftSettings, resolve
+from muse_stack.models.muse_spark.peft_config import ATTENTION_TARGETS, TARGETS, PeftSettings, resolve
 from tiny_model import logits_tolerance, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -24,7 +24,7 @@ from muse_stack.machine.table import table
 from muse_stack.plan.fabrics import Fabric
 from muse_stack.plan.planner import make_plan
 from muse_stack.recipes.catalogue import load_recipe
-from muse_stack.recipes.resolve import finalize
+from muse_stack.resolve.recipe import finalize
 
 # Each expected value below is a few float64 products and quotients of the same inputs taken in a
 # different order: relative rounding <= ~10 x 2^-53 ~ 1e-15; 1e-12 leaves room for sums over

@@ -6,7 +6,7 @@ from __future__ import annotations
 from muse_stack.plan.memory import GIB, layer_activation_bytes_per_token
 from muse_stack.plan.planner import make_plan
 from muse_stack.recipes.catalogue import load_recipe
-from muse_stack.recipes.peft import adapter_params_per_layer, resolve
+from muse_stack.models.muse_spark.peft_config import adapter_params_per_layer, resolve
 
 
 def test_lora_64_counts_adapter_state_and_no_base_gradients():
@@ -50,7 +50,7 @@ def test_adapter_flops_count_the_frozen_base_without_weight_gradients():
     every term is a product of integers below 2^53, so the float sums are exact)."""
     from muse_stack.models.muse_spark.flops import training_flops_per_token
     from muse_stack.recipes.catalogue import load_recipe
-    from muse_stack.recipes.peft import adapter_params_per_layer, resolve
+    from muse_stack.models.muse_spark.peft_config import adapter_params_per_layer, resolve
 
     targets = "peft.targets=[self_attn.q_proj,mlp.experts.gate_up_proj]"
     for per_expert in (True, False):

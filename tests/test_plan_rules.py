@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from muse_stack.util.errors import LayoutError
-from muse_stack.plan.layout import pack_alignment, stage_layers
+from muse_stack.recipes.layout import pack_alignment, stage_layers
 from muse_stack.plan.planner import make_plan
 from muse_stack.recipes.catalogue import load_recipe, recipe_names
 from muse_stack.recipes.schema import Layout

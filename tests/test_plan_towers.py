@@ -13,7 +13,7 @@ from muse_stack.models.muse_spark.vision import MuseSparkVisionModel
 from muse_stack.plan.memory import GIB
 from muse_stack.plan.planner import make_plan
 from muse_stack.plan.towers import tower_plan
-from muse_stack.recipes.resolve import finalize
+from muse_stack.resolve.recipe import finalize
 from muse_stack.recipes.catalogue import load_recipe
 from muse_stack.models.muse_spark.tower_config import TowersConfig, VisionConfig
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from muse_stack.engines.mcore.config import optimizer_config_kwargs
-from muse_stack.recipes.resolve import resolve
+from muse_stack.resolve.recipe import resolve
 from muse_stack.engines.support import check_precision_aware
 from muse_stack.util.errors import RecipeError
 from muse_stack.plan.planner import make_plan
@@ -88,7 +88,7 @@ def test_the_planner_counts_two_bytes_less_per_parameter_with_remainders():
 
 
 def test_one_formula_for_the_optimizer_state_the_planner_and_the_checkpoint_count():
-    from muse_stack.plan.memory import optimizer_state_bytes
+    from muse_stack.engines.support import optimizer_state_bytes
 
     assert optimizer_state_bytes(load_recipe("slice-1gpu")) == 12  # separate fp32 master + two moments
     assert optimizer_state_bytes(load_recipe("slice-1gpu", ["optimizer.param_remainders=true"])) == 10

@@ -1,8 +1,10 @@
 """The product and the lab apart, read from the source with ``ast``: no module under ``muse_stack/``
 imports the lab (``benchmarks/``, imported as ``lab``) or the tests; every module under
 ``muse_stack/`` is reached by imports from the product's entry points (``[project.scripts]`` in
-``pyproject.toml``), so nothing there is used only by benchmarks or tests; and the imports between
-product modules form no cycle.
+``pyproject.toml``, and ``python -m`` of such a package: its ``__main__``), so nothing there is used
+only by benchmarks or tests; the imports between product modules form no cycle; and neither do the
+imports between its packages (the folders directly under ``muse_stack/``, each root module its own):
+the packages form layers, each importing only those below it.
 
 An import is any ``import`` statement, at module level or inside a function (lazy), and any string
 constant other than a docstring that spells a dotted module path (``importlib.import_module``'s
@@ -131,10 +133,11 @@ def entry_points(root: Path) -> list[str]:
 
 
 def unreached(root: Path) -> list[str]:
-    """Product modules no chain of run-time imports from the entry points reaches."""
+    """Product modules no chain of run-time imports from the entry points reaches (an entry point
+    that is a package is also run by ``python -m``, which runs its ``__main__``)."""
     graph = import_graph(root, typing_imports=False, packages=True)
     seen: set[str] = set()
-    todo = list(entry_points(root))
+    todo = [*entry_points(root), *(f"{e}.__main__" for e in entry_points(root) if f"{e}.__main__" in graph)]
     while todo:
         name = todo.pop()
         if name not in seen:
@@ -149,9 +152,52 @@ def lab_imports(root: Path) -> list[str]:
             for imp in imports_of(name, path) if imp.name.split(".")[0] in LAB]
 
 
+def _dependencies(root: Path) -> dict[str, set[str]]:
+    """What a cycle is made of: every import, TYPE_CHECKING ones included, but not a module a string names."""
+    return import_graph(root, typing_imports=True, packages=False, by_name=False)
+
+
+def package_of(module: str) -> str:
+    """The package a product module belongs to: the folder directly under ``muse_stack/`` it lies in
+    (``muse_stack.plan`` for ``muse_stack.plan.cost``), or a module at the root itself (``muse_stack``,
+    ``muse_stack.x`` for ``muse_stack/x.py``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(root: Path) -> dict[str, set[str]]:
+    """Each package's imported packages (:func:`package_of` of each end of each module's imports)."""
+    graph: dict[str, set[str]] = {}
+    for module, targets in _dependencies(root).items():
+        edges = graph.setdefault(package_of(module), set())
+        edges.update(package_of(t) for t in targets if package_of(t) != package_of(module))
+    return graph
+
+
 def import_cycles(root: Path) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan), each sorted."""
-    graph = import_graph(root, typing_imports=True, packages=False, by_name=False)
+    return _cycles(_dependencies(root))
+
+
+def package_cycles(root: Path) -> list[list[str]]:
+    """The strongly connected components of more than one package, each sorted."""
+    return _cycles(package_graph(root))
+
+
+def imports_between(root: Path, packages: list[str]) -> list[str]:
+    """``module:line name`` for each import from one of ``packages`` into another (what makes a cycle)."""
+    modules = product_modules(root)
+    out = []
+    for name, path in modules.items():
+        for imp in imports_of(name, path):
+            target = None if imp.by_name else _module_of(imp.name, modules)
+            if target and package_of(name) in packages and package_of(target) in packages \
+                    and package_of(target) != package_of(name):
+                out.append(f"{name}:{imp.line} {imp.name}")
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` of more than one node (Tarjan), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -179,7 +225,7 @@ def import_cycles(root: Path) -> list[list[str]]:
             if len(component) > 1:
                 cycles.append(sorted(component))
 
-    for v in sorted(graph):  # the recursion is at most as deep as the product has modules
+    for v in sorted(graph):  # the recursion is at most as deep as the graph has nodes
         if v not in index:
             connect(v)
     return sorted(cycles)
@@ -202,6 +248,13 @@ def test_every_product_module_is_reached_from_the_entry_points():
 
 def test_no_import_cycle_between_product_modules():
     assert import_cycles(ROOT) == []
+
+
+def test_no_import_cycle_between_product_packages():
+    cycles = package_cycles(ROOT)
+    assert cycles == [], "packages importing each other, through: " + "; ".join(
+        ", ".join(imports_between(ROOT, cycle)) for cycle in cycles) + \
+        ": move what the lower package needs down into it (or below it), or the importing module up"
 
 
 # -- the checker, on a small tree of its own -----------------------------------------------------
@@ -234,6 +287,7 @@ def test_the_checker_finds_a_lab_import_an_orphan_and_a_cycle(tmp_path):
     # b is reached through the lazy import in lazy.py; a TYPE_CHECKING import reaches nothing
     assert unreached(root) == ["muse_stack.orphan", "muse_stack.typed_only"]
     assert import_cycles(root) == [["muse_stack.area.a", "muse_stack.area.b"]]
+    assert package_cycles(root) == []  # a cycle inside one package is the module check's
 
 
 def test_the_checker_passes_a_clean_tree(tmp_path):
@@ -247,4 +301,31 @@ def test_the_checker_passes_a_clean_tree(tmp_path):
         # a module named by a string (loaded by name when needed) reaches it but makes no import cycle
         "muse_stack/util/x.py": 'INSTALL = "muse_stack.area.a:f"\n',
     })
-    assert (lab_imports(root), unreached(root), import_cycles(root)) == ([], [], [])
+    assert (lab_imports(root), unreached(root), import_cycles(root), package_cycles(root)) == ([], [], [], [])
+
+
+def test_the_checker_finds_a_cycle_between_packages_that_no_module_cycle_shows(tmp_path):
+    root = _tree(tmp_path, {
+        "muse_stack/__init__.py": "",
+        "muse_stack/cli/__init__.py": "from muse_stack import tool\nfrom muse_stack.high import top\n"
+                                      "from muse_stack.low import base\n",
+        "muse_stack/cli/__main__.py": "from muse_stack.cli import main\n",
+        "muse_stack/low/__init__.py": "",
+        # an import for the type checker only runs back up all the same
+        "muse_stack/low/base.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                  "    from muse_stack.high.top import Top\n",
+        "muse_stack/low/plain.py": "",
+        "muse_stack/high/__init__.py": "",
+        "muse_stack/high/top.py": "from muse_stack.low import plain\n",
+        # a root module is a package of its own
+        "muse_stack/tool.py": "from muse_stack.mid.a import f\n",
+        "muse_stack/mid/__init__.py": "",
+        "muse_stack/mid/a.py": "def f():\n    pass\n",
+        "muse_stack/mid/b.py": "def g():\n    from muse_stack.tool import h\n",
+    })
+    # python -m muse_stack.cli runs its __main__; mid.b is imported by nothing
+    assert unreached(root) == ["muse_stack.mid.b"]
+    assert import_cycles(root) == []
+    assert package_cycles(root) == [["muse_stack.high", "muse_stack.low"], ["muse_stack.mid", "muse_stack.tool"]]
+    assert imports_between(root, ["muse_stack.high", "muse_stack.low"]) == [
+        "muse_stack.high.top:1 muse_stack.low.plain", "muse_stack.low.base:3 muse_stack.high.top.Top"]

@@ -10,10 +10,10 @@ import json
 import pytest
 
 import muse_stack.engines.megatron_available as megatron_available
-import muse_stack.machine.availability as availability
+import muse_stack.run.availability as availability
 from muse_stack.compare.classify import INFORMATIONAL, NUMERICS, classify
 from muse_stack.compare.diff import diff_documents
-from muse_stack.recipes.resolve import resolve
+from muse_stack.resolve.recipe import resolve
 from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.bridge_defaults import KINDS, WHEEL
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe, recipe_yaml

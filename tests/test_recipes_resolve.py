@@ -1,4 +1,4 @@
-"""The recipe resolved and validated once (muse_stack/recipes/resolve.py): what it holds, and that
+"""The recipe resolved and validated once (muse_stack/resolve/recipe.py): what it holds, and that
 `list`, `run --dry-run` and `launch` refuse what the engine would refuse at start-up, naming the
 fields, before anything is written."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from muse_stack.recipes.catalogue import load_recipe
-from muse_stack.recipes.peft import resolve as resolve_peft
-from muse_stack.recipes.resolve import finalize, resolve
+from muse_stack.models.muse_spark.peft_config import resolve as resolve_peft
+from muse_stack.resolve.recipe import finalize, resolve
 from muse_stack.util.errors import LayoutError, RecipeError
 
 ROOT = Path(__file__).resolve().parents[1]

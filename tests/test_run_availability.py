@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import muse_stack.engines.megatron_available as megatron_available
-import muse_stack.machine.availability as availability
+import muse_stack.run.availability as availability
 from muse_stack.cli import main
 
 OPT = ["optimizer.lr=1e-5", "optimizer.min_lr=1e-6", "optimizer.decay_style=cosine", "optimizer.warmup_steps=5",

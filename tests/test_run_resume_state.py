@@ -61,7 +61,7 @@ def _steps(tmp_path: Path, overrides: list[str]):
     builds them."""
     from muse_stack.data import build_for_recipe
     from muse_stack.engines.base import TrainContext
-    from muse_stack.recipes.resolve import finalize
+    from muse_stack.resolve.recipe import finalize
     from muse_stack.engines.reference import ReferenceEngine
     from muse_stack.recipes.catalogue import load_recipe
     from muse_stack.run.steps import TrainSteps

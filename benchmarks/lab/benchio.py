@@ -30,7 +30,7 @@ def megatron_engine(name: str, overrides: list[str], steps: int):
     from muse_stack.engines.base import TrainContext
     from muse_stack.engines.megatron import MegatronEngine
     from muse_stack.recipes.catalogue import load_recipe
-    from muse_stack.recipes.resolve import resolve
+    from muse_stack.resolve.recipe import resolve
     from muse_stack.run.steps import TrainSteps
 
     recipe = load_recipe(name, [*overrides, f"training.steps={steps}"])

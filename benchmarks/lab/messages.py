@@ -40,8 +40,8 @@ class Message:
 
 def step_messages(recipe) -> list[Message]:
     """The messages of one step of ``recipe`` on one rank of its first pipeline stage."""
-    from muse_stack.plan.layout import data_parallel, expert_data_parallel, micro_batches
-    from muse_stack.recipes.resolve import finalize
+    from muse_stack.recipes.layout import data_parallel, expert_data_parallel, micro_batches
+    from muse_stack.resolve.recipe import finalize
 
     resolved = finalize(recipe)
     model = resolved.model

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from muse_stack.data import build_for_recipe
     from muse_stack.engines.base import TrainContext
-    from muse_stack.recipes.resolve import finalize
+    from muse_stack.resolve.recipe import finalize
     from muse_stack.engines.megatron import MegatronEngine
     from muse_stack.recipes.catalogue import load_recipe
     from muse_stack.machine.devmem import cuda_memory

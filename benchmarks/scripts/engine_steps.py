@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from muse_stack.models.muse_spark.flops import FORMULA, PEFT_FORMULA, training_flops_per_token
     from muse_stack.machine.devmem import cuda_memory
-    from muse_stack.recipes.peft import resolve
+    from muse_stack.models.muse_spark.peft_config import resolve
     from muse_stack.machine.peak import peak_for
 
     recipe, engine, steps = megatron_engine(args.recipe, [*args.overrides, *flags.values()], args.steps)

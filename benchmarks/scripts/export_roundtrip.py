@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from muse_stack.data import build_for_recipe
     from lab.engine import eval_logits
     from muse_stack.engines.base import TrainContext
-    from muse_stack.recipes.resolve import finalize
+    from muse_stack.resolve.recipe import finalize
     from muse_stack.engines.mcore.load import checkpoint_getter, read_rank_weights
     from muse_stack.engines.megatron import MegatronEngine
     from muse_stack.models.muse_spark.checkpoint import load_checkpoint

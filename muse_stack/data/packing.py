@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from muse_stack.util.errors import LayoutError
-from muse_stack.plan.layout import pack_alignment as layout_alignment
+from muse_stack.recipes.layout import pack_alignment as layout_alignment
 from muse_stack.recipes.schema import Batch, Layout
 
 

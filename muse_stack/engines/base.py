@@ -20,7 +20,7 @@ class TrainContext:
     world_size: int = 1
     local_rank: int = 0
     pretrained_checkpoint: str | None = None
-    #: the muse_stack.recipes.resolve.ResolvedRecipe of ``recipe``: the towers, the adapters and the
+    #: the muse_stack.resolve.recipe.ResolvedRecipe of ``recipe``: the towers, the adapters and the
     #: micro-batches per step the engine builds, as the resolve step derived them
     resolved: Any = field(kw_only=True)
 

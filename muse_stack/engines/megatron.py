@@ -443,7 +443,7 @@ class MegatronEngine:
         data parallel for expert weights), then summed over all ranks (collective)."""
         from megatron.core import parallel_state as ps
 
-        from muse_stack.plan.memory import optimizer_state_bytes
+        from muse_stack.engines.support import optimizer_state_bytes
 
         dense = ps.get_data_parallel_world_size(with_context_parallel=True)
         expert = ps.get_expert_data_parallel_world_size()

@@ -5,7 +5,7 @@ Everything that differs between the engines is here or in the module a spec name
 muse-stack asks :func:`engine_spec` instead of testing the engine's name. What a recipe may ask of
 an engine, as data (the traits the resolve step and the planner read), is
 :mod:`muse_stack.recipes.engines`; the whole check of a recipe against its engine is
-:meth:`muse_stack.recipes.resolve.ResolvedRecipe.validate`, which calls the spec's ``check``.
+:meth:`muse_stack.resolve.recipe.ResolvedRecipe.validate`, which calls the spec's ``check``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class EngineSpec:
     traits: EngineTraits
     load: Callable[[], type]  #: the engine class (imports the engine's stack)
     missing: Callable[[], str | None]  #: why this machine's software cannot run it (None: it can)
-    #: what it would not train as written, naming the field (of a muse_stack.recipes.resolve.ResolvedRecipe)
+    #: what it would not train as written, naming the field (of a muse_stack.resolve.recipe.ResolvedRecipe)
     check: Callable[[Any], None]
     hf_tensors: Callable[[Path], tuple[list, Callable]]  #: a step folder's model tensors by HF name
     adapter_meta: Callable[[Path], dict | None]  #: adapter settings and base identity (None: full model)

@@ -1,7 +1,7 @@
 """Recipe rules the engines share: the towers a recipe may freeze, what megatron-core's
-precision-aware optimizer needs, and every training value stated before an engine builds its
-optimizer. The whole check of a recipe against its engine is
-:meth:`muse_stack.recipes.resolve.ResolvedRecipe.validate`.
+precision-aware optimizer needs and the optimizer state it keeps, and every training value stated
+before an engine builds its optimizer. The whole check of a recipe against its engine is
+:meth:`muse_stack.resolve.recipe.ResolvedRecipe.validate`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from muse_stack.util.errors import RecipeError
 from muse_stack.recipes.completeness import check_recipe_values, unstated_training_values
 from muse_stack.recipes.schema import Recipe
 
-__all__ = ["TOWERS", "check_precision_aware", "check_recipe_values", "require_stated", "unstated_training_values"]
+__all__ = ["TOWERS", "check_precision_aware", "check_recipe_values", "optimizer_state_bytes", "require_stated",
+           "unstated_training_values"]
 
 #: the perception towers a recipe may freeze by name: the reference engine freezes their parameters
 #: (``model.<tower>.*``) when the model has them; a text model has none, so freezing them holds
@@ -53,3 +54,14 @@ def check_precision_aware(recipe: Recipe) -> None:
         raise RecipeError("int16 remainders complete a bf16 weight to its fp32 master; under this precision there "
                           "is no bf16 weight", field="optimizer.param_remainders", value=True,
                           fix="set optimizer.param_remainders=false, or precision: bf16")
+
+
+def optimizer_state_bytes(recipe: Recipe) -> int:
+    """Optimizer state per trainable parameter, as megatron-core keeps it (and as a dist-checkpoint
+    holds it): Adam's two fp32 moments, plus an fp32 master copy of each bf16 weight (an int16
+    remainder under ``optimizer.param_remainders``); SGD keeps the master copy only."""
+    if recipe.optimizer.name == "sgd":
+        return 0 if recipe.precision == "fp32" else 4
+    if recipe.precision == "fp32":
+        return 8
+    return 10 if recipe.optimizer.precision_aware and recipe.optimizer.param_remainders else 12

@@ -1,1 +1,2 @@
-"""The planner: layout rules, the per-stage split, and the per-GPU memory estimate."""
+"""The planner: the per-GPU memory estimate, the step time, the per-stage split and the layout search
+over a resolved recipe (:mod:`muse_stack.resolve`, which holds the layout rules it reports)."""

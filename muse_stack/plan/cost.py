@@ -406,7 +406,7 @@ def adapter_terms(settings, model: ModelConfig, spec: GpuSpec, cal: TimeCalibrat
     the layer's tokens (A whole and B split over TP on column-parallel linears, A split and B whole
     on row-parallel ones, whole on the latent projections), expert targets on each local expert's
     routed slots (balanced routing)."""
-    from muse_stack.recipes.peft import EXPERT_TARGETS, local_shape
+    from muse_stack.models.muse_spark.peft_config import EXPERT_TARGETS, local_shape
 
     r = settings.rank
     local = model.num_local_experts / ep
@@ -533,7 +533,7 @@ def estimate_step(resolved, spec: GpuSpec, world: int, stages: list[int], dp: in
                   edp: int | None, microbatches: int, stage_params: list[tuple[int, int]],
                   cal: TimeCalibration | None = None, seq_lens: Sequence[int] | None = None,
                   links: Links | None = None, kernels: StepKernels | None = None) -> StepTime:
-    """Step time of a resolved recipe (:class:`muse_stack.recipes.resolve.ResolvedRecipe`) on ``world``
+    """Step time of a resolved recipe (:class:`muse_stack.resolve.recipe.ResolvedRecipe`) on ``world``
     GPUs of ``spec``. ``stage_params``: (dense, expert)
     trainable parameters held by one GPU of each stage (the memory plan's figures). ``links``:
     the fabrics, by default those of the recipe's machine (:func:`spec_links`).

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from muse_stack.engines.support import optimizer_state_bytes
 from muse_stack.models.muse_spark.config import ModelConfig
 from muse_stack.plan.calibration import calibrated
 from muse_stack.recipes import options as engine_options
-from muse_stack.recipes.peft import adapter_params_per_layer
+from muse_stack.models.muse_spark.peft_config import adapter_params_per_layer
 from muse_stack.recipes.schema import Recipe
 
 GIB = 2**30
@@ -134,22 +135,11 @@ def selective_bytes_per_token(act: dict[str, float], modules: list[str] | None) 
     return freed, working
 
 
-def optimizer_state_bytes(recipe: Recipe) -> int:
-    """Optimizer state per trainable parameter, as megatron-core keeps it (and as a dist-checkpoint
-    holds it): Adam's two fp32 moments, plus an fp32 master copy of each bf16 weight (an int16
-    remainder under ``optimizer.param_remainders``); SGD keeps the master copy only."""
-    if recipe.optimizer.name == "sgd":
-        return 0 if recipe.precision == "fp32" else 4
-    if recipe.precision == "fp32":
-        return 8
-    return 10 if recipe.optimizer.precision_aware and recipe.optimizer.param_remainders else 12
-
-
 def estimate(resolved, world: int, stages: list[int], dp: int | None,
              edp: int | None, microbatches: int | None, calibration: Calibration | None = None,
              assume_distributed_optimizer: bool = True) -> list[StageMemory]:
     """Memory per GPU of each pipeline stage of a resolved recipe
-    (:class:`muse_stack.recipes.resolve.ResolvedRecipe`)."""
+    (:class:`muse_stack.resolve.recipe.ResolvedRecipe`)."""
     recipe, model = resolved.recipe, resolved.model
     cal = calibration or Calibration()
     compiled = engine_options.is_on(engine_options.resolve(recipe), "compile_elementwise")
@@ -176,7 +166,7 @@ def estimate(resolved, world: int, stages: list[int], dp: int | None,
     adapter_act = 0.0  # activation bytes per token and layer that the adapters add (or the frozen base drops)
     settings = resolved.peft
     if settings is not None:
-        from muse_stack.recipes.peft import EXPERT_TARGETS, target_shape
+        from muse_stack.models.muse_spark.peft_config import EXPERT_TARGETS, target_shape
 
         lora_dense, lora_expert = adapter_params_per_layer(settings, model, tp=tp, ep=ep, etp=etp)
         k = model.num_experts_per_tok

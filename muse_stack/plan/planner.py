@@ -9,14 +9,14 @@ from pydantic import BaseModel
 from muse_stack.machine.hardware import gpu_spec
 from muse_stack.plan.cost import StepKernels, StepTime, TimeCalibration, estimate_step
 from muse_stack.plan.fabrics import Links
-from muse_stack.plan.layout import pack_alignment
+from muse_stack.recipes.layout import pack_alignment
 from muse_stack.plan.memory import Calibration, StageMemory, estimate
-from muse_stack.plan.rules import RuleReport, check
+from muse_stack.resolve.rules import RuleReport, check
 from muse_stack.plan.used import UsedMemory, used_memory
 from muse_stack.recipes.completeness import unstated_training_values
 from muse_stack.recipes.engines import traits
-from muse_stack.recipes.peft import adapter_params_per_layer
-from muse_stack.recipes.resolve import ResolvedRecipe, finalize
+from muse_stack.models.muse_spark.peft_config import adapter_params_per_layer
+from muse_stack.resolve.recipe import ResolvedRecipe, finalize
 from muse_stack.recipes.schema import Recipe
 
 
@@ -74,7 +74,7 @@ def make_plan(recipe: Recipe | ResolvedRecipe, gpus: int | None = None, calibrat
               strict: bool = True, time_calibration: TimeCalibration | None = None,
               seq_lens: list[int] | None = None, links: Links | None = None,
               kernels: StepKernels | None = None) -> tuple[Plan, RuleReport]:
-    """Validate and plan a recipe (or one :func:`~muse_stack.recipes.resolve.finalize` gave, for its
+    """Validate and plan a recipe (or one :func:`~muse_stack.resolve.recipe.finalize` gave, for its
     GPUs). With ``strict`` a broken layout raises the first :class:`LayoutError` (all of them are in
     its message). ``kernels``: the engine's kernel choices the step time prices (default: those the
     engine makes for the recipe, :func:`muse_stack.plan.cost.step_kernels`)."""

@@ -93,7 +93,7 @@ class TowerPlan:
 
 def tower_plan(resolved) -> TowerPlan | None:
     """The towers of a resolved image-text recipe (or one whose model states ``model.towers``;
-    :class:`muse_stack.recipes.resolve.ResolvedRecipe`), else None."""
+    :class:`muse_stack.resolve.recipe.ResolvedRecipe`), else None."""
     recipe, towers = resolved.recipe, resolved.towers
     if towers is None:
         return None

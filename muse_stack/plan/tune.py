@@ -21,9 +21,9 @@ from pydantic import BaseModel
 
 from muse_stack.util.errors import LayoutError
 from muse_stack.models.muse_spark.config import ModelConfig
-from muse_stack.plan.layout import micro_batches
+from muse_stack.recipes.layout import micro_batches
 from muse_stack.plan.planner import make_plan
-from muse_stack.recipes.resolve import finalize
+from muse_stack.resolve.recipe import finalize
 from muse_stack.recipes.schema import Recipe
 
 RECOMPUTE: list[tuple[str, list[str] | None]] = [

@@ -179,7 +179,7 @@ def export_adapter_run(folder: Path, engine: str, config: ModelConfig, meta: dic
                        merge: bool) -> int:
     """--adapters-only (the ``peft`` layout) or --merge (base + folded adapters, HF checkpoint)."""
     from muse_stack.models.muse_spark.peft_io import export_adapters_hf_peft, export_merged
-    from muse_stack.recipes.peft import PeftSettings
+    from muse_stack.models.muse_spark.peft_config import PeftSettings
 
     p = meta["peft"]
     settings = PeftSettings(scheme=p["scheme"], rank=p["rank"], alpha=p["alpha"], dropout=p["dropout"],
@@ -256,6 +256,22 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     return out, current.step, len(specs)
 
 
+def generation_config(model: ModelConfig, tokenizer_dir: Path | None) -> dict[str, object]:
+    """``generation_config.json``: the ids of the tokenizer the run trained with where it has
+    them (its end-of-turn token as a further stop id), else the model config's."""
+    bos, eos, pad = model.bos_token_id, model.eos_token_id, model.pad_token_id
+    if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").is_file():
+        from muse_stack.data.chat import ChatTokenizer
+
+        tok = ChatTokenizer(tokenizer_dir)
+        stops = [tok.eos_id]
+        end_of_turn = tok.tokenizer.token_to_id("<|eot|>")
+        if end_of_turn is not None and end_of_turn not in stops:
+            stops.append(end_of_turn)
+        bos, eos, pad = tok.bos_id, stops if len(stops) > 1 else stops[0], tok.pad_id
+    return {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad, "do_sample": False}
+
+
 def _export_companions(run_dir: Path, recipe, config: ModelConfig, step: int, out: Path, *,
                        own: "Towers | None" = None):
     """The towers an export carries (the run's ``own``, read from its step folder; else the
@@ -272,7 +288,7 @@ def _export_companions(run_dir: Path, recipe, config: ModelConfig, step: int, ou
     tokenizer = Path(recipe.data.tokenizer) if recipe.data is not None and recipe.data.tokenizer else None
 
     def extras(folder: Path) -> None:
-        atomic.write_json(folder / "generation_config.json", hf_export.generation_config(config, tokenizer))
+        atomic.write_json(folder / "generation_config.json", generation_config(config, tokenizer))
         copied = hf_export.copy_tokenizer(tokenizer, folder)
         card = hf_export.model_card(recipe=recipe.name, run_dir=run_dir.resolve(), step=step,
                                     loss=hf_export.final_loss(run_dir, step),

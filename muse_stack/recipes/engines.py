@@ -1,5 +1,5 @@
 """What a recipe may ask of each training engine: the traits the resolve step
-(:mod:`muse_stack.recipes.resolve`) checks, the planner and the machine check read, kept as data
+(:mod:`muse_stack.resolve.recipe`) checks, the planner and the machine check read, kept as data
 at the recipes' level (the engines' behaviour, which imports torch and megatron-core, is
 :mod:`muse_stack.engines.spec`).
 """

@@ -4,7 +4,7 @@ A value the source document does not state is ``null`` with an entry in ``notes`
 its dotted path) saying so; nothing is invented. Here each value is checked, and what one recipe
 says of itself (no secrets, ``min_lr`` within ``lr``, steps or epochs); what an engine can run
 (layouts that do not divide, batches that do not split, sizes left unstated, settings of another
-engine, FP8 on a GPU without it) is checked once by :mod:`muse_stack.recipes.resolve`, so a
+engine, FP8 on a GPU without it) is checked once by :mod:`muse_stack.resolve.recipe`, so a
 recipe can be read and shown even when its engine would refuse it.
 """
 
@@ -361,9 +361,9 @@ class Data(_Strict):
 
 class Peft(_Strict):
     """Adapters on a frozen base. Targets are checkpoint (HF) module names inside a decoder layer
-    (``self_attn.q_proj``, ``mlp.experts.gate_up_proj``, ...); :mod:`muse_stack.recipes.peft`
+    (``self_attn.q_proj``, ``mlp.experts.gate_up_proj``, ...); :mod:`muse_stack.models.muse_spark.peft_config`
     checks them against the model. A null rank, alpha, dropout or per_expert is filled from
-    :data:`muse_stack.recipes.peft.DEFAULTS` (Megatron-Bridge's LoRA/DoRA defaults), and
+    :data:`muse_stack.models.muse_spark.peft_config.DEFAULTS` (Megatron-Bridge's LoRA/DoRA defaults), and
     ``muse-stack plan`` shows each filled value."""
 
     scheme: Literal["lora", "dora"]

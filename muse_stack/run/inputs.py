@@ -1,6 +1,6 @@
 """What a run reads or needs besides the machine, checked before anything is written (by ``run``,
 and by ``launch`` before it writes a job). Whether the machine can run the recipe at all is
-:mod:`muse_stack.machine.availability`."""
+:mod:`muse_stack.run.availability`."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from muse_stack.engines import get_engine
 from muse_stack.util.errors import InputError, LayoutError, RecipeError, UsageError
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe
-from muse_stack.recipes.resolve import ResolvedRecipe, finalize, resolve
+from muse_stack.resolve.recipe import ResolvedRecipe, finalize, resolve
 from muse_stack.recipes.schema import REQUIRED_PATH, Recipe
 from muse_stack.run import dist
 from muse_stack.run import rundir

@@ -30,9 +30,9 @@ from muse_stack.util.errors import RecipeError
 
 def micro_batches(recipe: Recipe, dp_size: int) -> int:
     """Micro-batches per optimizer step on each data-parallel rank, by the one GBS / (MBS x DP)
-    rule (:func:`muse_stack.plan.layout.micro_batches`); a global batch that does not split so is
+    rule (:func:`muse_stack.recipes.layout.micro_batches`); a global batch that does not split so is
     refused, naming the field."""
-    from muse_stack.plan.layout import micro_batches as rule
+    from muse_stack.recipes.layout import micro_batches as rule
 
     batch = recipe.batch
     if not batch.mbs or not batch.gbs:

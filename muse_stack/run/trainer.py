@@ -33,7 +33,7 @@ from muse_stack.util import atomic
 from muse_stack.engines import TrainContext, get_engine
 from muse_stack.util.errors import InputError, MuseStackError
 from muse_stack.recipes.catalogue import recipe_sha256, recipe_yaml
-from muse_stack.recipes.resolve import ResolvedRecipe
+from muse_stack.resolve.recipe import ResolvedRecipe
 from muse_stack.recipes.schema import Recipe
 from muse_stack.run import dist
 from muse_stack.run import faults, rundir
@@ -72,7 +72,7 @@ class Trainer:
     def __init__(self, resolved: ResolvedRecipe, path: Path, env: "dist.DistEnv", stop: StopFlag, *, resuming: bool,
                  change: dict[str, Any] | None = None, progress: bool = True,
                  stop_after: int | None = None, step_stream: Any = None) -> None:
-        self.resolved = resolved  #: the recipe and what it resolves to (muse_stack.recipes.resolve)
+        self.resolved = resolved  #: the recipe and what it resolves to (muse_stack.resolve.recipe)
         self.recipe, self.path, self.env, self.stop = resolved.recipe, path, env, stop
         self.step_stream = step_stream  #: where the step lines go without a progress bar (stdout)
         self.rank0 = env.rank == 0

@@ -25,7 +25,7 @@ import torch
 
 from lab.verify.parity import TINY, _OneBatch, make_batch, tiny_recipe
 from muse_stack.engines.base import TrainContext
-from muse_stack.recipes.resolve import finalize
+from muse_stack.resolve.recipe import finalize
 from muse_stack.recipes.catalogue import parse_recipe
 
 #: 32 tokens, top-1 of 64 experts: at least half the experts get no token

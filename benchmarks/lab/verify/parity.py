@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from muse_stack.engines.base import TrainContext
-from muse_stack.recipes.resolve import finalize
+from muse_stack.resolve.recipe import finalize
 from muse_stack.recipes.catalogue import load_recipe, parse_recipe
 
 #: a small model with every feature: 2 sliding + 2 full... layers S F S S, a window shorter

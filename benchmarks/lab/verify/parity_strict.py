@@ -454,7 +454,7 @@ def engine_fp32_pass(engine, batch, ref_grads: dict[str, torch.Tensor]):
 def compare_fp32(cfg, recipe32, state, batch, device) -> dict[str, Any]:
     from lab.engine import LoadedEngine
     from muse_stack.engines.base import TrainContext
-    from muse_stack.recipes.resolve import finalize
+    from muse_stack.resolve.recipe import finalize
 
     _tf32_off()
     ref32, (logits32, loss32, grads32), (logits64, loss64, grads64), margin = \
@@ -495,7 +495,7 @@ def compare_bf16(cfg, recipe16, state, batch, device) -> dict[str, Any]:
     """bf16 engine vs float32 reference, against the reference's own bf16 floor."""
     from lab.engine import LoadedEngine, eval_logits, eval_loss
     from muse_stack.engines.base import TrainContext
-    from muse_stack.recipes.resolve import finalize
+    from muse_stack.resolve.recipe import finalize
 
     ref = reference_model(cfg, state, torch.float32, device)
     on = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}

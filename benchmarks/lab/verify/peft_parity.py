@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from muse_stack.engines.base import TrainContext
-from muse_stack.recipes.resolve import finalize
+from muse_stack.resolve.recipe import finalize
 from lab.verify.parity import SEQ, make_batch, tiny_recipe
 from muse_stack.recipes.catalogue import parse_recipe
 
@@ -125,7 +125,7 @@ def run(scheme: str = "lora", seed: int = 1234, train_steps: int = 3) -> dict[st
     from lab.engine import LoadedEngine
     from lab.verify.parity import _train
     from muse_stack.models.muse_spark.peft import base_state_dict
-    from muse_stack.recipes.peft import resolve
+    from muse_stack.models.muse_spark.peft_config import resolve
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)

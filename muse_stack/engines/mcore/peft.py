@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from muse_stack.engines.mcore.weights import LM
-from muse_stack.recipes.peft import DUPLICATED, EXPERT_TARGETS, ROW_PARALLEL, PeftSettings
+from muse_stack.models.muse_spark.peft_config import DUPLICATED, EXPERT_TARGETS, ROW_PARALLEL, PeftSettings
 
 #: checkpoint target -> megatron-core module suffix inside ``decoder.layers.{l}.``
 MCORE_MODULES: dict[str, str] = {
@@ -273,7 +273,7 @@ def attach_adapters(model: torch.nn.Module, settings: PeftSettings, muse, *, tp_
     base weights load and before megatron-core's DDP wraps the model. Adapter values come from
     the reference model's adapters through :func:`mcore_to_reference` / :func:`shard_factor`
     (``load_reference_adapters``), so both engines start from the same adapters."""
-    from muse_stack.recipes.peft import target_shape
+    from muse_stack.models.muse_spark.peft_config import target_shape
 
     for p in model.parameters():
         p.requires_grad_(False)
@@ -301,7 +301,7 @@ def initial_adapters(settings: PeftSettings, muse, seed: int, layers: range) -> 
     reference names, in fp32. DoRA's magnitude is not here: it is the base weight's row norms,
     taken from the loaded weights on each rank."""
     from muse_stack.models.muse_spark.peft import _xavier_normal_
-    from muse_stack.recipes.peft import target_shape
+    from muse_stack.models.muse_spark.peft_config import target_shape
 
     out: dict[str, torch.Tensor] = {}
     r = settings.rank

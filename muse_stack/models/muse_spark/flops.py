@@ -69,7 +69,7 @@ def attention_flops_per_token(cfg: ModelConfig, seq_lens: Sequence[int]) -> floa
 
 def adapter_params_per_token(settings, cfg: ModelConfig) -> float:
     """N_adapter: the adapter parameters one token passes through (see the module docstring)."""
-    from muse_stack.recipes.peft import adapter_params_per_layer
+    from muse_stack.models.muse_spark.peft_config import adapter_params_per_layer
 
     dense, expert = adapter_params_per_layer(settings, cfg)
     k = cfg.num_experts_per_tok

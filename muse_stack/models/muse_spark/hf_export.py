@@ -11,9 +11,10 @@ checkpoint it loads with nothing missing carries them:
   (:func:`muse_stack.models.muse_spark.hf_config.placeholder_perception`), initialised from the run's seed and
   untrained; the model card says so (:func:`placeholder_towers`).
 
-Beside them: ``generation_config.json`` from the tokenizer's ids, the tokenizer files the run
-trained with, and a model card (``README.md``) naming the recipe, the run, its fingerprint, the
-steps, the final loss and how to load it.
+Beside them: the tokenizer files the run trained with, and a model card (``README.md``) naming
+the recipe, the run, its fingerprint, the steps, the final loss and how to load it. (The export's
+``generation_config.json``, from the ids of the run's tokenizer, is
+:func:`muse_stack.publish.hf.generation_config`.)
 """
 
 from __future__ import annotations
@@ -141,22 +142,6 @@ def towers_from_checkpoint(directory: str | Path) -> Towers | None:
             return handle.get_tensor(name)
 
     return Towers(perception, list(where), shapes, dtypes, get, placeholder=False, source=str(path))
-
-
-def generation_config(model: ModelConfig, tokenizer_dir: Path | None) -> dict[str, Any]:
-    """``generation_config.json``: the ids of the tokenizer the run trained with where it has
-    them (its end-of-turn token as a further stop id), else the model config's."""
-    bos, eos, pad = model.bos_token_id, model.eos_token_id, model.pad_token_id
-    if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").is_file():
-        from muse_stack.data.chat import ChatTokenizer
-
-        tok = ChatTokenizer(tokenizer_dir)
-        stops = [tok.eos_id]
-        end_of_turn = tok.tokenizer.token_to_id("<|eot|>")
-        if end_of_turn is not None and end_of_turn not in stops:
-            stops.append(end_of_turn)
-        bos, eos, pad = tok.bos_id, stops if len(stops) > 1 else stops[0], tok.pad_id
-    return {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad, "do_sample": False}
 
 
 def copy_tokenizer(tokenizer_dir: Path | None, out: Path) -> list[str]:

@@ -1,7 +1,7 @@
 """LoRA and DoRA adapters on the reference model, with the base frozen.
 
 :func:`apply_peft` attaches one adapter to each targeted projection of every decoder layer
-(checkpoint names, see :mod:`muse_stack.recipes.peft`) and freezes every base parameter. The
+(checkpoint names, see :mod:`muse_stack.models.muse_spark.peft_config`) and freezes every base parameter. The
 base tensors keep their names, so a base checkpoint loads before or after; the adapter tensors
 sit under ``<module>.adapter.`` (projections) and ``mlp.experts.adapters.<target>.`` (stacked
 experts)::
@@ -29,7 +29,7 @@ from torch import nn
 
 from muse_stack.models.muse_spark.init import _generator
 from muse_stack.models.muse_spark.linear import Projection, linear
-from muse_stack.recipes.peft import EXPERT_TARGETS, PeftSettings
+from muse_stack.models.muse_spark.peft_config import EXPERT_TARGETS, PeftSettings
 
 def is_adapter_key(name: str) -> bool:
     return ".adapter." in name or ".experts.adapters." in name

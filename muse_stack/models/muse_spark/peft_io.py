@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from muse_stack.util.atomic import follow_umask, make_temp_dir, write_json
 from muse_stack.util.errors import InputError
 from muse_stack.models.muse_spark.peft import adapter_modules, adapter_state_dict, base_state_dict, merge_adapters
-from muse_stack.recipes.peft import EXPERT_TARGETS, PeftSettings
+from muse_stack.models.muse_spark.peft_config import EXPERT_TARGETS, PeftSettings
 
 ADAPTER_FILE = "adapters.safetensors"
 ADAPTER_META = "adapters.json"

@@ -1,4 +1,5 @@
-"""Derived layout facts: world size, data-parallel sizes, the pipeline split, packing alignment."""
+"""Derived layout facts of a recipe's ``layout``: world size, data-parallel sizes, the pipeline split,
+packing alignment."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The ``peft`` recipe block resolved against the model: targets checked, unstated values filled
-from a documented table, adapter shapes and parameter counts.
+"""Muse Spark's adapters (LoRA, DoRA) as the model defines them: a recipe's ``peft`` block
+resolved against the model (targets checked, unstated values filled from a documented table),
+adapter shapes and parameter counts.
 
 Targets are the checkpoint (Hugging Face) names of modules inside one decoder layer; every
 decoder layer gets the same adapters. The table of values a recipe may leave unstated is

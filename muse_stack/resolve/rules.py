@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from muse_stack.util.errors import LayoutError
 from muse_stack.models.muse_spark.config import ModelConfig
-from muse_stack.plan.layout import data_parallel, micro_batches, pack_alignment, stage_layers
+from muse_stack.recipes.layout import data_parallel, micro_batches, pack_alignment, stage_layers
 from muse_stack.recipes.schema import Recipe
 
 

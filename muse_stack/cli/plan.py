@@ -17,8 +17,8 @@ from muse_stack.util.errors import InputError
 from muse_stack.machine.hardware import gpus as gpus_of_table
 from muse_stack.plan.planner import Plan, make_plan
 from muse_stack.recipes.catalogue import load_recipe
-from muse_stack.recipes.commands import layout_label, print_filled
-from muse_stack.recipes.resolve import finalize
+from muse_stack.cli.recipes import layout_label, print_filled
+from muse_stack.resolve.recipe import finalize
 
 console = Console()
 
@@ -86,12 +86,12 @@ def print_plan(plan: Plan) -> None:
     for a in plan.assumptions:
         console.print(f"[yellow]assumed:[/] {a}")
     if plan.peft is not None and plan.peft["filled"]:
-        from muse_stack.recipes.peft import DEFAULTS_SOURCE
+        from muse_stack.models.muse_spark.peft_config import DEFAULTS_SOURCE
 
         console.print(f"[yellow]filled:[/] {', '.join(plan.peft['filled'])} (not stated by the recipe; "
                       f"{DEFAULTS_SOURCE})")
     if plan.peft is not None:
-        from muse_stack.recipes.peft import INIT
+        from muse_stack.models.muse_spark.peft_config import INIT
 
         console.print(f"adapter init: {INIT}")
     for u in plan.unchecked:

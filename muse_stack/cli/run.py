@@ -120,9 +120,9 @@ def run_cmd(
         # after what the engine refuses in the recipe itself (on any machine), the engine and the
         # device: on a machine without them, that is the error to see, not the process count or
         # the layout that --gpus would lead to
-        from muse_stack.machine.availability import check_runnable_here
+        from muse_stack.run.availability import check_runnable_here
         from muse_stack.recipes.catalogue import load_recipe
-        from muse_stack.recipes.resolve import resolve
+        from muse_stack.resolve.recipe import resolve
 
         resolved = resolve(load_recipe(name, overrides or []), values=False)
         check_runnable_here(resolved.recipe, name)

@@ -1,8 +1,9 @@
-"""The `muse-stack` command line.
+"""The `muse-stack` command line: the top layer of the product, which nothing else imports.
 
-Each area of the product registers its own commands through a ``register(app)`` function
-listed in ``_AREAS``; this module only assembles them and turns :class:`MuseStackError`
-into a clear message and a non-zero exit.
+Each area's commands are one module of this package (``muse_stack.cli.plan``, ...) with a
+``register(app)`` function, listed in ``_AREAS``; this module only assembles them and turns
+:class:`MuseStackError` into a clear message and a non-zero exit. ``python -m muse_stack.cli``
+runs :func:`main` as the ``muse-stack`` script does.
 """
 
 from __future__ import annotations
@@ -29,16 +30,16 @@ app = typer.Typer(
 
 # module paths whose register(app) adds commands; one line per area
 _AREAS: list[str] = [
-    "muse_stack.engines.commands",
-    "muse_stack.recipes.commands",
-    "muse_stack.plan.commands",
-    "muse_stack.run.commands",
-    "muse_stack.publish.commands",
-    "muse_stack.stack.commands",
-    "muse_stack.data.commands",
-    "muse_stack.fingerprint.commands",
-    "muse_stack.compare.commands",
-    "muse_stack.launch.commands",
+    "muse_stack.cli.engines",
+    "muse_stack.cli.recipes",
+    "muse_stack.cli.plan",
+    "muse_stack.cli.run",
+    "muse_stack.cli.publish",
+    "muse_stack.cli.stack",
+    "muse_stack.cli.data",
+    "muse_stack.cli.fingerprint",
+    "muse_stack.cli.compare",
+    "muse_stack.cli.launch",
 ]
 
 err_console = Console(stderr=True)
@@ -104,7 +105,3 @@ def main(argv: list[str] | None = None) -> int:
                           "the traceback and report it", highlight=False, soft_wrap=True)
         return INTERNAL_ERROR
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

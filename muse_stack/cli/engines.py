@@ -11,8 +11,8 @@ from rich.table import Table
 
 from muse_stack.util.errors import LayoutError, RecipeError
 from muse_stack.recipes.catalogue import load_recipe, recipe_names
-from muse_stack.recipes.resolve import finalize
-from muse_stack.recipes.commands import layout_label
+from muse_stack.resolve.recipe import finalize
+from muse_stack.cli.recipes import layout_label
 
 console = Console()
 

@@ -1,5 +1,5 @@
 """Command: show (one resolved recipe). The catalogue, with what each engine runs, is `list`
-(:mod:`muse_stack.engines.commands`)."""
+(:mod:`muse_stack.cli.engines`)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from muse_stack.models.muse_spark.config import ModelConfig
-from muse_stack.plan.layout import data_parallel, expert_data_parallel, micro_batches, stage_layers
-from muse_stack.recipes.peft import DEFAULTS, DEFAULTS_SOURCE, PeftSettings
+from muse_stack.recipes.layout import data_parallel, expert_data_parallel, micro_batches, stage_layers
+from muse_stack.models.muse_spark.peft_config import DEFAULTS, DEFAULTS_SOURCE, PeftSettings
 from muse_stack.recipes.schema import FP8_RECIPE_ARCHS, MAX_GPUS, FilledValue, Fp8, Recipe
 from muse_stack.util.errors import LayoutError, MuseStackError, RecipeError
 
@@ -32,7 +32,7 @@ class ResolvedRecipe:
     recipe: Recipe  #: with its filled values and their sources (``recipe.filled``); read, never changed
     model: ModelConfig
     towers: Any  #: the perception towers (muse_stack.models.muse_spark.tower_config.TowersConfig), None for text
-    peft: PeftSettings | None  #: the adapters, unstated values filled from muse_stack.recipes.peft.DEFAULTS
+    peft: PeftSettings | None  #: the adapters, unstated values filled from peft_config.DEFAULTS
     world: int
     dp: int | None  #: data-parallel replicas: world / (TP x PP x CP); None where it does not resolve
     expert_dp: int | None  #: world / (EP x ETP x PP)
@@ -84,7 +84,7 @@ def finalize(recipe: Recipe, *, gpus: int | None = None) -> ResolvedRecipe:
     towers = recipe.towers_config_resolved(model)
     peft = None
     if recipe.peft is not None:
-        from muse_stack.recipes.peft import resolve as resolve_peft
+        from muse_stack.models.muse_spark.peft_config import resolve as resolve_peft
 
         peft = resolve_peft(recipe.peft, model)  # a target the model lacks is refused here, by name
     return _with_layout(recipe, model, towers, peft, gpus)
@@ -202,8 +202,8 @@ def _check_stated(r: ResolvedRecipe) -> None:
 
 
 def _check_layout(r: ResolvedRecipe) -> None:
-    """megatron-core's layout rules (:mod:`muse_stack.plan.rules`), the global batch's split among them."""
-    from muse_stack.plan.rules import check
+    """megatron-core's layout rules (:mod:`muse_stack.resolve.rules`), the global batch's split among them."""
+    from muse_stack.resolve.rules import check
 
     check(r.recipe, r.model, r.world).raise_errors()
 
