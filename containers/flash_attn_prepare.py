@@ -4,7 +4,7 @@ CUDA extension to the one that torch's headers require.
 The locked flash-attn's setup.py compiles `flash_attn_2_cuda` with `-std=c++17` (in both its
 "cxx" and "nvcc" flags), and the locked torch's headers need C++20 (c10/util/intrusive_ptr.h
 uses `operator<=>`; torch/all.h stops with "C++20 or later compatible compiler is required"), so
-the sdist does not build unpatched (tests/test_build_kernels.py shows both). Standard library only: the image build runs this file with the
+the sdist does not build unpatched (tests/system/test_build_kernels.py shows both). Standard library only: the image build runs this file with the
 base's python3 before muse-stack is installed.
 
 Interface (exit 0 on success, 1 with a message on stderr naming the file and the fix, 2 on usage):

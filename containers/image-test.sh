@@ -30,7 +30,9 @@ missing=(); for t in "${need[@]}"; do command -v "$t" >/dev/null || missing+=("$
 if ((${#missing[@]})); then
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
     echo "installing ${missing[*]}" >&2
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah debootstrap; } >&2 \
+    # MUSE_STACK_APT_LOCK: a lock file other installers take too (the test suite's workers), waited for
+    ${MUSE_STACK_APT_LOCK:+flock "$MUSE_STACK_APT_LOCK"} bash -c \
+      'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah debootstrap' >&2 \
       || { echo "SKIP: apt-get could not install podman buildah debootstrap" >&2; exit $SKIP; }
   else
     echo "SKIP: ${missing[*]} missing and cannot be installed (needs root and apt-get)" >&2; exit $SKIP

@@ -30,7 +30,7 @@ image-test:
 	  exit $$rc
 
 image-test-pytest:
-	$(PY) -m pytest -m image tests/test_image_build.py -q
+	$(PY) -m pytest -m image tests/system/test_image_build.py -q
 
 image-args:
 	@$(PY) -m muse_stack.cli stack build-args $(gpu)

@@ -42,3 +42,43 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+#: tests/<kind>/: each test is marked with its folder's kind (-m unit, -m system, -m lab, -m gpu)
+KINDS = ("unit", "system", "gpu", "lab")
+
+
+def _cost(item) -> int:
+    """Which modules start first: the image build, the build checks, the system tests, the other
+    slow ones, then the rest. With workers (make test) a module stays on one worker and the long
+    ones go out first, so that none is left running alone at the end."""
+    names = {mark.name for mark in item.iter_markers()}
+    for rank, mark in enumerate(("image", "build", "system", "slow")):
+        if mark in names:
+            return rank
+    return 4
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).resolve().parent
+    for item in items:
+        path = item.path.resolve()
+        if path.is_relative_to(here) and path.relative_to(here).parts[0] in KINDS:
+            item.add_marker(path.relative_to(here).parts[0])
+    # each module's tests stay together and in their order; modules by their costliest test
+    first: dict[Path, int] = {}
+    for item in items:
+        first[item.path] = min(first.get(item.path, 4), _cost(item))
+    items.sort(key=lambda item: first[item.path])
+
+
+def pytest_configure(config):
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        # a worker of `pytest -n N` takes its share of the cores: torch's intra-op threads default to
+        # all of them, and OpenMP threads of several workers waiting on each other on shared cores
+        # slow small operations down many times (see one_thread)
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))

@@ -3,7 +3,7 @@
 ``benchio`` (a script's command line, the engine it builds, GPU timing, its end), ``engine`` (the
 megatron engine on given weights, one micro-batch's loss and logits), ``messages`` (the collectives
 of one step, which ``scripts/comm.py`` times) and ``verify/`` (the parity harnesses). The lab
-imports the product; the product never imports the lab (``tests/test_product_boundary.py``).
+imports the product; the product never imports the lab (``tests/unit/test_product_boundary.py``).
 
 ``benchmarks/`` is the folder to put on the path (the tests' ``pythonpath`` in ``pyproject.toml``;
 each script under ``benchmarks/scripts/`` adds it itself)::

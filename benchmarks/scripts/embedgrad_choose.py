@@ -17,7 +17,7 @@ least 0.5%) decides, with that drift:
 
 ``--write`` writes the verdict as JSON. What the engine runs unset is each option's default in the engine option
 table (``embedding_into_main_grad`` and ``one_pass_norm_backward`` in ``muse_stack/recipes/options.py``), which
-``tests/test_benchmarks_embedgrad.py`` checks against the committed verdict.
+``tests/lab/test_benchmarks_embedgrad.py`` checks against the committed verdict.
 """
 
 from __future__ import annotations

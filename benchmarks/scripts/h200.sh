@@ -86,7 +86,7 @@ for what in "${@:-smoke}"; do
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
     D=$(realpath -m "$OUT/clip-skip-and-gated-residual"); mkdir -p "$D"
     one $MS fingerprint -o "$D/fingerprint.json"
-    one python3 -m pytest -q -p no:cacheprovider tests/test_clip_scale_gpu.py 2>&1 | tail -3 | tee "$D/gpu-test.txt"
+    one python3 -m pytest -q -p no:cacheprovider tests/gpu/test_clip_scale_gpu.py 2>&1 | tail -3 | tee "$D/gpu-test.txt"
     one python3 benchmarks/scripts/clip_scale_bench.py --out "$D/clip-scale.json"
     one $ES $W --out "$D/shipped.json"
     if [ -n "${BEFORE:-}" ]; then (cd "$BEFORE" && PYTHONPATH=/tmp/site:. one $ES $W --out "$D/before.json"); fi
@@ -101,7 +101,7 @@ for what in "${@:-smoke}"; do
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
     D=$(realpath -m "$OUT/early-expert-counts-and-pre-mlp-norm"); mkdir -p "$D"
     one $MS fingerprint -o "$D/fingerprint.json"
-    one python3 -m pytest -q -p no:cacheprovider tests/test_dispatch_gpu.py 2>&1 | tail -15 | tee "$D/gpu-test.txt"
+    one python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dispatch_gpu.py 2>&1 | tail -15 | tee "$D/gpu-test.txt"
     one $ES $W --out "$D/shipped.json"
     one $ES --late-counts --separate-pre-mlp-norm $W --out "$D/before.json"
     one $ES --late-counts $W --out "$D/late-counts.json"
@@ -112,7 +112,7 @@ for what in "${@:-smoke}"; do
   levers8gpu) # the GPU tests of the first micro-batch's gradient writes and of the experts' SwiGLU, then the slice's largest
     # memory-bound passes alone (benchmarks/scripts/kernels.py). Outputs: $OUT/te-swiglu-backward-and-first-microbatch-writes/{gpu-test.txt,kernels.json}
     D=$(realpath -m "$OUT/te-swiglu-backward-and-first-microbatch-writes"); mkdir -p "$D"
-    one python3 -m pytest -q -p no:cacheprovider tests/test_first_write_gpu.py tests/test_dispatch_gpu.py 2>&1 \
+    one python3 -m pytest -q -p no:cacheprovider tests/gpu/test_first_write_gpu.py tests/gpu/test_dispatch_gpu.py 2>&1 \
       | tail -25 | tee "$D/gpu-test.txt"
     one python3 benchmarks/scripts/kernels.py --out "$D/kernels.json" > /dev/null ;;
   levers8) # the experts' SwiGLU as TE's kernels and the first micro-batch's gradient writes, attributed on slice-1gpu
@@ -138,7 +138,7 @@ for what in "${@:-smoke}"; do
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
     D=$(realpath -m "$OUT/normbwd"); mkdir -p "$D"
     one $MS fingerprint -o "$D/fingerprint.json"
-    one python3 -m pytest -q -p no:cacheprovider tests/test_norm_backward_gpu.py 2>&1 | tail -5 | tee "$D/gpu-test.txt"
+    one python3 -m pytest -q -p no:cacheprovider tests/gpu/test_norm_backward_gpu.py 2>&1 | tail -5 | tee "$D/gpu-test.txt"
     one python3 benchmarks/scripts/kernels.py --only post_expert_norm --out "$D/kernels.json" > /dev/null
     python3 benchmarks/scripts/normbwd_choose.py launch "$D/kernels.json" --write | tee "$D/launch.txt"
     one $ES --fused-norm-backward $W --out "$D/with.json"
@@ -155,8 +155,8 @@ for what in "${@:-smoke}"; do
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"
     D=$(realpath -m "$OUT/adam"); mkdir -p "$D"
     one $MS fingerprint -o "$D/fingerprint.json"
-    one python3 -m pytest -q -s -p no:cacheprovider tests/test_adam_step_gpu.py tests/test_first_write_gpu.py \
-      tests/test_norm_backward_gpu.py tests/test_dispatch_gpu.py 2>&1 | grep -E "differ from TE|passed|failed|Error" \
+    one python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_adam_step_gpu.py tests/gpu/test_first_write_gpu.py \
+      tests/gpu/test_norm_backward_gpu.py tests/gpu/test_dispatch_gpu.py 2>&1 | grep -E "differ from TE|passed|failed|Error" \
       | tee "$D/gpu-test.txt"
     one python3 benchmarks/scripts/kernels.py --only adam --out "$D/kernels.json" > /dev/null
     python3 benchmarks/scripts/adam_choose.py launch "$D/kernels.json" --write | tee "$D/launch.txt"
@@ -171,12 +171,12 @@ for what in "${@:-smoke}"; do
     # the norm backward's), then slice-1gpu with it / with megatron-core's dense lookup (--dense-embedding-grad) /
     # with it again, each with the norm backward as the compiled chain's (--compiled-norm-backward), then with both
     # (engine_steps.py, 20 steps, window 9-20), and the verdict (embedgrad_choose.py: the embedding alone, the pair,
-    # the norm backward on top; the engine option table's defaults follow it, checked by tests/test_benchmarks_embedgrad.py);
+    # the norm backward on top; the engine option table's defaults follow it, checked by tests/lab/test_benchmarks_embedgrad.py);
     # the folder also stays in /tmp/embedgrad for a side-by-side sitting in the next call. Outputs: $OUT/embedgrad.tgz
     ES="python3 benchmarks/scripts/engine_steps.py slice-1gpu"; W="--steps 20 --warmup 8"; C=--compiled-norm-backward
     D=$(realpath -m "$OUT/embedgrad"); mkdir -p "$D"
     one $MS fingerprint -o "$D/fingerprint.json"
-    one python3 -m pytest -q -p no:cacheprovider tests/test_embedding_grad_gpu.py tests/test_norm_backward_gpu.py 2>&1 \
+    one python3 -m pytest -q -p no:cacheprovider tests/gpu/test_embedding_grad_gpu.py tests/gpu/test_norm_backward_gpu.py 2>&1 \
       | tail -3 | tee "$D/gpu-test.txt"
     one $ES $C $W --out "$D/with.json"
     one $ES $C --dense-embedding-grad $W --out "$D/without.json"
@@ -325,13 +325,13 @@ RUNS
     round_trip resumeadam one $MS -- proxy-1gpu $SMALL optimizer.precision_aware=true optimizer.param_remainders=false ;;
   resumedrop) # an adapter run with dropout (peft.dropout=0.1) under deterministic kernels, interrupted at step 3
     # and resumed, against the uninterrupted run: every step's loss and gradient norm bitwise equal (the checkpoint's
-    # CUDA and megatron-core tracker RNG states and data position; tests/test_resume_gpu.py runs the same)
+    # CUDA and megatron-core tracker RNG states and data position; tests/gpu/test_resume_gpu.py runs the same)
     round_trip resumedrop one $MS -- proxy-1gpu $SMALL $DROP numerics.deterministic=true training.checkpoint_interval=null
     python3 -c 'import json, sys
 r = lambda d: [(j["step"], j["loss"], j["grad_norm"]) for j in map(json.loads, open(d + "/metrics.jsonl"))]
 a, b = r(sys.argv[1]), r(sys.argv[2]); print(json.dumps({"bitwise": a == b, "steps": len(a), "full": a, "resumed": b}))
 sys.exit(a != b)' runs/resumedrop-full runs/resumedrop-part | tee "$OUT/resumedrop-bitwise.json"
-    one python3 -m pytest -q -m gpu tests/test_resume_gpu.py ;;
+    one python3 -m pytest -q -m gpu tests/gpu/test_resume_gpu.py ;;
   bridge) # the peer: Megatron-Bridge's own pretrain loop on the slice's shapes and settings (benchmarks/scripts/bridge_slice.py);
     # its wheelhouse (benchmarks/scripts/bridge/stage.sh download: ~46 MB) carried in a call of its own and copied to
     # /tmp, then BRIDGE_WHEELS=/tmp/bridge

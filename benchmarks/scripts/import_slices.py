@@ -15,7 +15,7 @@ The checkpoint is sharded as Hugging Face shards it (at most 5 GB a file unless 
 larger: the stacked expert tensors are 17 and 9 GB). ``--sparse`` writes the headers and leaves
 the data a hole: bytes and memory are as for real
 data, times are not (reading a hole costs no disk I/O). Not part of ``make test``; the test
-suite runs the same check at the real widths with 16 experts (tests/test_engine_import_slices.py).
+suite runs the same check at the real widths with 16 experts (tests/unit/test_engine_import_slices.py).
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def swiglu() -> dict[str, Any]:
 
 
 #: the one-pass backward's launches timed: (programs per SM, warps, rows per iteration); the same grid
-#: tests/test_norm_backward_gpu.py checks for correctness
+#: tests/gpu/test_norm_backward_gpu.py checks for correctness
 LAUNCHES = [(per_sm, warps, tile) for per_sm in (1, 2, 4) for warps in (8, 16) for tile in (1, 2, 4)]
 
 

@@ -1,6 +1,6 @@
 # The part of the flake that needs no nixpkgs: read a stack lock (containers/locks/<target>.toml)
 # and derive its sha256, the Nix system, the CUDA capabilities, the image build arguments and the
-# image tag. Must agree exactly with muse_stack/stack/buildargs.py (tests/test_stack_nix.py):
+# image tag. Must agree exactly with muse_stack/stack/buildargs.py (tests/system/test_stack_nix.py):
 #   nix-instantiate --eval --strict --json -E \
 #     'import ./containers/nix/lock.nix { lockFile = ./containers/locks/b200.toml; }'
 # A value the lock leaves null is written `{ null = "why"; }` in TOML (TOML has no null).

@@ -4,7 +4,7 @@
 # into a fixed-output fetch, so a Nix build installs the same bytes as the Dockerfile.
 #   nix-instantiate --eval --strict --json -E \
 #     '(import ./containers/nix/wheelset.nix { pylockFile = ./containers/locks/pylock.b200.toml; }).files'
-# Must agree with muse_stack/stack/pylock.py (tests/test_stack_nix.py): the same packages, the
+# Must agree with muse_stack/stack/pylock.py (tests/system/test_stack_nix.py): the same packages, the
 # same hashes, the same requirement lines.
 { pylockFile }:
 let

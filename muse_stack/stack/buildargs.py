@@ -1,7 +1,7 @@
 """Build arguments, CUDA arch strings and image tags derived from a lock.
 
-The Dockerfile consumes exactly these keys (tests/test_image_dockerfile.py checks it) and
-containers/nix/lock.nix derives the same mapping in Nix (tests/test_stack_nix.py checks they
+The Dockerfile consumes exactly these keys (tests/system/test_image_dockerfile.py checks it) and
+containers/nix/lock.nix derives the same mapping in Nix (tests/system/test_stack_nix.py checks they
 agree byte for byte). Every key is present for every lock; a component the lock leaves null
 yields empty strings, so the key set is the same for all targets.
 """

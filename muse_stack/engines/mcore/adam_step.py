@@ -28,8 +28,8 @@ without a gradient are TE's; the update is TE's arithmetic in the same order in 
 
 Every multiply-add that nvcc may contract into an FMA is written as one here (``tl.fma``, the
 first product of a sum), so the results match TE's unless nvcc contracted otherwise:
-``tests/test_adam_step_gpu.py`` bounds the difference from the exact values for both and counts
-the elements that differ, and ``tests/test_adam_step.py`` checks the kernel under Triton's
+``tests/gpu/test_adam_step_gpu.py`` bounds the difference from the exact values for both and counts
+the elements that differ, and ``tests/unit/test_adam_step.py`` checks the kernel under Triton's
 interpreter on the CPU.
 """
 

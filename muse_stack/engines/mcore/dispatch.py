@@ -20,8 +20,7 @@ Where the dispatch moves no tokens (tensor and expert parallel sizes 1: every ex
 
 The tokens, the weights and their gradients are the same numbers either way: both orders are
 expert-major with tokens ascending within an expert, and every step is a copy of one element
-(``tests/test_dispatch.py`` on CPU; ``tests/test_dispatch_gpu.py`` against megatron-core's
-dispatcher, bitwise). With more than one tensor or expert parallel rank the map is gathered first,
+(``tests/gpu/test_dispatch_gpu.py`` against megatron-core's dispatcher, bitwise). With more than one tensor or expert parallel rank the map is gathered first,
 so the dispatcher runs megatron-core's code unchanged.
 """
 

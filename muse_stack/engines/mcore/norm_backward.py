@@ -21,7 +21,7 @@ here runs the same compiled forward and this backward: one Triton kernel in whic
 takes a run of rows, writes their ``dx`` and ``dp``, and keeps its share of ``dw`` in registers;
 the programs' shares are then summed (a [programs, D] fp32 sum). ``x`` and ``dy`` are read once.
 
-The same function in fp32 as Inductor's, summed in another order: ``tests/test_norm_backward.py``
+The same function in fp32 as Inductor's, summed in another order: ``tests/unit/test_norm_backward.py``
 (Triton's interpreter, CPU) bounds the difference from the exact values.
 
 Measured on an H200 (``benchmarks/results/normbwd/``): 1.25 ms a call at its fastest launch, against

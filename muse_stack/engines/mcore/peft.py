@@ -2,7 +2,7 @@
 per-expert adapters under EP, and the latent projections.
 
 The mapping and sharding math below (the pure functions) is tested on the CPU against the
-reference adapters (``tests/test_mcore_peft_mapping.py``): every TP, EP and PP split,
+reference adapters (``tests/unit/test_mcore_peft_mapping.py``): every TP, EP and PP split,
 recombined, gives the reference adapter's output, gradients and names. The module transform
 (:func:`attach_adapters`) needs megatron-core + TE; its parity with the reference engine at
 TP 1 is ``python -m lab.verify.peft_parity`` on a GPU (``benchmarks/results/parity/peft-parity-*.json``).
