@@ -189,14 +189,16 @@ RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     && rm -rf /tmp/efa /tmp/efa.tar.gz \
     && grep -q "${EFA_INSTALLER_VERSION}" /opt/amazon/efa_installed_packages \
     && lock-env efa-links /opt/amazon /opt/muse-stack/efa \
+    && { grep -ls ofi-nccl /etc/ld.so.conf.d/* | xargs -r rm -f; ldconfig; } \
     && /opt/amazon/efa/bin/fi_info --version | grep -q "${LIBFABRIC_VERSION}" \
     && { grep -q "${AWS_OFI_NCCL_VERSION}" /opt/amazon/efa_installed_packages \
          || echo "note: efa_installed_packages does not name aws-ofi-nccl ${AWS_OFI_NCCL_VERSION}; check the NET/OFI log line at run time"; }
-# the set's cuDNN and NCCL first, then the EFA folders; NCCL loads aws-ofi-nccl (libnccl-net-ofi.so)
-# for every process, so a plain `docker run` across EFA nodes uses EFA (on a host without EFA the
-# plugin's init fails and NCCL falls back to its own InfiniBand or socket transport)
+# the set's cuDNN and NCCL first, then the EFA folders. The EFA plugin is opt-in: the folder NCCL
+# searches holds libnccl-net-ofi.so only (no libnccl-net.so, the name NCCL loads by default, and the
+# installer's ld.so.conf.d entry is removed above), so NCCL loads it only where NCCL_NET_PLUGIN=ofi
+# asks for it; `muse-stack launch` sets that for machines whose fabric is EFA. Loaded on an
+# InfiniBand host the plugin slows NCCL down; without it NCCL uses its own IB or socket transport.
 ENV LD_LIBRARY_PATH=/opt/muse-stack/cuda-libs/cudnn/lib:/opt/muse-stack/cuda-libs/nccl/lib:/opt/muse-stack/efa/ofi-nccl-lib:/opt/muse-stack/efa/libfabric-lib \
-    NCCL_NET_PLUGIN=ofi \
     FI_EFA_USE_HUGE_PAGE=0
 
 # ---------------------------------------------------------------------------------------------

@@ -11,8 +11,9 @@
 #   lock-env fetch-sdist NAME DIR                 download NAME's sdist (hash-checked), unpack to DIR/src
 #   lock-env link-libs DIR                        DIR/cudnn, DIR/nccl -> the set's cuDNN and NCCL wheels;
 #                                                 DIR/cuda -> the set's CUDA libraries (nvidia/cuNN: NVRTC, cuRAND, ...)
-#   lock-env efa-links ROOT DIR                   DIR/ofi-nccl-lib, DIR/libfabric-lib -> the folders the EFA
-#                                                 installer used under ROOT (lib, lib64 or lib/<triplet>)
+#   lock-env efa-links ROOT DIR                   DIR/ofi-nccl-lib (holding libnccl-net-ofi.so only),
+#                                                 DIR/libfabric-lib -> the folders the EFA installer used
+#                                                 under ROOT (lib, lib64 or lib/<triplet>)
 set -eu
 SET=${MUSE_STACK_WHEELSET:-/usr/local/lib/muse-stack/wheelset.toml}
 PYLOCK=${MUSE_STACK_PYLOCK:-/usr/local/lib/muse-stack/pylock.py}
@@ -99,7 +100,10 @@ PY
       || { echo "no libnccl-net-ofi.so under $root/ofi-nccl/lib, lib64 or lib/<triplet>" >&2; exit 1; }
     fabric=$(find_dir "$root/efa" libfabric.so.1) \
       || { echo "no libfabric.so.1 under $root/efa/lib, lib64 or lib/<triplet>" >&2; exit 1; }
-    ln -sfn "$plugin" "$dir/ofi-nccl-lib"
+    # the plugin under its own name only: NCCL loads libnccl-net.so (which the installer also puts
+    # there) whenever it finds one, and the plugin is opt-in (NCCL_NET_PLUGIN=ofi, set for EFA jobs)
+    rm -rf "$dir/ofi-nccl-lib"; mkdir -p "$dir/ofi-nccl-lib"
+    ln -sfn "$plugin/libnccl-net-ofi.so" "$dir/ofi-nccl-lib/libnccl-net-ofi.so"
     ln -sfn "$fabric" "$dir/libfabric-lib"
     echo "aws-ofi-nccl: $plugin; libfabric: $fabric" ;;
   git-checkout)

@@ -90,6 +90,8 @@ def launch_cmd(
                                 account=account, images_dir=images_dir)
     else:
         text = k8s_mod.render(spec, namespace=namespace, claim=claim, secret=env_secret, queue=queue)
+    if k8s and spec.image is not None and not spec.image.digest:  # on stderr: stdout may be the manifests
+        console.print(f"note: {k8s_mod.TAG_NOTE}", highlight=False)
     if output is not None:
         atomic.write_text(output, text, field="--output")
         if output.suffix in ("", ".sh", ".sbatch"):

@@ -19,6 +19,7 @@ files are shared, and enroot's credentials file or an image pull secret carries 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from muse_stack.util.errors import UsageError
@@ -147,3 +148,33 @@ def parse(text: str) -> Image:
     if tag is None and digest is None:
         raise _bad("it names no tag or digest, and :latest moves", text)
     return Image(registry, ref, tag, digest)
+
+
+#: the repository name of the images `make image` builds (tagged ``muse-stack:<lock>-<version>-<sha>``
+#: and ``muse-stack:<lock>``); a squashfs imported from one is named ``muse-stack-<lock>...``
+IMAGE_NAME = "muse-stack"
+
+
+def lock_of(image: Image, locks: Iterable[str]) -> str | None:
+    """The stack lock an image says it was built from, or None where its name does not say.
+
+    Read from the tag of a ``.../muse-stack`` repository (``muse-stack:gb200-0.1.0``), from a
+    repository named ``muse-stack-<lock>`` or from a squashfs file named ``muse-stack-<lock>...``
+    (what ``enroot import`` of such an image is called): the part after the name is a lock, or
+    starts with a lock and a '-'. The longest lock that fits wins. An image given by digest
+    alone, or under another name, says nothing."""
+    if image.squashfs is not None:
+        stem = image.squashfs.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+        rest = stem[len(IMAGE_NAME) + 1:] if stem.startswith(IMAGE_NAME + "-") else None
+    else:
+        name = (image.repository or "").rsplit("/", 1)[-1]
+        if name == IMAGE_NAME:
+            rest = image.tag
+        elif name.startswith(IMAGE_NAME + "-"):
+            rest = name[len(IMAGE_NAME) + 1:]
+        else:
+            rest = None
+    if not rest:
+        return None
+    fits = [lock for lock in locks if rest == lock or rest.startswith(lock + "-")]
+    return max(fits, key=len) if fits else None

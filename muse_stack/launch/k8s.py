@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+import textwrap
 from typing import Any
 
 import yaml
@@ -93,6 +94,18 @@ def _command(spec: LaunchSpec, service: str, job: str) -> list[str]:
     return ["/bin/sh", "-c", script]
 
 
+def pull_policy(spec: LaunchSpec) -> str:
+    """A digest names one image for good: a node's copy is that image (IfNotPresent). A tag can be
+    moved to another image: every pod start asks the registry (Always), so no node runs a stale
+    copy beside nodes that pulled the new one."""
+    return "IfNotPresent" if spec.image.digest else "Always"
+
+
+TAG_NOTE = ("the image is given by tag, and a tag can move to another image: pods pull it at every start "
+            "(imagePullPolicy: Always) so no node runs a stale copy; pass --image REGISTRY/NAME@sha256:DIGEST "
+            "to pin it")
+
+
 def _pod(spec: LaunchSpec, names: dict[str, str], claim: str, head: bool, secret: str) -> dict[str, Any]:
     resources = {"nvidia.com/gpu": str(spec.per_node)}
     if spec.fabric == "efa" and spec.target.efa_devices:
@@ -104,7 +117,7 @@ def _pod(spec: LaunchSpec, names: dict[str, str], claim: str, head: bool, secret
     container: dict[str, Any] = {
         "name": "pytorch",
         "image": spec.image.oci(),
-        "imagePullPolicy": "IfNotPresent",
+        "imagePullPolicy": pull_policy(spec),
         "command": _command(spec, names["service"], names["job"]),
         "env": _env(spec, secret),
         "ports": [{"name": "c10d", "containerPort": RDZV_PORT, "protocol": "TCP"}],
@@ -311,5 +324,7 @@ def render(spec: LaunchSpec, *, namespace: str | None = None, claim: str = "muse
               + f",\n# and a ReadWriteMany volume claim {claim!r} (subfolders data/, checkpoints/, runs/). "
                 "Apply with kubectl apply -f.\n"
               "# Every pod start (first, restart, job restart) runs `muse-stack run ... --resume auto`: it continues\n"
-              "# from the run directory's latest checkpoint, or starts the run.\n")
+              "# from the run directory's latest checkpoint, or starts the run.\n"
+              + ("" if spec.image.digest else
+                 "".join(f"# {line}\n" for line in textwrap.wrap(f"Image: {TAG_NOTE}.", 100))))
     return header + yaml.safe_dump_all(docs, sort_keys=False, width=120, default_flow_style=False)

@@ -170,6 +170,8 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
     first = load_recipe(name, overrides)
     target = target_for(first.hardware.gpu)
     net = fabric_for(target, fabric)
+    if parsed is not None:
+        _check_image_machine(parsed, target)
     count, per_node = _layout(first, target, nodes, gpus)
     run_overrides = list(overrides)
     if count != first.hardware.count:
@@ -211,6 +213,36 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
                       job_name=f"muse-{dns_name(recipe.name)}", library_path=library_path, fabric=net,
                       cpus_per_task=cpus_per_task, default_image=default_image, recipe_text=recipe_text,
                       pretrained=pretrained)
+
+
+def _check_image_machine(image: Image, target: Target) -> None:
+    """An image whose name says which lock built it (``muse-stack:gb200-0.1.0``) runs only on a
+    machine of that lock's platform and CUDA arch (the machine table's rows): an amd64 sm90 image
+    on arm64 sm100 nodes fails after the allocation, at the first exec or kernel. An image whose
+    name says nothing (a digest alone, another name) is taken as given."""
+    from muse_stack.launch.image import lock_of
+    from muse_stack.machine.table import table
+
+    t = table()
+    machines = t.locks()
+    lock = lock_of(image, machines)
+    if lock is None or lock == target.lock:
+        return
+    built, runs = t.machine(machines[lock]), t.machine(target.gpu)
+
+    def what(m) -> str:
+        return f"{m.platform}, {m.gpu.arch if m.gpu is not None else 'no GPU'}"
+
+    if built.platform == runs.platform and (built.gpu and built.gpu.arch) == (runs.gpu and runs.gpu.arch):
+        return
+    from muse_stack.stack import image_tag, load
+
+    raise UsageError(f"the image is built from the {lock} lock, for {machines[lock]} nodes ({what(built)}); the recipe "
+                     f"runs on {target.gpu} nodes ({what(runs)})", field="--image", value=image.record(),
+                     rule="an image runs on nodes of its lock's platform and CUDA arch (machine table: platform, "
+                          "gpu.arch)",
+                     fix=f"pass the {target.gpu} image (`make image gpu={target.lock}` builds "
+                         f"{image_tag(load(target.lock))}), or launch a recipe for {machines[lock]}")
 
 
 def _check_start(recipe: Recipe, pretrained: str | None, target: Target, kubernetes: bool) -> str | None:

@@ -128,13 +128,17 @@ def test_efa_links_find_the_plugin_wherever_the_installer_put_it(tmp_path, plugi
     root = tmp_path / "opt-amazon"
     (root / plugin_dir).mkdir(parents=True)
     (root / plugin_dir / "libnccl-net-ofi.so").write_text("")
+    (root / plugin_dir / "libnccl-net.so").symlink_to("libnccl-net-ofi.so")  # the installer's default name
     (root / fabric_dir).mkdir(parents=True)
     (root / fabric_dir / "libfabric.so.1").write_text("")
     out = tmp_path / "efa"
     subprocess.run(["sh", str(LOCK_ENV), "efa-links", str(root), str(out)], check=True, capture_output=True,
                    env=_sh_env(tmp_path))
     assert (out / "ofi-nccl-lib" / "libnccl-net-ofi.so").exists()
-    assert (out / "ofi-nccl-lib").resolve() == (root / plugin_dir).resolve()
+    assert (out / "ofi-nccl-lib" / "libnccl-net-ofi.so").resolve() == (root / plugin_dir / "libnccl-net-ofi.so").resolve()
+    # NCCL loads libnccl-net.so whenever its search finds one: the folder on the image's library path
+    # holds the plugin under its own name only, so it loads where NCCL_NET_PLUGIN=ofi asks for it
+    assert sorted(p.name for p in (out / "ofi-nccl-lib").iterdir()) == ["libnccl-net-ofi.so"]
     assert (out / "libfabric-lib").resolve() == (root / fabric_dir).resolve()
 
 
@@ -146,17 +150,21 @@ def test_efa_links_refuse_when_the_plugin_is_missing(tmp_path):
     assert r.returncode != 0 and "no libnccl-net-ofi.so" in r.stderr
 
 
-def test_the_image_loads_the_efa_plugin_from_the_linked_folders():
-    env_lines = [i for i in DOCKERFILE.split("\nENV ") if "NCCL_NET_PLUGIN" in i]
+def test_the_image_finds_the_efa_plugin_in_the_linked_folders_but_does_not_ask_for_it():
+    # the plugin is opt-in (loaded on InfiniBand hosts it slows NCCL down): no ENV of the image names
+    # it; the launcher sets NCCL_NET_PLUGIN=ofi for machines whose fabric is EFA
+    assert not [i for i in DOCKERFILE.split("\nENV ") if "NCCL_NET_PLUGIN" in i.split("\n\n")[0]]
+    env_lines = [i for i in DOCKERFILE.split("\nENV ") if i.startswith("LD_LIBRARY_PATH=")]
     assert len(env_lines) == 1
     block = env_lines[0]
-    assert "NCCL_NET_PLUGIN=ofi" in block
     ld = re.search(r"LD_LIBRARY_PATH=(\S+)", block).group(1).split(":")
     # the set first, then the EFA folders the build linked; no flat /opt/amazon/ofi-nccl/lib guess
     assert ld == ["/opt/muse-stack/cuda-libs/cudnn/lib", "/opt/muse-stack/cuda-libs/nccl/lib",
                   "/opt/muse-stack/efa/ofi-nccl-lib", "/opt/muse-stack/efa/libfabric-lib"]
     efa_run = next(r for r in RUNS if "efa_installer.sh" in r)
     assert "lock-env efa-links /opt/amazon /opt/muse-stack/efa" in efa_run
+    # nor does the dynamic linker's cache find the installer's libnccl-net.so (its ld.so.conf.d entry)
+    assert "grep -ls ofi-nccl /etc/ld.so.conf.d/* | xargs -r rm -f; ldconfig" in efa_run
 
 
 # --- defect 7: the Dockerfile refuses unpinned builds itself ---------------------------------------------

@@ -22,6 +22,7 @@ from muse_stack.launch.spec import default_run_name, resolve
 ROOT = Path(__file__).resolve().parents[2]
 BASH = shutil.which("bash")
 IMG = "registry.example.com/muse-stack:h200-0.1.0"
+IMG_B200 = IMG.replace("h200", "b200")  # attune-b200 runs on B200 nodes: their image
 
 
 @pytest.mark.parametrize("given, enroot, oci", [
@@ -135,24 +136,24 @@ def test_a_recipe_file_reaches_the_container(cli, tmp_path):
 
 def test_launch_checks_the_starting_checkpoint_before_writing(cli, tmp_path):
     out = tmp_path / "job.sbatch"
-    rc, _, err = cli("launch", "attune-b200", "--slurm", "--image", IMG, "-o", out)
+    rc, _, err = cli("launch", "attune-b200", "--slurm", "--image", IMG_B200, "-o", out)
     assert rc == 2 and "model.pretrained_checkpoint" in err and "--pretrained-checkpoint" in err and not out.exists()
-    rc, _, err = cli("launch", "attune-b200", "--slurm", "--image", IMG, "--pretrained-checkpoint",
+    rc, _, err = cli("launch", "attune-b200", "--slurm", "--image", IMG_B200, "--pretrained-checkpoint",
                      tmp_path / "missing", "-o", out)
     assert rc == 3 and "--pretrained-checkpoint" in err and not out.exists()
     ckpt = tmp_path / "muse-spark-open"
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
-    rc, _, err = cli("launch", "attune-b200", "--slurm", "--image", IMG, "--pretrained-checkpoint", ckpt, "-o", out)
+    rc, _, err = cli("launch", "attune-b200", "--slurm", "--image", IMG_B200, "--pretrained-checkpoint", ckpt, "-o", out)
     assert rc == 3 and "weights" in err and not out.exists()
     (ckpt / "model.safetensors").write_bytes(b"")
-    rc, _, err = cli("launch", "attune-b200", "--slurm", "--image", IMG, "--pretrained-checkpoint", ckpt, "-o", out)
+    rc, _, err = cli("launch", "attune-b200", "--slurm", "--image", IMG_B200, "--pretrained-checkpoint", ckpt, "-o", out)
     assert rc == 0, err
     text = out.read_text()
     assert f"PRETRAINED_DIR={ckpt}" in text and "$PRETRAINED_DIR:/pretrained:ro" in text
     assert "--pretrained-checkpoint /pretrained" in text
     # Kubernetes reads it from the volume claim
-    rc, _, err = cli("launch", "attune-b200", "--k8s", "--image", IMG, "--pretrained-checkpoint", "/home/me/ckpt")
+    rc, _, err = cli("launch", "attune-b200", "--k8s", "--image", IMG_B200, "--pretrained-checkpoint", "/home/me/ckpt")
     assert rc == 3 and "--pretrained-checkpoint" in err
 
 
@@ -307,7 +308,7 @@ def test_a_written_sbatch_keeps_slurms_signal_directive(cli, tmp_path):
 def test_a_credential_in_the_checkpoint_path_is_refused_and_never_written(cli, tmp_path):
     out = tmp_path / "job.sbatch"
     for path in ("https://user:hunter2pw@host.example.com/ckpt", "s3:/user:hunter2pw@bucket/ckpt"):
-        rc, stdout, err = cli("launch", "attune-b200", "--slurm", "--image", IMG, "--pretrained-checkpoint", path,
+        rc, stdout, err = cli("launch", "attune-b200", "--slurm", "--image", IMG_B200, "--pretrained-checkpoint", path,
                               "-o", out)
         assert rc == 2 and "--pretrained-checkpoint" in err and "hunter2pw" not in stdout + err
         assert "user:password" in err  # named as a credential, not as a path pyxis cannot mount
@@ -340,3 +341,83 @@ def test_a_recipe_file_reaches_a_cpu_job_too(tmp_path):
     with pytest.raises(UsageError) as exc:
         k8s.manifests(resolve("proxy-8gpu"))  # no image: never a local tag in a manifest
     assert exc.value.field == "--image"
+
+
+# ---- images on Kubernetes: a tag is pulled at every start; an image for other nodes is refused -------------
+
+def _container(spec) -> dict:
+    return k8s.manifests(spec)[-1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+
+
+def test_a_digest_is_kept_and_a_tag_is_pulled_at_every_pod_start(cli, tmp_path):
+    digest = "sha256:" + "cd" * 32
+    pinned = _container(resolve("sft-192", image=f"registry.example.com/muse-stack@{digest}", kubernetes=True))
+    assert pinned["imagePullPolicy"] == "IfNotPresent"  # a digest names one image for good
+    tagged = resolve("sft-192", image="registry.example.com/muse-stack:gb200-0.1.0", kubernetes=True)
+    assert _container(tagged)["imagePullPolicy"] == "Always"  # a tag can move: no node keeps a stale copy
+    # the launch says why, in the manifests and on stderr (stdout may be the manifests)
+    out = tmp_path / "job.yaml"
+    rc, _, err = cli("launch", "sft-192", "--k8s", "--image", "registry.example.com/muse-stack:gb200-0.1.0", "-o", out)
+    assert rc == 0, err
+    assert "a tag can move" in " ".join(err.split()) and "@sha256:DIGEST" in err
+    assert "# Image: the image is given by tag, and a tag can move" in out.read_text()
+    rc, _, err = cli("launch", "sft-192", "--k8s", "--image", f"registry.example.com/muse-stack@{digest}",
+                     "-o", tmp_path / "pinned.yaml")
+    assert rc == 0 and "tag can move" not in err and "tag can move" not in (tmp_path / "pinned.yaml").read_text()
+
+
+@pytest.mark.parametrize("launcher", ["--k8s", "--slurm"])
+@pytest.mark.parametrize("recipe, image, built, runs", [
+    # the finding: an amd64 sm90 image for arm64 sm100 nodes
+    ("sft-192", "registry.example.com/muse-stack:h200-0.1.0", "H200 nodes (linux/amd64, sm90)",
+     "GB200 nodes (linux/arm64, sm100)"),
+    ("sft-192", "registry.example.com/muse-stack:b200-0.1.0-0123456789ab", "B200 nodes (linux/amd64, sm100)",
+     "GB200 nodes (linux/arm64, sm100)"),
+    ("attune-b200", "registry.example.com/muse-stack:h200@sha256:" + "ab" * 32, "H200 nodes (linux/amd64, sm90)",
+     "B200 nodes (linux/amd64, sm100)"),
+    ("proxy-8gpu", "registry.example.com/team/muse-stack-gb200:1", "GB200 nodes (linux/arm64, sm100)",
+     "H200 nodes (linux/amd64, sm90)"),
+    ("proxy-8gpu", "registry.example.com/muse-stack:cpu", "cpu nodes (linux/amd64, no GPU)",
+     "H200 nodes (linux/amd64, sm90)"),
+])
+def test_an_image_built_for_other_nodes_is_refused(cli, tmp_path, launcher, recipe, image, built, runs):
+    out = tmp_path / "job"
+    rc, _, err = cli("launch", recipe, launcher, "--image", image, "-o", out)
+    err = " ".join(err.split())
+    assert rc == 2 and not out.exists()
+    assert "--image" in err and built in err and runs in err, err
+    target = {"sft-192": "gb200", "attune-b200": "b200", "proxy-8gpu": "h200"}[recipe]
+    assert f"make image gpu={target}" in err  # the fix: the recipe's own image
+
+
+def test_a_squashfs_named_for_other_nodes_is_refused_on_slurm():
+    with pytest.raises(UsageError) as exc:
+        resolve("sft-192", image="/shared/images/muse-stack-h200-0.1.0-0123456789ab.sqsh")
+    assert exc.value.field == "--image" and "H200" in str(exc.value) and "GB200" in str(exc.value)
+    assert resolve("sft-192", image="/shared/images/muse-stack-gb200.sqsh").image.squashfs
+
+
+@pytest.mark.parametrize("image", [
+    "registry.example.com/muse-stack:gb200-0.1.0",  # its own target
+    "registry.example.com/muse-stack@sha256:" + "ab" * 32,  # a digest alone says no target
+    "registry.example.com/team/trainer:h200",  # another name: its tag is not read
+    "registry.example.com/muse-stack:1",  # a tag that names no lock
+    "registry.example.com/muse-stack:gb2000-1",  # a lock's name only as a whole '-' part
+])
+def test_an_image_whose_name_says_no_other_target_is_accepted(image):
+    spec = resolve("sft-192", image=image, kubernetes=True)
+    assert _container(spec)["image"] == parse(image).oci()
+
+
+def test_the_lock_an_image_name_reads():
+    from muse_stack.launch.image import lock_of
+
+    locks = ["gb200", "b200", "h200", "cpu", "gb200-nvl"]
+    assert lock_of(parse("r.io/muse-stack:gb200-0.1.0-0123456789ab"), locks) == "gb200"
+    assert lock_of(parse("r.io/muse-stack:gb200-nvl-0.1.0"), locks) == "gb200-nvl"  # the longest that fits
+    assert lock_of(parse("r.io/muse-stack:b200"), locks) == "b200"
+    assert lock_of(parse("muse-stack-h200:0.1.0"), locks) == "h200"
+    assert lock_of(parse("/img/muse-stack-cpu.sqsh"), locks) == "cpu"
+    for other in ("r.io/muse-stack:0.1.0", "r.io/other:gb200", "/img/gb200.sqsh", "r.io/muse-stackx:gb200",
+                  "r.io/muse-stack@sha256:" + "ab" * 32):
+        assert lock_of(parse(other), locks) is None, other

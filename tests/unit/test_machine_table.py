@@ -148,6 +148,27 @@ def test_a_changed_row_changes_both_plan_and_launch(tmp_path, monkeypatch):
     assert target_for("GB200").fabric == "efa"
 
 
+def _pod_env(spec) -> dict[str, str]:
+    from muse_stack.launch import k8s
+
+    pod = k8s.manifests(spec)[-1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    return {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+
+
+def test_only_a_machine_whose_fabric_is_efa_asks_nccl_for_the_efa_plugin(tmp_path, monkeypatch):
+    """The images do not load aws-ofi-nccl by themselves (on an InfiniBand host it slows NCCL down):
+    the launcher asks for it, on Slurm and on Kubernetes, exactly where the machine's fabric is EFA."""
+    image = "registry.example.com/muse-stack:gb200-0.1.0"
+    assert _pod_env(resolve("sft-192", image=image, kubernetes=True))["NCCL_NET_PLUGIN"] == "ofi"
+    assert "export NCCL_NET_PLUGIN=ofi\n" in slurm.render(resolve("sft-192"))
+    data = _rows()
+    data["machines"]["GB200"]["fabrics"]["inter"] = "ib-ndr"
+    monkeypatch.setenv(ENV, str(_write(tmp_path, data)))
+    env = _pod_env(resolve("sft-192", image=image, kubernetes=True))
+    assert "NCCL_NET_PLUGIN" not in env and env["NCCL_NET"] == "IB"
+    assert "NCCL_NET_PLUGIN" not in slurm.render(resolve("sft-192"))
+
+
 def test_a_missing_or_broken_table_is_an_input_error_of_the_cli(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV, str(tmp_path / "none.yaml"))
     with pytest.raises(InputError) as exc:
