@@ -639,6 +639,154 @@ def te_swiglu() -> dict:
     return out
 
 
+
+# ---- results/adam, normbwd, embedgrad (engine_steps.py runs kept or rejected by normbwd_choose.py's rule) -----------
+
+#: bytes Adam moves per parameter: the gradient, master and both moments read in fp32 (16), master and moments
+#: written in fp32 (12) and the bf16 weight written (2)
+ADAM_BYTES = 30
+#: bytes the clip's gradient norm reads per parameter (the fp32 main gradient)
+NORM_BYTES = 4
+
+
+def slice_elements() -> int:
+    """The slice's gradient buffer, in elements (clip-scale.json measured the clip over it)."""
+    return data("clip-skip-and-gated-residual/clip-scale.json")["elements"]
+
+
+def gpu_test(folder: str) -> str:
+    """The pytest summary count of a folder's gpu-test.txt: "11 passed"."""
+    text = (RESULTS / folder / "gpu-test.txt").read_text()
+    found = re.findall(r"(\d+ passed)", text)
+    if not found:
+        raise ValueError(f"{folder}/gpu-test.txt has no pytest summary")
+    return found[-1]
+
+
+def rule_verdict(r: Runs, without: str = "without") -> dict:
+    """levers_choose.py's rule on a with / with-again / without folder: the gain, the baseline, the drift and twice
+    it, and the gain by the median step; the final losses' spread and the largest window gradient norm."""
+    with_median = (r.median(r.first) + r.median(r.again)) / 2
+    return {
+        "gain": spct(r.base / r.tps(without) - 1),
+        "base": n0(r.base),
+        "drift": pct(r.drift),
+        "twice-drift": pct(2 * r.drift),
+        "median-gain": spct(r.median(without) / with_median - 1),
+    }
+
+
+ADAM = Runs("adam", first="with", again="with-again")
+ADAM_RUNS = ("with", "without", "with-again", "with-norm-backward")
+ADAM_LAUNCHES = "one Triton launch, launches"
+
+
+def adam_launch(kernels: dict, launch: tuple[int, int, int]) -> dict:
+    return next(
+        x for x in kernels["adam"][ADAM_LAUNCHES] if (x["programs_per_sm"], x["num_warps"], x["block"]) == launch
+    )
+
+
+def adam_fastest(kernels: dict) -> dict:
+    return min(kernels["adam"][ADAM_LAUNCHES], key=lambda x: x["step"]["median_ms"])
+
+
+def adam_folder() -> dict:
+    a = ADAM
+    out = prefixed("verdict", rule_verdict(a))
+    out["runs"] = a.run_table(median=True)
+    out["on-top"] = spct(a.tps("with-norm-backward") / a.base - 1)
+    out["normbwd-alone"] = spct(NORMBWD.base / NORMBWD.tps("without") - 1)
+    losses = [a.json(r)["final_loss"] for r in ADAM_RUNS]
+    out["losses-agree"] = sci(max(losses) / min(losses) - 1, 0)
+    out["worst-grad-norm"] = f(a.worst_grad_norm(ADAM_RUNS), 3)
+    # the GPU test
+    gpu = (RESULTS / "adam" / "gpu-test.txt").read_text()
+    counts = [tuple(int(x) for x in m) for m in re.findall(r": (\d+) of (\d+) master and moment elements", gpu)]
+    if len(counts) != 2 or counts[0][1] != counts[1][1]:
+        raise ValueError(f"adam/gpu-test.txt: expected two counts over one element total, found {counts}")
+    out["gpu.differ-a"], out["gpu.differ-b"] = n0(counts[0][0]), n0(counts[1][0])
+    out["gpu.elements"] = n0(counts[0][1])
+    out["gpu.differ-pct"] = pct(counts[0][0] / counts[0][1])
+    out["gpu.passed"] = gpu_test("adam")
+    # the kernels alone
+    k, first_grid = data("adam/kernels.json"), data("adam/kernels-first-grid.json")
+    best, first = adam_fastest(k), adam_fastest(first_grid)
+    first_launch = (first["programs_per_sm"], first["num_warps"], first["block"])
+    again = adam_launch(k, first_launch)
+    te = k["adam"][f"chunk {k['adam']['default_chunk_size']}"]
+
+    def launch_words(x: dict) -> str:
+        return f"{x['programs_per_sm']} per SM, {x['num_warps']} warps, {x['block']:,} elements"
+
+    rows = {
+        "te": (te, None),
+        "best": (best["step"], f"**the Triton step, the fastest launch ({launch_words(best)})**"),
+        "first": (again["step"], f"the Triton step, the first grid's fastest ({launch_words(first)})"),
+    }
+
+    def row(cells: list[str]) -> str:
+        return "te" if cells[0].startswith("TE's") else "first" if "first grid" in cells[0] else "best"
+
+    out["alone"] = table(
+        row,
+        {
+            0: lambda key: None if rows[key][1] is None else Whole(rows[key][1]),
+            1: lambda key: f(rows[key][0]["median_ms"], 2),
+            2: lambda key: n0(rows[key][0]["gb_per_s"]),
+        },
+    )
+    out["first-grid.count"] = str(len(first_grid["adam"][ADAM_LAUNCHES]))
+    out["grid.count"] = str(len(k["adam"][ADAM_LAUNCHES]))
+    out["first-grid.launch"] = launch_words(first)
+    slowest = [x["step"]["median_ms"] for x in k["adam"][ADAM_LAUNCHES] if x["block"] == 2048 and x["num_warps"] == 8]
+    out["slowest"] = f"{min(slowest):.1f}-{max(slowest):.1f}"
+    beyond = {
+        (x["programs_per_sm"], x["block"]): x["step"]["median_ms"]
+        for x in data("adam/kernels-beyond.json")["adam"][ADAM_LAUNCHES]
+    }
+    out["beyond.64"], out["beyond.128"] = f(beyond[(64, 1024)], 2), f(beyond[(128, 1024)], 2)
+    out["beyond.32"] = f(beyond[(32, 1024)], 2)
+    # the profile
+    p = data("adam/profile-shipped.json")
+    idle = profile_idle(p)
+    out.update(prefixed("profile", {k2: idle[k2] for k2 in ("span", "busy", "idle-ms")}))
+    elements = slice_elements()
+    adam_s, norm_s = top_kernel(p, "optimizer", "_adam"), top_kernel(p, "optimizer", "L2NormFunctor")
+    te_s = top_kernel(data("te-swiglu-backward-and-first-microbatch-writes/profile-shipped.json"), "optimizer",
+                      "AdamFunctorMaster")
+    gemm = sum(c["seconds_per_step"] for c in p["classes"] if c["class"] in ("grouped expert GEMM", "dense GEMM"))
+    out.update(
+        {
+            "adam-gb": f(elements * ADAM_BYTES / 1e9, 0),
+            "slice-b": f(elements / 1e9, 2),
+            "te.adam-ms": f(1e3 * te_s, 2),
+            "te.adam-tbps": f(elements * ADAM_BYTES / te_s / 1e12, 1),
+            "optimizer-ms": class_ms(p, "optimizer", 2),
+            "adam-ms": f(1e3 * adam_s, 2),
+            "adam-tbps": f(elements * ADAM_BYTES / adam_s / 1e12, 1),
+            "l2norm-ms": f(1e3 * norm_s, 2),
+            "l2norm-gb": f(elements * NORM_BYTES / 1e9, 1),
+            "l2norm-tbps": f(elements * NORM_BYTES / norm_s / 1e12, 1),
+            "gemm-ms": f(1e3 * gemm, 1),
+            "busy-ms": f(1e3 * p["busy_seconds_per_step"], 1),
+        }
+    )
+    # with Bridge: the sitting of the same lease
+    sitting = "2026-12-03-triton-adam"
+    runs = runner_runs(sitting)
+    _, step53 = target_53(runs[0])
+    step = statistics.median(r["step_time_median_s"] for r in runs)
+    out["bridge.mfu"] = pct(sitting_mfu(sitting))
+    out["bridge.ratio"] = f"{sitting_summary(sitting)['ratio_of_medians']:.3f}x"
+    out["bridge.target-step"] = f(step53, 3)
+    out["bridge.less-ms"] = f(1e3 * (step - step53), 0)
+    return out
+
+
+NORMBWD = Runs("normbwd", first="with", again="with-again")
+
+
 # ---- results/det, ckpt-save, export-roundtrip, peft-lora-slice --------------------------------------------------------
 
 
@@ -1265,4 +1413,5 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/fp8-slice/README.md": fp8_slice,
     "benchmarks/results/slice-1gpu-b200-set/README.md": b200_set,
     "benchmarks/results/overhead/README.md": overhead,
+    "benchmarks/results/adam/README.md": adam_folder,
 }
