@@ -785,6 +785,115 @@ def adam_folder() -> dict:
 
 
 NORMBWD = Runs("normbwd", first="with", again="with-again")
+NORMBWD_RUNS = ("with", "without", "with-again")
+NORM_LAUNCHES = "one Triton pass, launches (backward alone)"
+_LAUNCH_WORDS = re.compile(r"(\d+) per SM, (\d+) warps, (\d+) rows?")
+
+
+def norm_launch_words(x: dict) -> str:
+    rows = x["rows_per_iteration"]
+    return f"{x['programs_per_sm']} per SM, {x['num_warps']} warps, {rows} row{'s' if rows > 1 else ''}"
+
+
+def normbwd() -> dict:
+    r = NORMBWD
+    out = prefixed("verdict", rule_verdict(r))
+    out["runs"] = r.run_table(median=True)
+    out["gpu.passed"] = gpu_test("normbwd")
+    k = data("normbwd/kernels.json")["post_expert_norm"]
+    launches = k[NORM_LAUNCHES]
+    best = min(launches, key=lambda x: x["backward"]["median_ms"])
+    by = {(x["programs_per_sm"], x["num_warps"], x["rows_per_iteration"]): x for x in launches}
+    inductor = k["inductor default"]["backward"]
+    row_pass, column_sum = list(inductor["kernels_ms"].values())[:2]
+
+    def row(cells: list[str]):
+        if cells[0].startswith("TorchInductor"):
+            return "inductor"
+        if "fastest launch" in cells[0]:
+            return "best"
+        m = _LAUNCH_WORDS.search(cells[0])
+        if not m:
+            raise ValueError(f"normbwd/README.md: row {cells[0]!r} names no launch")
+        return tuple(int(g) for g in m.groups())
+
+    def first_cell(key):
+        if key == "inductor":
+            return Whole(
+                f"TorchInductor's two kernels (as shipped): row pass {row_pass:.2f} ms + column sum {column_sum:.2f} ms"
+            )
+        if key == "best":
+            return Whole(f"**one pass, the fastest launch ({norm_launch_words(best)})**")
+        return None
+
+    def timing(key):
+        return inductor if key == "inductor" else (best if key == "best" else by[key])["backward"]
+
+    out["alone"] = table(
+        row,
+        {0: first_cell, 1: lambda key: f(timing(key)["median_ms"], 2), 2: lambda key: n0(timing(key)["gb_per_s"])},
+    )
+    for name, values in (
+        ("programs", "programs_per_sm"),
+        ("warps", "num_warps"),
+        ("rows", "rows_per_iteration"),
+    ):
+        out[f"grid.{name}"] = ", ".join(str(v) for v in sorted({x[values] for x in launches}))
+    out["wide-fastest"] = f(min(x["backward"]["median_ms"] for x in launches if x["num_warps"] == 16), 2)
+    out["autograd-ms"] = f(k["one Triton pass (norm_backward.py), a candidate"]["backward"]["median_ms"], 2)
+    saved = inductor["median_ms"] - best["backward"]["median_ms"]
+    out["saved-ms"] = f(saved, 2)
+    with_mean = (r.json(r.first)["step_time_mean_s"] + r.json(r.again)["step_time_mean_s"]) / 2
+    with_median = (r.median(r.first) + r.median(r.again)) / 2
+    out["faster-mean-ms"] = f(1e3 * (r.json("without")["step_time_mean_s"] - with_mean), 1)
+    out["faster-median-ms"] = f(1e3 * (r.median("without") - with_median), 1)
+    e = embedgrad_verdict()
+    out["embedgrad.pair"] = spct(e["pair"])
+    out["embedgrad.on-top"] = spct(e["on-top"])
+    return out
+
+
+EMBEDGRAD = Runs("embedgrad", first="with", again="with-again")
+EMBEDGRAD_RUNS = ("with", "without", "with-again", "both")
+
+
+def embedgrad_verdict() -> dict:
+    """embedgrad_choose.py's gains: the embedding alone, the pair (both against without), the norm backward on top."""
+    e = EMBEDGRAD
+    return {
+        "alone": e.base / e.tps("without") - 1,
+        "pair": e.tps("both") / e.tps("without") - 1,
+        "on-top": e.tps("both") / e.base - 1,
+    }
+
+
+def embedgrad() -> dict:
+    e = EMBEDGRAD
+    v = embedgrad_verdict()
+    with_median = (e.median(e.first) + e.median(e.again)) / 2
+    peak = {run: e.json(run)["peak_memory_gib"] for run in ("with", "without")}
+    losses = [e.json(r)["final_loss"] for r in EMBEDGRAD_RUNS]
+    sitting = "2026-12-04"
+    return {
+        "runs": e.run_table(median=True),
+        "gpu.passed": gpu_test("embedgrad"),
+        "alone": spct(v["alone"]),
+        "pair": spct(v["pair"]),
+        "on-top": spct(v["on-top"]),
+        "base": n0(e.base),
+        "drift": pct(e.drift),
+        "twice-drift": pct(2 * e.drift),
+        "median.alone": spct(e.median("without") / with_median - 1),
+        "median.pair": spct(e.median("without") / e.median("both") - 1),
+        "peak.more": f(peak["with"] - peak["without"], 2),
+        "peak.with": f(peak["with"], 2),
+        "peak.without": f(peak["without"], 2),
+        "losses-agree": sci(max(losses) / min(losses) - 1, 0),
+        "worst-grad-norm": f(e.worst_grad_norm(EMBEDGRAD_RUNS), 3),
+        "normbwd-alone": spct(NORMBWD.base / NORMBWD.tps("without") - 1),
+        "bridge.mfu": pct(sitting_mfu(sitting)),
+        "bridge.ratio": f"{sitting_summary(sitting)['ratio_of_medians']:.3f}x",
+    }
 
 
 # ---- results/det, ckpt-save, export-roundtrip, peft-lora-slice --------------------------------------------------------
@@ -1414,4 +1523,6 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/slice-1gpu-b200-set/README.md": b200_set,
     "benchmarks/results/overhead/README.md": overhead,
     "benchmarks/results/adam/README.md": adam_folder,
+    "benchmarks/results/normbwd/README.md": normbwd,
+    "benchmarks/results/embedgrad/README.md": embedgrad,
 }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import statistics
 from pathlib import Path
 from types import ModuleType
 
@@ -36,10 +35,6 @@ class Folder:
         first, again = self.tps("shipped"), self.tps("shipped-again")
         base = (first + again) / 2
         return base, abs(first - again) / base
-
-    def median_step(self, run: str, warmup: int = 8) -> float:
-        """The median window step of an ``engine_steps.py`` run (its steps after ``warmup``)."""
-        return statistics.median(s["step_time_s"] for s in self.json(f"{run}.json")["steps"][warmup:])
 
     def assert_verdict(self, r: dict, verdict: str) -> None:
         """``normbwd_choose.keep``'s result ``r`` is what ``verdict.txt`` records (the README's figures of the
