@@ -896,6 +896,92 @@ def embedgrad() -> dict:
     }
 
 
+
+# ---- results/plan-sweep (fit_time.py --sweep's fit, and sittings.py's plan against the side-by-side sittings) -------
+
+
+def plan_sweep_fit(sub: str) -> dict:
+    """One sweep's fit (``fit.json`` of plan-sweep/ or of an earlier sweep's sub-folder): its table of runs, the
+    shipped run's errors and the leave-one-out errors over the sweep."""
+    folder = f"plan-sweep/{sub + '/' if sub else ''}"
+    fit = data(f"{folder}fit.json")
+    points = {p["run"]: p for p in fit["points"]}
+    shipped = fit["shipped"]
+    worst = max(fit["points"], key=lambda p: abs(p["leave_one_out_error"]))
+    return {
+        "fit": table(
+            lambda c: c[0],
+            {
+                2: lambda run: f(points[run]["measured_s"], 3),
+                3: lambda run: f(points[run]["predicted_s"], 3),
+                4: lambda run: spct(points[run]["error"], 1),
+                5: lambda run: f(points[run]["leave_one_out_predicted_s"], 3),
+                6: lambda run: spct(points[run]["leave_one_out_error"], 1),
+            },
+        ),
+        "shipped.measured": f(shipped["measured_s"], 3),
+        "shipped.model": f(shipped["predicted_s"], 3),
+        "shipped.error": spct(shipped["error"], 1),
+        "shipped.leave-one-out": spct(shipped["leave_one_out_error"], 1),
+        "leave-one-out.mean": pct(fit["leave_one_out_mean_abs_error"], 1),
+        "leave-one-out.max": pct(fit["leave_one_out_max_abs_error"], 1),
+        "leave-one-out.worst": worst["run"],
+    }
+
+
+def plan_sweep() -> dict:
+    out = plan_sweep_fit("")
+    fit = data("plan-sweep/fit.json")
+    fitted, held = fit["fitted"], fit["held"]
+    out["fitted.efficiency"] = f(fitted["matmul_efficiency"], 4)
+    out["held.layer-ms"] = f(1e3 * held["layer_overhead_s"], 3)
+    out["held.microbatch-ms"] = f(1e3 * held["microbatch_overhead_s"], 2)
+    out["held.expert-us"] = f(1e6 * held["expert_overhead_s"], 2)
+    out["held.eager-passes"] = f(held["elementwise_passes"], 3)
+    rows = {r["sitting"]: r for r in data("plan-sweep/sittings.json")}
+
+    def sitting(cells: list[str]) -> str:
+        return first_code(cells).removeprefix("../side-by-side/").rstrip("/")
+
+    out["sittings"] = table(
+        sitting,
+        {
+            2: lambda s: n0(rows[s]["measured_tokens_per_s_per_gpu"]),
+            3: lambda s: n0(rows[s]["planned_tokens_per_s_per_gpu"]),
+            4: lambda s: spct(rows[s]["tokens_per_s_error"], 1),
+            5: lambda s: f(rows[s]["measured_median_step_s"], 4),
+            6: lambda s: f(rows[s]["planned_step_s"], 4),
+            7: lambda s: spct(rows[s]["step_error"], 1),
+        },
+    )
+    last = list(rows.values())[-1]
+    if not last["shipped_kernels"]:
+        raise ValueError("plan-sweep/sittings.json: the last sitting did not run the kernels as shipped")
+    out.update(
+        {
+            "plan.step": f(last["planned_step_s"], 3),
+            "plan.tps": n0(last["planned_tokens_per_s_per_gpu"]),
+            "plan.tps-error": spct(last["tokens_per_s_error"], 1),
+            "plan.step-error": spct(last["step_error"], 1),
+            "last.tps": n0(last["measured_tokens_per_s_per_gpu"]),
+            "last.step": f(last["measured_median_step_s"], 4),
+        }
+    )
+    return out
+
+
+def plan_sweep_earlier(sub: str, partial: bool = False) -> Callable[[], dict]:
+    """An earlier sweep's figures; a ``partial`` sweep's README also says how many of the runs it reached."""
+
+    def figures() -> dict:
+        out = plan_sweep_fit(sub)
+        if partial:
+            out["ran"] = str(len(data(f"plan-sweep/{sub}/fit.json")["points"]))
+        return out
+
+    return figures
+
+
 # ---- results/det, ckpt-save, export-roundtrip, peft-lora-slice --------------------------------------------------------
 
 
@@ -1525,4 +1611,7 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/adam/README.md": adam_folder,
     "benchmarks/results/normbwd/README.md": normbwd,
     "benchmarks/results/embedgrad/README.md": embedgrad,
+    "benchmarks/results/plan-sweep/README.md": plan_sweep,
+    "benchmarks/results/plan-sweep/2026-12-03/README.md": plan_sweep_earlier("2026-12-03", partial=True),
+    "benchmarks/results/plan-sweep/2026-12-02/README.md": plan_sweep_earlier("2026-12-02"),
 }
