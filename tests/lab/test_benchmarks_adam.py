@@ -1,7 +1,7 @@
 """Adam's update as one Triton launch per parameter group, measured (benchmarks/results/adam/): each run's Adam read
 back from what the engine recorded, and the verdict by the rule recomputed from the committed result files (the
-README's figures are rendered from the same files: test_benchmarks_rendered.py) (the launch the kernel reads, the fastest of the committed timings, is
-tests/lab/test_benchmarks_datafiles.py's). CPU only; nothing is timed."""
+README's figures are rendered from the same files: test_benchmarks_rendered.py; the launch the kernel reads, the fastest of the committed timings,
+is tests/lab/test_benchmarks_datafiles.py's). CPU only; nothing is timed."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The post-expert norm's one-pass backward, measured (benchmarks/results/normbwd/): each run's backward read back
 from what the engine recorded, and the verdict by the rule recomputed from the committed result files (the README's
-figures are rendered from the same files: test_benchmarks_rendered.py) (the launch the kernel reads, the fastest of the committed timings, is
-tests/lab/test_benchmarks_datafiles.py's). CPU only; nothing is timed."""
+figures are rendered from the same files: test_benchmarks_rendered.py; the launch the kernel reads, the fastest of the committed timings,
+is tests/lab/test_benchmarks_datafiles.py's). CPU only; nothing is timed."""
 
 from __future__ import annotations
 
