@@ -982,6 +982,56 @@ def plan_sweep_earlier(sub: str, partial: bool = False) -> Callable[[], dict]:
     return figures
 
 
+
+# ---- results/plan (fit_time.py's fit to the older H200 runs, and the planner's calibration against them) ----------
+
+
+def plan_folder() -> dict:
+    fit = data("plan/fit_time.json")
+    sweep = data("plan-sweep/fit.json")
+    points = {p["benchmark"]: p for p in fit["points"]}
+
+    def signed(key: str) -> Callable[[str], str | Whole]:
+        """An error column: empty where the run has none (a run no leave-one-out refit could leave out)."""
+        return lambda run: Whole("") if points[run].get(key) is None else spct(points[run][key], 1)
+
+    out = {
+        "step-times": table(
+            lambda c: c[0],
+            {
+                4: lambda run: f(points[run]["measured_s"], 3),
+                5: lambda run: f(points[run]["predicted_s"], 3),
+                6: signed("error"),
+                7: signed("leave_one_out_error"),
+                8: lambda run: f(points[run]["adopted_predicted_s"], 3),
+                9: signed("adopted_error"),
+                10: signed("adopted_leave_one_out_error"),
+            },
+        ),
+        "refit.loo-mean": pct(fit["leave_one_out_single_gpu_mean_abs_error"], 1),
+        "refit.loo-max": pct(fit["leave_one_out_single_gpu_max_abs_error"], 1),
+        "refit.efficiency": f(fit["fitted"]["matmul_efficiency"], 4),
+        "sweep.efficiency": f(sweep["calibration"]["gemm_efficiency_dense"], 4),
+        "sweep.shipped-error": spct(sweep["shipped"]["error"], 1),
+        "sweep.shipped-loo": spct(sweep["shipped"]["leave_one_out_error"], 1),
+        "sweep.loo-mean": pct(sweep["leave_one_out_mean_abs_error"], 1),
+        "sweep.loo-max": pct(sweep["leave_one_out_max_abs_error"], 1),
+    }
+    # the planner's calibration against these runs, in sample (adopted) and each fitted run left out
+    for prefix, errors, groups, with_runs in (
+        ("adopted", fit["adopted"], ("fitted_single_gpu", "fitted_all", "checked"), True),
+        ("adopted", fit["adopted"], ("proxy_checked", "slice_checked"), False),
+        ("left-out", fit["adopted_leave_one_out"], ("fitted_all", "proxy_fitted", "slice_fitted"), True),
+    ):
+        for group in groups:
+            e = errors[group]
+            out[f"{prefix}.{group}.mean"] = pct(e["mean_abs_error"], 1)
+            out[f"{prefix}.{group}.max"] = pct(e["max_abs_error"], 1)
+            if with_runs:
+                out[f"{prefix}.{group}.runs"] = str(e["runs"])
+    return out
+
+
 # ---- results/det, ckpt-save, export-roundtrip, peft-lora-slice --------------------------------------------------------
 
 
@@ -1611,6 +1661,7 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/adam/README.md": adam_folder,
     "benchmarks/results/normbwd/README.md": normbwd,
     "benchmarks/results/embedgrad/README.md": embedgrad,
+    "benchmarks/results/plan/README.md": plan_folder,
     "benchmarks/results/plan-sweep/README.md": plan_sweep,
     "benchmarks/results/plan-sweep/2026-12-03/README.md": plan_sweep_earlier("2026-12-03", partial=True),
     "benchmarks/results/plan-sweep/2026-12-02/README.md": plan_sweep_earlier("2026-12-02"),
