@@ -639,6 +639,399 @@ def te_swiglu() -> dict:
     return out
 
 
+
+# ---- results/adam, normbwd, embedgrad (engine_steps.py runs kept or rejected by normbwd_choose.py's rule) -----------
+
+#: bytes Adam moves per parameter: the gradient, master and both moments read in fp32 (16), master and moments
+#: written in fp32 (12) and the bf16 weight written (2)
+ADAM_BYTES = 30
+#: bytes the clip's gradient norm reads per parameter (the fp32 main gradient)
+NORM_BYTES = 4
+
+
+def slice_elements() -> int:
+    """The slice's gradient buffer, in elements (clip-scale.json measured the clip over it)."""
+    return data("clip-skip-and-gated-residual/clip-scale.json")["elements"]
+
+
+def gpu_test(folder: str) -> str:
+    """The pytest summary count of a folder's gpu-test.txt: "11 passed"."""
+    text = (RESULTS / folder / "gpu-test.txt").read_text()
+    found = re.findall(r"(\d+ passed)", text)
+    if not found:
+        raise ValueError(f"{folder}/gpu-test.txt has no pytest summary")
+    return found[-1]
+
+
+def rule_verdict(r: Runs, without: str = "without") -> dict:
+    """levers_choose.py's rule on a with / with-again / without folder: the gain, the baseline, the drift and twice
+    it, and the gain by the median step; the final losses' spread and the largest window gradient norm."""
+    with_median = (r.median(r.first) + r.median(r.again)) / 2
+    return {
+        "gain": spct(r.base / r.tps(without) - 1),
+        "base": n0(r.base),
+        "drift": pct(r.drift),
+        "twice-drift": pct(2 * r.drift),
+        "median-gain": spct(r.median(without) / with_median - 1),
+    }
+
+
+ADAM = Runs("adam", first="with", again="with-again")
+ADAM_RUNS = ("with", "without", "with-again", "with-norm-backward")
+ADAM_LAUNCHES = "one Triton launch, launches"
+
+
+def adam_launch(kernels: dict, launch: tuple[int, int, int]) -> dict:
+    return next(
+        x for x in kernels["adam"][ADAM_LAUNCHES] if (x["programs_per_sm"], x["num_warps"], x["block"]) == launch
+    )
+
+
+def adam_fastest(kernels: dict) -> dict:
+    return min(kernels["adam"][ADAM_LAUNCHES], key=lambda x: x["step"]["median_ms"])
+
+
+def adam_folder() -> dict:
+    a = ADAM
+    out = prefixed("verdict", rule_verdict(a))
+    out["runs"] = a.run_table(median=True)
+    out["on-top"] = spct(a.tps("with-norm-backward") / a.base - 1)
+    out["normbwd-alone"] = spct(NORMBWD.base / NORMBWD.tps("without") - 1)
+    losses = [a.json(r)["final_loss"] for r in ADAM_RUNS]
+    out["losses-agree"] = sci(max(losses) / min(losses) - 1, 0)
+    out["worst-grad-norm"] = f(a.worst_grad_norm(ADAM_RUNS), 3)
+    # the GPU test
+    gpu = (RESULTS / "adam" / "gpu-test.txt").read_text()
+    counts = [tuple(int(x) for x in m) for m in re.findall(r": (\d+) of (\d+) master and moment elements", gpu)]
+    if len(counts) != 2 or counts[0][1] != counts[1][1]:
+        raise ValueError(f"adam/gpu-test.txt: expected two counts over one element total, found {counts}")
+    out["gpu.differ-a"], out["gpu.differ-b"] = n0(counts[0][0]), n0(counts[1][0])
+    out["gpu.elements"] = n0(counts[0][1])
+    out["gpu.differ-pct"] = pct(counts[0][0] / counts[0][1])
+    out["gpu.passed"] = gpu_test("adam")
+    # the kernels alone
+    k, first_grid = data("adam/kernels.json"), data("adam/kernels-first-grid.json")
+    best, first = adam_fastest(k), adam_fastest(first_grid)
+    first_launch = (first["programs_per_sm"], first["num_warps"], first["block"])
+    again = adam_launch(k, first_launch)
+    te = k["adam"][f"chunk {k['adam']['default_chunk_size']}"]
+
+    def launch_words(x: dict) -> str:
+        return f"{x['programs_per_sm']} per SM, {x['num_warps']} warps, {x['block']:,} elements"
+
+    rows = {
+        "te": (te, None),
+        "best": (best["step"], f"**the Triton step, the fastest launch ({launch_words(best)})**"),
+        "first": (again["step"], f"the Triton step, the first grid's fastest ({launch_words(first)})"),
+    }
+
+    def row(cells: list[str]) -> str:
+        return "te" if cells[0].startswith("TE's") else "first" if "first grid" in cells[0] else "best"
+
+    out["alone"] = table(
+        row,
+        {
+            0: lambda key: None if rows[key][1] is None else Whole(rows[key][1]),
+            1: lambda key: f(rows[key][0]["median_ms"], 2),
+            2: lambda key: n0(rows[key][0]["gb_per_s"]),
+        },
+    )
+    out["first-grid.count"] = str(len(first_grid["adam"][ADAM_LAUNCHES]))
+    out["grid.count"] = str(len(k["adam"][ADAM_LAUNCHES]))
+    out["first-grid.launch"] = launch_words(first)
+    slowest = [x["step"]["median_ms"] for x in k["adam"][ADAM_LAUNCHES] if x["block"] == 2048 and x["num_warps"] == 8]
+    out["slowest"] = f"{min(slowest):.1f}-{max(slowest):.1f}"
+    beyond = {
+        (x["programs_per_sm"], x["block"]): x["step"]["median_ms"]
+        for x in data("adam/kernels-beyond.json")["adam"][ADAM_LAUNCHES]
+    }
+    out["beyond.64"], out["beyond.128"] = f(beyond[(64, 1024)], 2), f(beyond[(128, 1024)], 2)
+    out["beyond.32"] = f(beyond[(32, 1024)], 2)
+    # the profile
+    p = data("adam/profile-shipped.json")
+    idle = profile_idle(p)
+    out.update(prefixed("profile", {k2: idle[k2] for k2 in ("span", "busy", "idle-ms")}))
+    elements = slice_elements()
+    adam_s, norm_s = top_kernel(p, "optimizer", "_adam"), top_kernel(p, "optimizer", "L2NormFunctor")
+    te_s = top_kernel(data("te-swiglu-backward-and-first-microbatch-writes/profile-shipped.json"), "optimizer",
+                      "AdamFunctorMaster")
+    gemm = sum(c["seconds_per_step"] for c in p["classes"] if c["class"] in ("grouped expert GEMM", "dense GEMM"))
+    out.update(
+        {
+            "adam-gb": f(elements * ADAM_BYTES / 1e9, 0),
+            "slice-b": f(elements / 1e9, 2),
+            "te.adam-ms": f(1e3 * te_s, 2),
+            "te.adam-tbps": f(elements * ADAM_BYTES / te_s / 1e12, 1),
+            "optimizer-ms": class_ms(p, "optimizer", 2),
+            "adam-ms": f(1e3 * adam_s, 2),
+            "adam-tbps": f(elements * ADAM_BYTES / adam_s / 1e12, 1),
+            "l2norm-ms": f(1e3 * norm_s, 2),
+            "l2norm-gb": f(elements * NORM_BYTES / 1e9, 1),
+            "l2norm-tbps": f(elements * NORM_BYTES / norm_s / 1e12, 1),
+            "gemm-ms": f(1e3 * gemm, 1),
+            "busy-ms": f(1e3 * p["busy_seconds_per_step"], 1),
+        }
+    )
+    # with Bridge: the sitting of the same lease
+    sitting = "2026-12-03-triton-adam"
+    runs = runner_runs(sitting)
+    _, step53 = target_53(runs[0])
+    step = statistics.median(r["step_time_median_s"] for r in runs)
+    out["bridge.mfu"] = pct(sitting_mfu(sitting))
+    out["bridge.ratio"] = f"{sitting_summary(sitting)['ratio_of_medians']:.3f}x"
+    out["bridge.target-step"] = f(step53, 3)
+    out["bridge.less-ms"] = f(1e3 * (step - step53), 0)
+    return out
+
+
+NORMBWD = Runs("normbwd", first="with", again="with-again")
+NORMBWD_RUNS = ("with", "without", "with-again")
+NORM_LAUNCHES = "one Triton pass, launches (backward alone)"
+_LAUNCH_WORDS = re.compile(r"(\d+) per SM, (\d+) warps, (\d+) rows?")
+
+
+def norm_launch_words(x: dict) -> str:
+    rows = x["rows_per_iteration"]
+    return f"{x['programs_per_sm']} per SM, {x['num_warps']} warps, {rows} row{'s' if rows > 1 else ''}"
+
+
+def normbwd() -> dict:
+    r = NORMBWD
+    out = prefixed("verdict", rule_verdict(r))
+    out["runs"] = r.run_table(median=True)
+    out["gpu.passed"] = gpu_test("normbwd")
+    k = data("normbwd/kernels.json")["post_expert_norm"]
+    launches = k[NORM_LAUNCHES]
+    best = min(launches, key=lambda x: x["backward"]["median_ms"])
+    by = {(x["programs_per_sm"], x["num_warps"], x["rows_per_iteration"]): x for x in launches}
+    inductor = k["inductor default"]["backward"]
+    row_pass, column_sum = list(inductor["kernels_ms"].values())[:2]
+
+    def row(cells: list[str]):
+        if cells[0].startswith("TorchInductor"):
+            return "inductor"
+        if "fastest launch" in cells[0]:
+            return "best"
+        m = _LAUNCH_WORDS.search(cells[0])
+        if not m:
+            raise ValueError(f"normbwd/README.md: row {cells[0]!r} names no launch")
+        return tuple(int(g) for g in m.groups())
+
+    def first_cell(key):
+        if key == "inductor":
+            return Whole(
+                f"TorchInductor's two kernels (as shipped): row pass {row_pass:.2f} ms + column sum {column_sum:.2f} ms"
+            )
+        if key == "best":
+            return Whole(f"**one pass, the fastest launch ({norm_launch_words(best)})**")
+        return None
+
+    def timing(key):
+        return inductor if key == "inductor" else (best if key == "best" else by[key])["backward"]
+
+    out["alone"] = table(
+        row,
+        {0: first_cell, 1: lambda key: f(timing(key)["median_ms"], 2), 2: lambda key: n0(timing(key)["gb_per_s"])},
+    )
+    for name, values in (
+        ("programs", "programs_per_sm"),
+        ("warps", "num_warps"),
+        ("rows", "rows_per_iteration"),
+    ):
+        out[f"grid.{name}"] = ", ".join(str(v) for v in sorted({x[values] for x in launches}))
+    out["wide-fastest"] = f(min(x["backward"]["median_ms"] for x in launches if x["num_warps"] == 16), 2)
+    out["autograd-ms"] = f(k["one Triton pass (norm_backward.py), a candidate"]["backward"]["median_ms"], 2)
+    saved = inductor["median_ms"] - best["backward"]["median_ms"]
+    out["saved-ms"] = f(saved, 2)
+    with_mean = (r.json(r.first)["step_time_mean_s"] + r.json(r.again)["step_time_mean_s"]) / 2
+    with_median = (r.median(r.first) + r.median(r.again)) / 2
+    out["faster-mean-ms"] = f(1e3 * (r.json("without")["step_time_mean_s"] - with_mean), 1)
+    out["faster-median-ms"] = f(1e3 * (r.median("without") - with_median), 1)
+    e = embedgrad_verdict()
+    out["embedgrad.pair"] = spct(e["pair"])
+    out["embedgrad.on-top"] = spct(e["on-top"])
+    return out
+
+
+EMBEDGRAD = Runs("embedgrad", first="with", again="with-again")
+EMBEDGRAD_RUNS = ("with", "without", "with-again", "both")
+
+
+def embedgrad_verdict() -> dict:
+    """embedgrad_choose.py's gains: the embedding alone, the pair (both against without), the norm backward on top."""
+    e = EMBEDGRAD
+    return {
+        "alone": e.base / e.tps("without") - 1,
+        "pair": e.tps("both") / e.tps("without") - 1,
+        "on-top": e.tps("both") / e.base - 1,
+    }
+
+
+def embedgrad() -> dict:
+    e = EMBEDGRAD
+    v = embedgrad_verdict()
+    with_median = (e.median(e.first) + e.median(e.again)) / 2
+    peak = {run: e.json(run)["peak_memory_gib"] for run in ("with", "without")}
+    losses = [e.json(r)["final_loss"] for r in EMBEDGRAD_RUNS]
+    sitting = "2026-12-04"
+    return {
+        "runs": e.run_table(median=True),
+        "gpu.passed": gpu_test("embedgrad"),
+        "alone": spct(v["alone"]),
+        "pair": spct(v["pair"]),
+        "on-top": spct(v["on-top"]),
+        "base": n0(e.base),
+        "drift": pct(e.drift),
+        "twice-drift": pct(2 * e.drift),
+        "median.alone": spct(e.median("without") / with_median - 1),
+        "median.pair": spct(e.median("without") / e.median("both") - 1),
+        "peak.more": f(peak["with"] - peak["without"], 2),
+        "peak.with": f(peak["with"], 2),
+        "peak.without": f(peak["without"], 2),
+        "losses-agree": sci(max(losses) / min(losses) - 1, 0),
+        "worst-grad-norm": f(e.worst_grad_norm(EMBEDGRAD_RUNS), 3),
+        "normbwd-alone": spct(NORMBWD.base / NORMBWD.tps("without") - 1),
+        "bridge.mfu": pct(sitting_mfu(sitting)),
+        "bridge.ratio": f"{sitting_summary(sitting)['ratio_of_medians']:.3f}x",
+    }
+
+
+
+# ---- results/plan-sweep (fit_time.py --sweep's fit, and sittings.py's plan against the side-by-side sittings) -------
+
+
+def plan_sweep_fit(sub: str) -> dict:
+    """One sweep's fit (``fit.json`` of plan-sweep/ or of an earlier sweep's sub-folder): its table of runs, the
+    shipped run's errors and the leave-one-out errors over the sweep."""
+    folder = f"plan-sweep/{sub + '/' if sub else ''}"
+    fit = data(f"{folder}fit.json")
+    points = {p["run"]: p for p in fit["points"]}
+    shipped = fit["shipped"]
+    worst = max(fit["points"], key=lambda p: abs(p["leave_one_out_error"]))
+    return {
+        "fit": table(
+            lambda c: c[0],
+            {
+                2: lambda run: f(points[run]["measured_s"], 3),
+                3: lambda run: f(points[run]["predicted_s"], 3),
+                4: lambda run: spct(points[run]["error"], 1),
+                5: lambda run: f(points[run]["leave_one_out_predicted_s"], 3),
+                6: lambda run: spct(points[run]["leave_one_out_error"], 1),
+            },
+        ),
+        "shipped.measured": f(shipped["measured_s"], 3),
+        "shipped.model": f(shipped["predicted_s"], 3),
+        "shipped.error": spct(shipped["error"], 1),
+        "shipped.leave-one-out": spct(shipped["leave_one_out_error"], 1),
+        "leave-one-out.mean": pct(fit["leave_one_out_mean_abs_error"], 1),
+        "leave-one-out.max": pct(fit["leave_one_out_max_abs_error"], 1),
+        "leave-one-out.worst": worst["run"],
+    }
+
+
+def plan_sweep() -> dict:
+    out = plan_sweep_fit("")
+    fit = data("plan-sweep/fit.json")
+    fitted, held = fit["fitted"], fit["held"]
+    out["fitted.efficiency"] = f(fitted["matmul_efficiency"], 4)
+    out["held.layer-ms"] = f(1e3 * held["layer_overhead_s"], 3)
+    out["held.microbatch-ms"] = f(1e3 * held["microbatch_overhead_s"], 2)
+    out["held.expert-us"] = f(1e6 * held["expert_overhead_s"], 2)
+    out["held.eager-passes"] = f(held["elementwise_passes"], 3)
+    rows = {r["sitting"]: r for r in data("plan-sweep/sittings.json")}
+
+    def sitting(cells: list[str]) -> str:
+        return first_code(cells).removeprefix("../side-by-side/").rstrip("/")
+
+    out["sittings"] = table(
+        sitting,
+        {
+            2: lambda s: n0(rows[s]["measured_tokens_per_s_per_gpu"]),
+            3: lambda s: n0(rows[s]["planned_tokens_per_s_per_gpu"]),
+            4: lambda s: spct(rows[s]["tokens_per_s_error"], 1),
+            5: lambda s: f(rows[s]["measured_median_step_s"], 4),
+            6: lambda s: f(rows[s]["planned_step_s"], 4),
+            7: lambda s: spct(rows[s]["step_error"], 1),
+        },
+    )
+    last = list(rows.values())[-1]
+    if not last["shipped_kernels"]:
+        raise ValueError("plan-sweep/sittings.json: the last sitting did not run the kernels as shipped")
+    out.update(
+        {
+            "plan.step": f(last["planned_step_s"], 3),
+            "plan.tps": n0(last["planned_tokens_per_s_per_gpu"]),
+            "plan.tps-error": spct(last["tokens_per_s_error"], 1),
+            "plan.step-error": spct(last["step_error"], 1),
+            "last.tps": n0(last["measured_tokens_per_s_per_gpu"]),
+            "last.step": f(last["measured_median_step_s"], 4),
+        }
+    )
+    return out
+
+
+def plan_sweep_earlier(sub: str, partial: bool = False) -> Callable[[], dict]:
+    """An earlier sweep's figures; a ``partial`` sweep's README also says how many of the runs it reached."""
+
+    def figures() -> dict:
+        out = plan_sweep_fit(sub)
+        if partial:
+            out["ran"] = str(len(data(f"plan-sweep/{sub}/fit.json")["points"]))
+        return out
+
+    return figures
+
+
+
+# ---- results/plan (fit_time.py's fit to the older H200 runs, and the planner's calibration against them) ----------
+
+
+def plan_folder() -> dict:
+    fit = data("plan/fit_time.json")
+    sweep = data("plan-sweep/fit.json")
+    points = {p["benchmark"]: p for p in fit["points"]}
+
+    def signed(key: str) -> Callable[[str], str | Whole]:
+        """An error column: empty where the run has none (a run no leave-one-out refit could leave out)."""
+        return lambda run: Whole("") if points[run].get(key) is None else spct(points[run][key], 1)
+
+    out = {
+        "step-times": table(
+            lambda c: c[0],
+            {
+                4: lambda run: f(points[run]["measured_s"], 3),
+                5: lambda run: f(points[run]["predicted_s"], 3),
+                6: signed("error"),
+                7: signed("leave_one_out_error"),
+                8: lambda run: f(points[run]["adopted_predicted_s"], 3),
+                9: signed("adopted_error"),
+                10: signed("adopted_leave_one_out_error"),
+            },
+        ),
+        "refit.loo-mean": pct(fit["leave_one_out_single_gpu_mean_abs_error"], 1),
+        "refit.loo-max": pct(fit["leave_one_out_single_gpu_max_abs_error"], 1),
+        "refit.efficiency": f(fit["fitted"]["matmul_efficiency"], 4),
+        "sweep.efficiency": f(sweep["calibration"]["gemm_efficiency_dense"], 4),
+        "sweep.shipped-error": spct(sweep["shipped"]["error"], 1),
+        "sweep.shipped-loo": spct(sweep["shipped"]["leave_one_out_error"], 1),
+        "sweep.loo-mean": pct(sweep["leave_one_out_mean_abs_error"], 1),
+        "sweep.loo-max": pct(sweep["leave_one_out_max_abs_error"], 1),
+    }
+    # the planner's calibration against these runs, in sample (adopted) and each fitted run left out
+    for prefix, errors, groups, with_runs in (
+        ("adopted", fit["adopted"], ("fitted_single_gpu", "fitted_all", "checked"), True),
+        ("adopted", fit["adopted"], ("proxy_checked", "slice_checked"), False),
+        ("left-out", fit["adopted_leave_one_out"], ("fitted_all", "proxy_fitted", "slice_fitted"), True),
+    ):
+        for group in groups:
+            e = errors[group]
+            out[f"{prefix}.{group}.mean"] = pct(e["mean_abs_error"], 1)
+            out[f"{prefix}.{group}.max"] = pct(e["max_abs_error"], 1)
+            if with_runs:
+                out[f"{prefix}.{group}.runs"] = str(e["runs"])
+    return out
+
+
 # ---- results/det, ckpt-save, export-roundtrip, peft-lora-slice --------------------------------------------------------
 
 
@@ -1265,4 +1658,11 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/fp8-slice/README.md": fp8_slice,
     "benchmarks/results/slice-1gpu-b200-set/README.md": b200_set,
     "benchmarks/results/overhead/README.md": overhead,
+    "benchmarks/results/adam/README.md": adam_folder,
+    "benchmarks/results/normbwd/README.md": normbwd,
+    "benchmarks/results/embedgrad/README.md": embedgrad,
+    "benchmarks/results/plan/README.md": plan_folder,
+    "benchmarks/results/plan-sweep/README.md": plan_sweep,
+    "benchmarks/results/plan-sweep/2026-12-03/README.md": plan_sweep_earlier("2026-12-03", partial=True),
+    "benchmarks/results/plan-sweep/2026-12-02/README.md": plan_sweep_earlier("2026-12-02"),
 }

@@ -1,7 +1,7 @@
-"""The post-expert norm's one-pass backward, measured (benchmarks/results/normbwd/): every figure its README
-states, recomputed from the committed result files; each run's backward read back from what the engine recorded;
-and the verdict by the rule (the launch the kernel reads, the fastest of the committed timings, is
-tests/lab/test_benchmarks_datafiles.py's). CPU only; nothing is timed."""
+"""The post-expert norm's one-pass backward, measured (benchmarks/results/normbwd/): each run's backward read back
+from what the engine recorded, and the verdict by the rule recomputed from the committed result files (the README's
+figures are rendered from the same files: test_benchmarks_rendered.py; the launch the kernel reads, the fastest of the committed timings,
+is tests/lab/test_benchmarks_datafiles.py's). CPU only; nothing is timed."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ FOLDER = Folder("normbwd")
 RUNS = ("with", "without", "with-again")
 ONE_PASS, INDUCTOR = "one Triton pass (norm_backward.py)", "the compiled chain's (TorchInductor)"
 choose = script("normbwd_choose")
-_json, _text = FOLDER.json, FOLDER.text
+_json = FOLDER.json
 
 
 def test_each_run_ran_the_backward_it_is_named_for():
@@ -27,24 +27,15 @@ def test_each_run_ran_the_backward_it_is_named_for():
 def test_the_verdict_is_the_rule_on_the_committed_runs():
     r = choose.keep(FOLDER.path)
     assert r["kept"] is False
-    assert f"**+{100 * r['gain']:.2f}% by the rule's measure:**" in _text()
     FOLDER.assert_verdict(r, "rejected")
 
 
-def test_the_readme_table_restates_each_run():
-    FOLDER.assert_run_table_with_median(RUNS)
-
-
-def test_the_readme_states_the_fastest_committed_launch():
+def test_the_committed_launches_are_the_grid_and_the_fastest_beats_the_compiled_backward():
     kernels = _json("kernels.json")
     best = choose.fastest(kernels)
-    text = _text()
-    assert f"| **one pass, the fastest launch ({best['programs_per_sm']} per SM, {best['num_warps']} warps, " \
-           f"{best['rows_per_iteration']} row)** | **{best['backward']['median_ms']:.2f}** | " \
-           f"**{best['backward']['gb_per_s']:,.0f}** |" in text
     inductor = kernels["post_expert_norm"]["inductor default"]["backward"]
-    assert f"| {inductor['median_ms']:.2f} | {inductor['gb_per_s']:,.0f} |" in text
-    # the grid kernels.py timed is the grid the GPU test checks and the README names
+    assert best["backward"]["median_ms"] < inductor["median_ms"]  # "faster alone"
+    # the grid kernels.py timed is the grid the GPU test checks
     launches = kernels["post_expert_norm"][choose.LAUNCHES_KEY]
     grid = {(x["programs_per_sm"], x["num_warps"], x["rows_per_iteration"]) for x in launches}
     assert grid == set(script("kernels").LAUNCHES) and len(grid) == 18

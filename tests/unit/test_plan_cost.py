@@ -363,30 +363,3 @@ def test_every_h200_point_is_a_committed_run():
         assert (p["measured_s"], p["gpus"]) == (ran["step_time_mean_s"], ran["world_size"]), p["benchmark"]
         assert p["error"] == pytest.approx(p["predicted_s"] / p["measured_s"] - 1, rel=REL), p["benchmark"]
     assert {p["set"] for p in fit["points"]} == {"fitted", "checked"}
-
-
-def test_the_plan_readme_prints_fit_time():
-    """benchmarks/results/plan/README.md's table is fit_time.json's, row by row, and its summary quotes the
-    adopted calibration's errors and the sweep's efficiency as they are."""
-    fit = json.loads((PLAN / "fit_time.json").read_text())
-    sweep = json.loads((SWEEP / "fit.json").read_text())
-    text = (PLAN / "README.md").read_text()
-    flat = " ".join(text.split())
-
-    def signed(x):
-        return "" if x is None else f"{x:+.1%}"
-
-    for r in fit["points"]:
-        row = (f"| {r['benchmark']} | {r['set']} | {r['gpus']} | {r['regime']} | {r['measured_s']:.3f} | "
-               f"{r['predicted_s']:.3f} | {r['error']:+.1%} | {signed(r.get('leave_one_out_error'))} | "
-               f"{r['adopted_predicted_s']:.3f} | {r['adopted_error']:+.1%} | "
-               f"{signed(r.get('adopted_leave_one_out_error'))} |")
-        assert row in text, row
-    a, left = fit["adopted"], fit["adopted_leave_one_out"]
-    assert (f"{a['fitted_single_gpu']['mean_abs_error']:.1%} mean |error| over the 6 single-GPU runs of the 30-step "
-            f"set (max {a['fitted_single_gpu']['max_abs_error']:.1%})") in flat
-    assert f"{left['fitted_all']['mean_abs_error']:.1%} mean |error| over the 12" in flat
-    assert f"the sweep's efficiency ({sweep['calibration']['gemm_efficiency_dense']:.4f}" in flat
-    s = sweep["shipped"]
-    assert (f"the shipped run {s['error']:+.1%} in sample and {s['leave_one_out_error']:+.1%} left out, leave-one-out "
-            f"mean {sweep['leave_one_out_mean_abs_error']:.1%}, max {sweep['leave_one_out_max_abs_error']:.1%}") in flat
