@@ -313,8 +313,8 @@ ROWS: tuple[EngineOption, ...] = (
         key="compile_multi_kernel", default="off",
         description="the compiled chains with TorchInductor's multi-kernel (persistent row reductions up to 16,384 "
                     "columns, benchmarked against looped ones at the first call): a candidate, measured and not "
-                    "shipped (benchmarks/results/levers8/). Unset: off. Another reduction kernel: the last bits may "
-                    "differ",
+                    "shipped (benchmarks/results/te-swiglu-backward-and-first-microbatch-writes/). Unset: off. "
+                    "Another reduction kernel: the last bits may differ",
         blocker=_multi_kernel_blocker,
         prices=Unpriced("a candidate the engine does not ship: no run of the fit ran it"),
         install=Install(module="muse_stack.engines.mcore.fuse", stage="model"),
