@@ -23,12 +23,17 @@ def check_runnable_here(recipe: Recipe, name: str) -> None:
         return
     needs = (f"{name} needs {hw.count} {hw.gpu} GPU{'s' if hw.count != 1 else ''} "
              f"({hw.nodes} node{'s' if hw.nodes != 1 else ''} of {hw.per_node})")
-    target = hw.gpu.lower()
+    from muse_stack.machine.table import table
+
+    machine = table().machines.get(hw.gpu)
+    target = machine.lock if machine is not None else None  # the image the machine table builds for this GPU
     start = (f"`muse-stack launch {name} --slurm` (or `--k8s`) starts it on {hw.nodes} nodes" if hw.nodes > 1 else
              f"`docker run --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 "
              f"-v $PWD/runs:/workspace/runs muse-stack:{target} run {name}` starts it")
-    fix = (f"use a GPU image (`make image gpu={target}`): {start}; on this machine the CPU reference engine "
-           "runs `muse-stack run tiny-cpu`")
+    image = (f"use a GPU image (`make image gpu={target}`): {start}" if target else
+             f"run it on a machine with {hw.gpu} GPUs, megatron-core and Transformer Engine (no image of this "
+             f"project is built for {hw.gpu}: the locks are in containers/locks/, one per machine of muse_stack/machine/machines.yaml)")
+    fix = f"{image}; on this machine the CPU reference engine runs `muse-stack run tiny-cpu`"
     reason = spec.missing()
     if reason:
         raise EngineUnavailable(f"{needs} and {spec.traits.summary}: {reason}", field="engine",
