@@ -127,8 +127,9 @@ def _new_recipe(name: str, overrides: list[str] | None, steps: int | None, gpus:
         raise LayoutError("the processes launched do not match the recipe's GPUs", field="hardware.count",
                           value=recipe.hardware.count,
                           rule=f"one process per GPU: {env.world_size} launched",
-                          fix=f"launch {recipe.hardware.count} processes (torchrun --nproc-per-node ...) "
-                              f"or pass --gpus {env.world_size}")
+                          fix=f"launch {recipe.hardware.count} processes (torchrun --nproc-per-node ..., or srun "
+                              f"with one task per GPU: --ntasks {recipe.hardware.count}) or pass --gpus "
+                              f"{env.world_size}")
     get_engine(recipe.engine)  # fail early, before any output, when the engine cannot run here
     check_inputs(recipe, start=False)  # W&B importable: before the run directory exists
     return resolved

@@ -41,6 +41,8 @@ class RunStart:
     total_steps: int
     recipe_text: str = ""
     stack: Mapping[str, Any] = field(default_factory=dict)
+    #: the step a resumed run continues after (None: a run from its start)
+    resumed_step: int | None = None
 
 
 class MetricLogger(Protocol):
@@ -97,6 +99,8 @@ class StdoutSink(_Quiet):
 
         step 40/100 | loss 2.3512 | grad_norm 0.812 | lr 0.000287 | 12,345 tokens/s | ETA 0:01:12
 
+    a first line ``resumed at step N`` when the run continues from a checkpoint (a requeued job's log),
+
     and a line for each validation loss (recipe ``validation``), at its step whatever the interval::
 
         step 40/100 | val_loss 2.4107 | val_ppl 11.14 | 8,192 supervised tokens | 1.3s
@@ -111,6 +115,8 @@ class StdoutSink(_Quiet):
     def open(self, start: RunStart) -> None:
         self.total = start.total_steps
         self._steps, self._tokens, self._seconds = 0, 0, 0.0
+        if start.resumed_step is not None:  # a requeued job's log says where it went on
+            print(f"resumed at step {start.resumed_step}", file=self.stream or sys.stdout, flush=True)
 
     def log(self, row: Row) -> None:
         self._steps += 1
@@ -154,6 +160,8 @@ class ProgressSink(_Quiet):
         self.task = None
 
     def open(self, start: RunStart) -> None:
+        if start.resumed_step is not None:
+            self.bar.console.print(f"resumed at step {start.resumed_step}", markup=False, highlight=False)
         self.bar.start()
         self.task = self.bar.add_task(self.title, total=start.total_steps, completed=len(start.history), loss="-")
 

@@ -260,7 +260,8 @@ class Trainer:
             stack["python"] = (fp.get("python") or {}).get("version")
         except (OSError, ValueError, AttributeError):
             stack = {}
-        return RunStart(history, self.total, recipe_text, stack)
+        return RunStart(history, self.total, recipe_text, stack,
+                        resumed_step=self.resumed_step if self.resuming else None)
 
     def _check_stop(self) -> None:
         """Between setup phases, on every rank at once: stop when any rank was signalled."""

@@ -229,12 +229,52 @@ def test_sigkill_then_requeue_or_resubmit_completes_the_run_with_every_step_once
     kill_after(job, 30)
     log = (tmp_path / f"muse-tiny-cpu-{job}.out").read_text()
     assert "(attempt 0 of job" in log and "(attempt 1 of job" in log  # one log, both attempts
+    assert log.split("(attempt 1 of job")[1].count("resumed at step ") == 1  # the requeue says it went on
 
     again = launch(tmp_path / "again.sbatch")  # a manual resubmit under the same run name
     assert again != job
     assert _wait(lambda: _job_state(env, again) in finished, 300, 0.5)
     assert _job_state(env, again) == "COMPLETED", (tmp_path / f"muse-tiny-cpu-{again}.out").read_text()
+    assert "resumed at step " in (tmp_path / f"muse-tiny-cpu-{again}.out").read_text()
     results = json.loads((run / "results.json").read_text())
     assert results["status"] == "completed" and results["steps_completed"] == steps
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))  # every step once: none lost, none repeated
+
+
+def test_plain_srun_one_task_per_process_trains_one_run(slurm_cluster, tmp_path):
+    """docs/images.md's example without torchrun: `srun -N 1 --ntasks-per-node=2 muse-stack run`
+    takes rank, world and rendezvous from Slurm's environment. The first step stops after 3 steps
+    (a checkpoint, as on preemption), the same command again resumes: one run directory, world size
+    2 in the fingerprint and the results, every step once, and the job's stdout says where it went
+    on, once (rank 0)."""
+    env = {**slurm_cluster["env"], "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        env.pop(name, None)
+    exe = Path(sys.executable).parent / "muse-stack"
+    cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "muse_stack.cli"]
+    runs = tmp_path / "runs"
+    out = runs / "tiny-srun"
+    args = ["run", "tiny-cpu", "--out", str(out), "--resume", "auto", "--steps", "6", "--no-progress",
+            "training.measure_warmup_steps=2", "training.checkpoint_interval=3"]
+
+    def srun(*extra: str) -> str:
+        proc = subprocess.run(["srun", "-N", "1", "--ntasks-per-node=2", "--time=10",
+                               *cli, *args, *extra], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == (1 if extra else 0), proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    first = srun("--stop-after", "3")
+    assert "resumed at step" not in first
+    assert json.loads((out / "results.json").read_text())["status"] == "interrupted"
+    second = srun()
+    assert second.count("resumed at step 3") == 1, second  # rank 0's line only
+    assert [p.name for p in runs.iterdir()] == ["tiny-srun"]  # one run directory, no task's own
+    fp = json.loads((out / "fingerprint.json").read_text())
+    assert fp["ranks"]["count"] == 2 and fp["ranks"]["agree"] is True, fp["ranks"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "completed" and results["world_size"] == 2 and results["steps_completed"] == 6
+    assert results["resumed_at_step"] == 3
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 7))  # every step once

@@ -5,6 +5,7 @@ writes nothing; `--json` prints the summary as one document."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -92,12 +93,17 @@ def test_a_crashed_run_resumes_under_auto_with_every_step_once(tmp_path, monkeyp
     assert tensorboard_steps(out) == [1, 2, 3, 4, 5]  # flushed at the end of the failed attempt
     monkeypatch.undo()
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    done = auto(out)  # the requeued job: the same command
+    stdout = io.StringIO()
+    done = auto(out, step_stream=stdout)  # the requeued job: the same command
     assert done.status == "completed" and done.results["resumed_at_step"] == 3
+    assert stdout.getvalue().splitlines()[0] == "resumed at step 3"  # the job's log says so, not only run.log
     assert [r["step"] for r in rows(out)] == list(range(1, STEPS + 1))
     assert [r["loss"] for r in rows(out)] == baseline
     # steps 4 and 5 were logged by the crashed attempt and again after the resume: shown once
     assert tensorboard_steps(out) == list(range(1, STEPS + 1))
+    fresh = io.StringIO()
+    auto(tmp_path / "fresh", step_stream=fresh)  # a run from its start says nothing of resuming
+    assert "resumed" not in fresh.getvalue() and fresh.getvalue().startswith("step ")
     again = auto(out)  # a requeue after the end changes nothing
     assert again.status == "completed" and again.results["steps_completed"] == STEPS
 

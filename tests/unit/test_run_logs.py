@@ -76,3 +76,21 @@ def test_the_step_line_rate_and_eta_come_from_the_steps_since_the_last_line():
     assert first == "step 2/6 | loss 1.0000 | grad_norm 0.500 | lr 0.001 | 200 tokens/s | ETA 0:00:04"
     # steps 3-4: 200 tokens in 1 s, 2 steps left at 0.5 s each
     assert second.endswith("| 200 tokens/s | ETA 0:00:01")
+
+
+def test_a_resumed_run_says_where_it_went_on_on_stdout_and_on_the_progress_console():
+    from rich.console import Console
+
+    from muse_stack.run.sinks import ProgressSink
+
+    stream = io.StringIO()
+    StdoutSink(2, stream).open(RunStart([{"step": 1}] * 3, 6, resumed_step=3))
+    assert stream.getvalue() == "resumed at step 3\n"
+    fresh = io.StringIO()
+    StdoutSink(2, fresh).open(RunStart([], 6))
+    assert fresh.getvalue() == ""
+    shown = io.StringIO()
+    bar = ProgressSink("tiny-cpu", Console(file=shown, force_terminal=False, width=100))
+    bar.open(RunStart([{"step": 1}] * 3, 6, resumed_step=3))
+    bar.close()
+    assert shown.getvalue().splitlines()[0] == "resumed at step 3"
