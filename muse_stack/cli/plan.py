@@ -108,7 +108,8 @@ def print_save(plan: Plan) -> None:
     if plan.save is None:
         return
     step = plan.time.step_s if plan.time is not None else None
-    text = f"checkpoint save {plan.save.describe()}; the launcher signals {signal_seconds(plan.save.seconds, step)} s ahead"
+    lead = signal_seconds(plan.save.seconds, step)
+    text = f"checkpoint save {plan.save.describe()}; the launcher signals {lead} s ahead"
     if step:
         text += (f"; default interval ({INTERVAL_POLICY}) {default_interval(plan.save.seconds, step)} steps where "
                  "training.checkpoint_interval is unset on several nodes")
