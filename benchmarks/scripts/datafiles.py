@@ -96,9 +96,10 @@ def _section_models() -> dict[str, type[BaseModel]]:
     """calibration.json's sections of numbers -> the calibration whose fields they hold."""
     from muse_stack.plan.cost import TimeCalibration
     from muse_stack.plan.memory import Calibration
+    from muse_stack.plan.save import SaveCalibration
     from muse_stack.plan.used import UsedCalibration
 
-    return {"time": TimeCalibration, "memory": Calibration, "used": UsedCalibration}
+    return {"time": TimeCalibration, "memory": Calibration, "used": UsedCalibration, "checkpoint": SaveCalibration}
 
 
 def calibration_text(entries: dict[str, dict[str, dict]], path: Path = CALIBRATION) -> str:

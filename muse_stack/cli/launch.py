@@ -84,6 +84,9 @@ def launch_cmd(
     spec = resolve(name, overrides or [], nodes=nodes, gpus=gpus, steps=steps, image=image, run_name=run_name,
                    nccl_debug=nccl_debug, fabric=fabric, cpus_per_gpu=cpus_per_gpu,
                    pretrained_checkpoint=pretrained_checkpoint, kubernetes=k8s)
+    if spec.filled_interval is not None:  # on stderr: stdout may be the script
+        console.print(f"filled: training.checkpoint_interval = {spec.filled_interval['value']} "
+                      f"({spec.filled_interval['source']})", highlight=False)
     if slurm:
         text = slurm_mod.render(spec, runs_dir=runs_dir, data_dir=data_dir, checkpoint_dir=checkpoint_dir,
                                 python=sys.executable, time_limit=time_limit, partition=partition,

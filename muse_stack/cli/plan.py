@@ -83,6 +83,7 @@ def print_plan(plan: Plan) -> None:
                       f"+ NCCL buffers {u.nccl_gib:.2f} ({', '.join(f'{k} {v:.2f}' for k, v in u.nccl_by_group.items())})"
                       + ("" if plan.fits_used is not False else " [red]exceeds the GPU[/]"))
     print_time(plan)
+    print_save(plan)
     for a in plan.assumptions:
         console.print(f"[yellow]assumed:[/] {a}")
     if plan.peft is not None and plan.peft["filled"]:
@@ -99,6 +100,20 @@ def print_plan(plan: Plan) -> None:
     if plan.unstated_training:
         console.print(f"[yellow]not stated:[/] {', '.join(plan.unstated_training)}: `run` and `launch` refuse the "
                       "recipe until it states them (neither its fill policy nor either engine fills them in)")
+
+
+def print_save(plan: Plan) -> None:
+    from muse_stack.plan.save import INTERVAL_POLICY, default_interval, signal_seconds
+
+    if plan.save is None:
+        return
+    step = plan.time.step_s if plan.time is not None else None
+    lead = signal_seconds(plan.save.seconds, step)
+    text = f"checkpoint save {plan.save.describe()}; the launcher signals {lead} s ahead"
+    if step:
+        text += (f"; default interval ({INTERVAL_POLICY}) {default_interval(plan.save.seconds, step)} steps where "
+                 "training.checkpoint_interval is unset on several nodes")
+    console.print(text, highlight=False)
 
 
 def print_time(plan: Plan) -> None:

@@ -37,6 +37,20 @@ def print_filled(recipe) -> None:
         console.print(f"[yellow]filled:[/] {', '.join(items)} (not stated by the recipe; {src})", highlight=False)
 
 
+def _fill_interval(recipe) -> None:
+    """The periodic interval the run fills on several nodes (muse_stack/plan/save.py), where the recipe plans;
+    one that does not is printed as it is (`plan` and `run` name what is wrong)."""
+    from muse_stack.plan.planner import make_plan
+    from muse_stack.plan.save import fill_interval
+    from muse_stack.util.errors import MuseStackError
+
+    try:
+        plan, _ = make_plan(recipe, strict=False)
+    except MuseStackError:
+        return
+    fill_interval(recipe, plan)
+
+
 def show_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
              overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
              bridge: bool = typer.Option(False, "--bridge", help="print the Megatron-Bridge key of each field "
@@ -49,6 +63,7 @@ def show_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML fi
     (--json: JSON for scripts; --bridge: the Bridge ConfigContainer keys it answers to; --options: the
     engine options as the engine resolves them)."""
     recipe = load_recipe(name, overrides or [])
+    _fill_interval(recipe)
     if json_out:
         typer.echo(json.dumps(recipe.model_dump(mode="json"), indent=2))
         return

@@ -29,7 +29,7 @@ import yaml
 from muse_stack.util.errors import InputError, UsageError
 from muse_stack.util import quoting
 from muse_stack.launch.spec import (CHECKPOINT_MOUNT, CONTAINER_ENV, DATA_MOUNT, RDZV_PORT, RUNS_MOUNT,
-                                    STOP_SIGNAL_SECONDS, LaunchSpec, dns_name)
+                                    LaunchSpec, dns_name)
 from muse_stack.recipes.schema import ENV_REFERENCE
 
 HEAD_LABEL = "muse-stack.dev/rendezvous-head"
@@ -87,7 +87,7 @@ def _command(spec: LaunchSpec, service: str, job: str) -> list[str]:
         (f'export LD_LIBRARY_PATH="{spec.library_path}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"; '
          if spec.library_path else "") +
         "exec muse-stack-entrypoint python -m torch.distributed.run "
-        f"--nnodes={spec.nodes} --nproc-per-node={spec.per_node} "
+        f"--nnodes={spec.nodes} --nproc-per-node={spec.per_node} --shutdown-timeout={spec.signal_s} "
         f"--rdzv-backend=c10d --rdzv-endpoint={service}:{RDZV_PORT} --rdzv-id={job} "
         f'--module muse_stack.cli run {run_args} --out "$MUSE_STACK_RUN_DIR" --resume auto --no-progress'
     )
@@ -139,7 +139,7 @@ def _pod(spec: LaunchSpec, names: dict[str, str], claim: str, head: bool, secret
     if spec.fabric == "ib":  # RDMA registers (pins) memory
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     pod: dict[str, Any] = {
-        "terminationGracePeriodSeconds": STOP_SIGNAL_SECONDS,
+        "terminationGracePeriodSeconds": spec.signal_s,
         "containers": [container],
         "volumes": volumes,
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],

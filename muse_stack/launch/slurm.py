@@ -11,7 +11,7 @@ import jinja2
 from muse_stack.util.errors import InputError
 from muse_stack.util import quoting
 from muse_stack.launch.spec import (CHECKPOINT_MOUNT, CONTAINER_ENV, DATA_MOUNT, PRETRAINED_MOUNT, RDZV_PORT,
-                                    RECIPES_FOLDER, RUNS_MOUNT, STOP_SIGNAL_SECONDS, LaunchSpec, check_mount_path)
+                                    RECIPES_FOLDER, RUNS_MOUNT, LaunchSpec, check_mount_path)
 
 _TEMPLATE = r"""#!/bin/bash
 # muse-stack launch {{ s.recipe.name | comment }} --slurm: {{ s.nodes }} node{{ 's' if s.nodes > 1 }} x {{ s.per_node }} {{ unit }} = {{ s.world_size }} {{ unit_total }}
@@ -31,6 +31,12 @@ _TEMPLATE = r"""#!/bin/bash
 #SBATCH --cpus-per-task=1
 {% endif %}
 #SBATCH --signal=B:TERM@{{ signal_s }}
+{% if s.save_note %}
+# the warning comes {{ signal_s }} s ahead: one step and twice the planned save ({{ s.save_note | comment }})
+{% endif %}
+{% if s.filled_interval %}
+# training.checkpoint_interval={{ s.filled_interval.value }}: {{ s.filled_interval.source | comment }}
+{% endif %}
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=%x-%j.out
@@ -123,7 +129,7 @@ srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task={{ s.cpus_per_task
 {% else %}
   muse-stack-entrypoint python -m torch.distributed.run \
 {% endif %}
-    --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node={{ s.per_node }} \
+    --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node={{ s.per_node }} --shutdown-timeout={{ signal_s }} \
     --rdzv-backend=c10d --rdzv-endpoint="$HEAD_NODE:$RDZV_PORT" --rdzv-id="$SLURM_JOB_ID" \
     --module muse_stack.cli run "${RUN_ARGS[@]}" --no-progress &
 {% else %}
@@ -191,7 +197,7 @@ def render(spec: LaunchSpec, *, runs_dir: str | None = None, data_dir: str | Non
         unit="GPUs" if container else "processes",
         unit_total="GPUs" if container else "processes",
         tasks_per_node=1 if container else spec.per_node,
-        signal_s=STOP_SIGNAL_SECONDS,
+        signal_s=spec.signal_s,
         extra_sbatch=[e for e in extra if e],
         time_given=bool(time_limit),
         runs_dir=quoting.word(runs_dir) if runs_dir else '"$SLURM_SUBMIT_DIR"/runs',

@@ -55,6 +55,12 @@ class LaunchSpec:
     default_image: str | None = None  # the lock's tag, when no --image was given
     recipe_text: str | None = None  # a recipe given as a file: its text, carried into the job
     pretrained: str | None = None  # --pretrained-checkpoint as given (a host path on Slurm)
+    #: seconds ahead of the time limit the warning signal comes, and torchrun's grace for its workers
+    #: (muse_stack/plan/save.py: one step plus twice the planned save, at least STOP_SIGNAL_SECONDS)
+    signal_s: int = STOP_SIGNAL_SECONDS
+    save_note: str | None = None  # the planned save, for the job file's comment
+    #: training.checkpoint_interval filled by the launcher: {"value", "source"}, or None
+    filled_interval: dict | None = None
 
     @property
     def world_size(self) -> int:
@@ -179,6 +185,9 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
     if per_node != first.hardware.per_node:
         run_overrides.append(f"hardware.per_node={per_node}")
     recipe = prepare(name, run_overrides, steps, None).recipe  # the planner and the engine's checks: raise here
+    signal_s, save_note = _save_arrangement(recipe)
+    filled = recipe.filled.get("training.checkpoint_interval")  # the run fills the same value from the same plan
+    filled_interval = filled.model_dump() if filled is not None else None
     pretrained = _check_start(recipe, pretrained_checkpoint, target, kubernetes)
     _check_loggers(recipe, target)
     if kubernetes and parsed is None and target.container:
@@ -212,7 +221,19 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
                       run_name=run_name or default_run_name(recipe.name), env=env,
                       job_name=f"muse-{dns_name(recipe.name)}", library_path=library_path, fabric=net,
                       cpus_per_task=cpus_per_task, default_image=default_image, recipe_text=recipe_text,
-                      pretrained=pretrained)
+                      pretrained=pretrained, signal_s=signal_s, save_note=save_note,
+                      filled_interval=filled_interval)
+
+
+def _save_arrangement(recipe: Recipe) -> tuple[int, str | None]:
+    """The warning signal's lead (and torchrun's grace) from the planned save (muse_stack/plan/save.py)."""
+    from muse_stack.plan.planner import make_plan
+    from muse_stack.plan.save import signal_seconds
+
+    plan, _ = make_plan(recipe)
+    if plan.save is None:
+        return STOP_SIGNAL_SECONDS, None
+    return signal_seconds(plan.save.seconds, plan.time.step_s if plan.time is not None else None), plan.save.describe()
 
 
 def _check_image_machine(image: Image, target: Target) -> None:

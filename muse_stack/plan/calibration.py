@@ -21,6 +21,9 @@ to the runs' peak allocated memory (``benchmarks/scripts/plan/fit.py --write``).
 ``used``: :class:`muse_stack.plan.used.UsedCalibration`, the allocator's reserve and the memory outside the
 allocator measured on the runs that recorded device memory (``benchmarks/scripts/plan/fit_used.py --write``).
 
+``checkpoint``: :class:`muse_stack.plan.save.SaveCalibration`, the rate one rank writes a synchronous checkpoint
+save at, from the measured save of benchmarks/results/ckpt-save (``benchmarks/scripts/plan/fit_save.py --write``).
+
 Which of its own kernels the engine runs is no calibration: each is an engine option of the recipe
 (muse_stack/recipes/options.py), on where it applies unless the recipe says otherwise.
 """
@@ -39,7 +42,7 @@ from muse_stack.util.errors import InputError
 FILE = Path(__file__).with_name("calibration.json")
 #: the sections of numbers, and the calibration whose defaults each holds
 SECTIONS = {"time": "TimeCalibration (plan/cost.py)", "memory": "Calibration (plan/memory.py)",
-            "used": "UsedCalibration (plan/used.py)"}
+            "used": "UsedCalibration (plan/used.py)", "checkpoint": "SaveCalibration (plan/save.py)"}
 #: section -> the fields that take their default from it (each registered by :func:`calibrated`)
 _FIELDS: dict[str, set[str]] = {s: set() for s in SECTIONS}
 
@@ -60,6 +63,7 @@ class CalibrationFile(BaseModel):
     time: dict[str, Number]
     memory: dict[str, Number]
     used: dict[str, Number]
+    checkpoint: dict[str, Number]
 
     @field_validator("time")
     @classmethod

@@ -12,6 +12,7 @@ from muse_stack.plan.fabrics import Links
 from muse_stack.recipes.layout import pack_alignment
 from muse_stack.plan.memory import Calibration, StageMemory, estimate
 from muse_stack.resolve.rules import RuleReport, check
+from muse_stack.plan.save import SaveTime, save_time
 from muse_stack.plan.used import UsedMemory, used_memory
 from muse_stack.recipes.completeness import unstated_training_values
 from muse_stack.recipes.engines import traits
@@ -55,6 +56,7 @@ class Plan(BaseModel):
     used: UsedMemory | None = None  # peak stage's memory as nvidia-smi sees it
     time: StepTime | None = None
     time_unavailable: str | None = None  # why there is no step-time estimate
+    save: SaveTime | None = None  # the planned synchronous checkpoint save per rank (plan/save.py)
 
     @property
     def fits_used(self) -> bool | None:
@@ -135,6 +137,7 @@ def make_plan(recipe: Recipe | ResolvedRecipe, gpus: int | None = None, calibrat
         plan.used = used_memory(peak, tp=lay.tp, pp=lay.pp, cp=lay.cp or 1, ep=lay.ep or 1, etp=lay.etp, dp=dp, edp=edp)
     plan.time, plan.time_unavailable = _step_time(resolved, world, stages, dp, edp, micro, memory,
                                                   time_calibration, seq_lens, links, kernels)
+    plan.save = save_time(memory)
     return plan, report
 
 

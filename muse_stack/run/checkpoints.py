@@ -481,6 +481,7 @@ class CheckpointManager:
                 save_rank_state(tmp, self.rank, states)
             dist.barrier()
             if self.rank0:
+                faults.slow_save()
                 faults.point("save-engine", step)
                 for name, text in files.items():
                     atomic.write_text(tmp / name, text)

@@ -3,7 +3,8 @@
 ``MUSE_STACK_FAULT_AT=POINT@STEP`` (or ``POINT`` for the first pass) makes the run write
 ``MUSE_STACK_FAULT_MARK`` (a file path) when it reaches that point and then wait there, so a
 test can SIGKILL it at exactly that moment. Unset (every real run), each point is one
-dictionary lookup.
+dictionary lookup. ``MUSE_STACK_FAULT_SLOW_SAVE_S=SECONDS`` makes every checkpoint save sleep that long before it
+completes its folder (:func:`slow_save`), a save slower than the launcher's grace for the preemption tests.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 ENV_AT = "MUSE_STACK_FAULT_AT"
 ENV_MARK = "MUSE_STACK_FAULT_MARK"
+ENV_SLOW_SAVE = "MUSE_STACK_FAULT_SLOW_SAVE_S"
 
 #: every point the pipeline passes, in order (the tests kill at each)
 POINTS = (
@@ -38,3 +40,10 @@ def point(name: str, step: int | None = None) -> None:
         Path(mark).write_text(f"{name}@{step}\n")
     while True:  # wait to be killed
         time.sleep(3600)
+
+
+def slow_save() -> None:
+    """Inside a save, before its folder is complete: sleep ``MUSE_STACK_FAULT_SLOW_SAVE_S`` seconds when set."""
+    seconds = os.environ.get(ENV_SLOW_SAVE)
+    if seconds:
+        time.sleep(float(seconds))

@@ -47,6 +47,9 @@ def check_runnable(recipe: Recipe, name: str) -> ResolvedRecipe:
             f"of {plan.gpu_memory_gib:.1f} GiB per {plan.gpu}", field="layout", value=recipe.layout.model_dump(),
             rule="estimated peak memory within the GPU's memory less headroom",
             fix=f"see `muse-stack plan {name}`: raise EP or PP, turn on full recompute, or use more GPUs")
+    from muse_stack.plan.save import fill_interval
+
+    fill_interval(resolved.recipe, plan)  # several nodes and no interval stated: the periodic save's default
     return resolved
 
 

@@ -9,6 +9,7 @@ whose every value, folder and command is wrong, by the functions the commands th
 * ``plan/fit.py --json benchmarks/results/plan/fit.json --write`` and ``plan/fit_used.py --json
   benchmarks/results/plan/fit_used.json --write``: the memory calibration, fitted and measured here from the
   committed runs;
+* ``plan/fit_save.py --write``: the checkpoint write rate, from benchmarks/results/ckpt-save's synchronous save;
 * ``plan/fit_time.py --sweep benchmarks/results/plan-sweep/runs --json benchmarks/results/plan-sweep/fit.json
   --write``: the step-time calibration, from the sweep's fit as committed (tests/unit/test_plan_cost.py checks that
   fit.json is what fit_time.py computes from the runs) and the older runs' fit it holds (PRIOR, read from
@@ -41,7 +42,7 @@ def _plan_script(name: str):
 def _wrong(tmp_path: Path) -> tuple[Path, Path]:
     """Copies of both files with every entry wrong (yet valid to the product)."""
     cal = json.loads(CALIBRATION.read_text())
-    for e in (*cal["time"].values(), *cal["memory"].values(), *cal["used"].values()):
+    for e in (*cal["time"].values(), *cal["memory"].values(), *cal["used"].values(), *cal["checkpoint"].values()):
         e.update(value=1.0, source="nowhere", command="nothing")
     launch = json.loads(LAUNCH.read_text())
     for e in launch.values():
@@ -62,6 +63,8 @@ def test_the_commands_rewrite_the_committed_data_files_byte_for_byte(tmp_path):
     fit.write_calibration(fit.fit(), plan / "fit.json", cal)
     fit_used = _plan_script("fit_used")
     fit_used.write_calibration(fit_used.measure(), plan / "fit_used.json", cal)
+    fit_save = _plan_script("fit_save")
+    fit_save.write_calibration(fit_save.measure(), cal)
     sweep = RESULTS / "plan-sweep"
     _plan_script("fit_time").write_calibration(json.loads((sweep / "fit.json").read_text()), sweep / "runs",
                                                sweep / "fit.json", cal)
@@ -72,7 +75,7 @@ def test_the_commands_rewrite_the_committed_data_files_byte_for_byte(tmp_path):
 def test_each_entry_names_a_committed_folder_and_a_script_of_the_lab():
     """A renamed result folder or script leaves no entry pointing nowhere: rerun the entry's command."""
     cal = json.loads(CALIBRATION.read_text())
-    for e in [*cal["time"].values(), *cal["memory"].values(), *cal["used"].values(),
+    for e in [*cal["time"].values(), *cal["memory"].values(), *cal["used"].values(), *cal["checkpoint"].values(),
               *json.loads(LAUNCH.read_text()).values()]:
         assert (ROOT / e["source"]).is_dir(), e["source"]
         python, path, *_ = e["command"].split()

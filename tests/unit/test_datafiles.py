@@ -19,6 +19,7 @@ from muse_stack.plan import calibration as calibration_file
 from muse_stack.plan.cost import TimeCalibration
 from muse_stack.plan.memory import Calibration
 from muse_stack.plan.planner import make_plan
+from muse_stack.plan.save import SaveCalibration
 from muse_stack.plan.used import UsedCalibration
 from muse_stack.recipes.catalogue import load_recipe
 from muse_stack.util.errors import InputError
@@ -53,7 +54,8 @@ def test_the_defaults_are_the_files_values():
                                  ("memory", Calibration, {"logits_bytes", "headroom_fraction", "source"}),
                                  ("used", UsedCalibration, {"allocator_reserve_source", "ring_channels",
                                                             "p2p_channels_per_peer", "simple_mib", "ll128_mib",
-                                                            "ll_mib"})):
+                                                            "ll_mib"}),
+                                 ("checkpoint", SaveCalibration, set())):
         entries, cal = data[section], model()
         assert {k: getattr(cal, k) for k in entries} == {k: e["value"] for k, e in entries.items()}, section
         assert set(model.model_fields) - set(entries) == code, section

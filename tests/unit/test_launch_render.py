@@ -13,6 +13,9 @@ import yaml
 from muse_stack.util import quoting
 from muse_stack.launch import k8s
 from muse_stack.launch.spec import resolve
+from muse_stack.plan.planner import make_plan
+from muse_stack.plan.save import INTERVAL_POLICY, SIGNAL_MARGIN, default_interval, signal_seconds
+from muse_stack.recipes.catalogue import load_recipe
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 IMAGES = {"sft-192": "registry.example.com/muse-stack:gb200-0.1.0",
@@ -57,7 +60,15 @@ def test_sbatch_structure(cli, tmp_path, recipe, gpu, nodes, per_node, efa):
     text = _render(cli, tmp_path, recipe, "slurm")
     directives = [line.split(None, 1)[1] for line in text.splitlines() if line.startswith("#SBATCH ")]
     assert f"--nodes={nodes}" in directives and "--ntasks-per-node=1" in directives
-    assert f"--gpus-per-node={per_node}" in directives and "--signal=B:TERM@120" in directives
+    assert f"--gpus-per-node={per_node}" in directives
+    # the warning's lead is torchrun's grace too, and covers a step and the planned save with its margin
+    plan, _ = make_plan(load_recipe(recipe))
+    lead = signal_seconds(plan.save.seconds, plan.time.step_s)
+    assert lead >= plan.time.step_s + SIGNAL_MARGIN * plan.save.seconds > 30  # torchrun's own grace: 30 s
+    assert f"--signal=B:TERM@{lead}" in directives and f"--shutdown-timeout={lead} " in text
+    # several nodes and no interval stated: the fill policy's interval, recorded with its source
+    interval = default_interval(plan.save.seconds, plan.time.step_s)
+    assert f"# training.checkpoint_interval={interval}: fill policy {INTERVAL_POLICY}:" in text
     enroot = IMAGES[recipe].replace("registry.example.com/", "registry.example.com#").replace("@sha256:", ":sha256:")
     assert f"--nproc-per-node={per_node}" in text and f"\nIMAGE={quoting.word(enroot)}\n" in text
     assert '--container-image="$IMAGE"' in text and f"--cpus-per-task={per_node * (36 if gpu == 'GB200' else 24)}" in text
