@@ -165,7 +165,15 @@ def test_show_prints_resolved_yaml(cli):
     assert rc == 0
     data = yaml.safe_load(out)
     assert data["layout"]["ep"] == 16 and data["name"] == "sft-192"
-    assert out == recipe_yaml(load_recipe("sft-192", ["layout.ep=16"]))
+    # the recipe as the run resolves it: on 32 nodes with no stated interval, the periodic save is filled by the
+    # policy named in muse_stack/plan/save.py from the planned save and step time, and shown with its source
+    from muse_stack.plan.planner import make_plan
+    from muse_stack.plan.save import INTERVAL_POLICY, fill_interval
+
+    expected = load_recipe("sft-192", ["layout.ep=16"])
+    fill_interval(expected, make_plan(expected, strict=False)[0])
+    assert expected.training.checkpoint_interval is not None
+    assert out == recipe_yaml(expected) and f"fill policy {INTERVAL_POLICY}" in out
 
 
 def test_list_json(cli):
