@@ -44,6 +44,24 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+#: what a run's rendezvous reads (torchrun's variables, which a multi-task run exports for torch.distributed)
+DIST_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _rendezvous_variables_restored():
+    """Many tests run in one process (an xdist worker): a test that leaves WORLD_SIZE or RANK set makes every
+    later in-process run take itself for one rank of several and wait for the others. Each test starts with
+    the variables as the process had them."""
+    before = {k: os.environ.get(k) for k in DIST_VARIABLES}
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 #: tests/<kind>/: each test is marked with its folder's kind (-m unit, -m system, -m lab, -m gpu)
 KINDS = ("unit", "system", "gpu", "lab")
 

@@ -101,7 +101,10 @@ def test_init_exports_the_rendezvous_of_an_srun_task(monkeypatch):
             calls.update(kw)
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
+        # set, then deleted: monkeypatch records each as absent, so what init exports is removed afterwards (a
+        # WORLD_SIZE left in this process would make a later in-process run wait for a second rank)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setattr(dist, "_dist", lambda: FakeDist)
     dist.init(DistEnv(1, 2, 1, "slurm", "gpu07", 23456), cuda=False)
     import os
