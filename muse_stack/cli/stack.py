@@ -325,22 +325,17 @@ def resolve_cmd(
         else:
             n = len(wheelset.check(loaded).packages)
             console.print(f"wrote {path} ({n} packages)", highlight=False)
-    if failed and pinned:
-        raise LockError(
-            f"the committed wheel set no longer holds for: {', '.join(failed)}",
-            field="wheel set",
-            value=", ".join(failed),
-            rule="a committed set resolves to itself from its own pins and the registry serves its files as hashed",
-            fix="review the packages above, then `muse-stack stack resolve TARGET` and commit the set",
-            exit_code=1,
-        )
     if failed:
+        names = ", ".join(failed)
         raise LockError(
-            f"the committed wheel set differs from a fresh resolution for: {', '.join(failed)}",
+            f"the committed wheel set no longer holds for: {names}" if pinned else
+            f"the committed wheel set differs from a fresh resolution for: {names}",
             field="wheel set",
-            value=", ".join(failed),
-            rule="a wheel set is what the resolver makes of its lock",
-            fix="review the differences above, then `muse-stack stack resolve TARGET` and commit the set",
+            value=names,
+            rule="a committed set resolves to itself from its own pins and the registry serves its files as hashed"
+            if pinned else "a wheel set is what the resolver makes of its lock",
+            fix="review the packages above, then `muse-stack stack resolve TARGET` and commit the set" if pinned else
+            "review the differences above, then `muse-stack stack resolve TARGET` and commit the set",
             exit_code=1,
         )
 
