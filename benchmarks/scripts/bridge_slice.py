@@ -57,8 +57,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-router-fusion", action="store_true", help="unfused top-k (moe_router_fusion off)")
     ap.add_argument("--cross-entropy", choices=("te", "native", "off"), default="te",
                     help="cross_entropy_loss_fusion with this impl, or unfused")
-    ap.add_argument("--grad-accum-fusion", choices=("auto", "on", "off"), default="auto",
-                    help="auto: on only where megatron-core's output layer can (APEX fused_weight_gradient_mlp_cuda)")
+    ap.add_argument("--grad-accum-fusion", choices=("te", "auto", "on", "off"), default="te",
+                    help="te (default): on, and where APEX's fused_weight_gradient_mlp_cuda is absent megatron-core's "
+                         "output layer accumulates its weight gradient with Transformer Engine's fp32-accumulating "
+                         "GEMM (te_wgrad_accumulation); auto: on only where APEX is importable (else off everywhere)")
     ap.add_argument("--grad-reduce", choices=("fp32", "bf16"), default="fp32", help="gradient reduce dtype (ours: fp32)")
     ap.add_argument("--fp32-residual", action="store_true", help="fp32_residual_connection (our residual stream is fp32)")
     ap.add_argument("--attention-backend", choices=("auto", "fused", "flash"), default="auto")
@@ -103,7 +105,7 @@ def provider_kwargs(recipe, cfg, args, provider_cls) -> tuple[dict, list[str]]:
     names = {f.name for f in dataclasses.fields(provider_cls)}
     kwargs = {k: v for k, v in mapped.items() if k in names}
     dropped = sorted(set(mapped) - names)
-    accum = {"on": True, "off": False}.get(args.grad_accum_fusion, tp_layers._grad_accum_fusion_available)
+    accum = {"on": True, "off": False, "te": True}.get(args.grad_accum_fusion, tp_layers._grad_accum_fusion_available)
     kwargs.update(
         vocab_size=cfg.vocab_size, should_pad_vocab=False, seq_length=recipe.batch.seq_length,
         share_embeddings_and_output_weights=cfg.tie_word_embeddings,
@@ -119,6 +121,59 @@ def provider_kwargs(recipe, cfg, args, provider_cls) -> tuple[dict, list[str]]:
         use_transformer_engine_op_fuser=False, cuda_graph_impl="none",
     )
     return kwargs, dropped
+
+
+def engine_optimizer_kwargs(recipe, config_cls) -> tuple[dict, list[str]]:
+    """Bridge's OptimizerConfig from the engine's own mapping of the recipe
+    (:func:`muse_stack.engines.mcore.config.optimizer_config_kwargs`: the precision-aware optimizer, its
+    remainders and every optimizer engine option included), less the fields Bridge's class lacks."""
+    from muse_stack.engines.mcore.config import optimizer_config_kwargs
+
+    mapped = optimizer_config_kwargs(recipe)
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    return {k: v for k, v in mapped.items() if k in names}, sorted(set(mapped) - names)
+
+
+def engine_ddp_kwargs(recipe, config_cls, fp32_reduce: bool) -> tuple[dict, list[str]]:
+    """Bridge's DistributedDataParallelConfig from the engine's own mapping
+    (:func:`muse_stack.engines.mcore.config.ddp_config_kwargs`), with the reduce dtype of --grad-reduce and
+    no overlap (one GPU: nothing to overlap), less the fields Bridge's class lacks."""
+    from muse_stack.engines.mcore.config import ddp_config_kwargs
+
+    mapped = dict(ddp_config_kwargs(recipe), grad_reduce_in_fp32=fp32_reduce, overlap_grad_reduce=False,
+                  overlap_param_gather=False, average_in_collective=False, check_for_large_grads=False)
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    return {k: v for k, v in mapped.items() if k in names}, sorted(set(mapped) - names)
+
+
+def te_wgrad_accumulation():
+    """``fused_weight_gradient_mlp_cuda`` for megatron-core's ``ColumnParallelLinear`` (Bridge's GPT output
+    layer) where APEX is absent: its weight gradient accumulated into ``main_grad`` by Transformer Engine's
+    ``general_gemm`` (cuBLAS, fp32 accumulation and output, ``accumulate=True``), the call TE's own Linear
+    makes for its fused weight-gradient accumulation. NVIDIA's container has APEX's kernel; this is the
+    closest equivalent the staged stack has, so Bridge runs with gradient_accumulation_fusion on as there."""
+    import types
+
+    import torch
+    from transformer_engine.pytorch.cpp_extensions import general_gemm
+
+    def accumulate(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
+        x = total_input.reshape(-1, total_input.shape[-1])
+        dy = grad_output.reshape(-1, grad_output.shape[-1])
+        general_gemm(x, dy, out_dtype=main_grad.dtype, accumulate=True, layout="NT", out=main_grad, grad=True)
+
+    return types.SimpleNamespace(wgrad_gemm_accum_fp32=accumulate, wgrad_gemm_accum_fp16=accumulate)
+
+
+def install_te_wgrad_accumulation() -> str:
+    """Give megatron-core's tensor-parallel layers TE's accumulation where APEX is missing; say which ran."""
+    from megatron.core.tensor_parallel import layers as tp_layers
+
+    if tp_layers._grad_accum_fusion_available:
+        return "APEX fused_weight_gradient_mlp_cuda"
+    tp_layers.fused_weight_gradient_mlp_cuda = te_wgrad_accumulation()
+    tp_layers._grad_accum_fusion_available = True
+    return "Transformer Engine general_gemm (fp32, accumulate) in place of APEX's fused_weight_gradient_mlp_cuda"
 
 
 def build_config(recipe, cfg, args):
@@ -143,8 +198,11 @@ def build_config(recipe, cfg, args):
         raise SystemExit(f"bridge_slice: only bf16 recipes are set up here (got {recipe.precision})")
     kwargs, dropped = provider_kwargs(recipe, cfg, args, GPTModelProvider)
     model = GPTModelProvider(**kwargs)
-    b, o, lay = recipe.batch, recipe.optimizer, recipe.layout
+    b, o = recipe.batch, recipe.optimizer
     fp32_reduce = args.grad_reduce == "fp32"
+    opt_kwargs, opt_dropped = engine_optimizer_kwargs(recipe, OptimizerConfig)
+    ddp_kwargs, ddp_dropped = engine_ddp_kwargs(recipe, DistributedDataParallelConfig, fp32_reduce)
+    dropped += [f"optimizer.{k}" for k in opt_dropped] + [f"ddp.{k}" for k in ddp_dropped]
     precision = bf16_mixed()
     precision.grad_reduce_in_fp32 = fp32_reduce
     config = ConfigContainer(
@@ -152,18 +210,12 @@ def build_config(recipe, cfg, args):
         train=TrainingConfig(train_iters=args.steps, global_batch_size=b.gbs, micro_batch_size=b.mbs,
                              manual_gc=not args.no_manual_gc, manual_gc_interval=100, manual_gc_eval=False),
         validation=ValidationConfig(eval_iters=0, eval_interval=None),
-        optimizer=OptimizerConfig(optimizer="adam", lr=o.lr, min_lr=o.min_lr if o.min_lr is not None else o.lr,
-                                  weight_decay=o.weight_decay, adam_beta1=o.beta1, adam_beta2=o.beta2,
-                                  adam_eps=o.eps, clip_grad=o.clip_grad, bf16=True,
-                                  use_distributed_optimizer=bool(lay.distributed_optimizer)),
+        optimizer=OptimizerConfig(**opt_kwargs),
         scheduler=SchedulerConfig(lr_decay_style=o.decay_style or "cosine", lr_warmup_iters=o.warmup_steps or 0,
                                   lr_warmup_init=0.0, lr_decay_iters=args.steps, start_weight_decay=o.weight_decay,
                                   end_weight_decay=o.weight_decay, weight_decay_incr_style="constant",
                                   override_opt_param_scheduler=True),
-        ddp=DistributedDataParallelConfig(use_distributed_optimizer=bool(lay.distributed_optimizer),
-                                          grad_reduce_in_fp32=fp32_reduce, overlap_grad_reduce=False,
-                                          overlap_param_gather=False, average_in_collective=False,
-                                          check_for_nan_in_grad=False, check_for_large_grads=False),
+        ddp=DistributedDataParallelConfig(**ddp_kwargs),
         dataset=MockGPTDatasetConfig(seq_length=b.seq_length, random_seed=recipe.data.seed or recipe.training.seed,
                                      reset_attention_mask=False, reset_position_ids=False, eod_mask_loss=False,
                                      num_dataset_builder_threads=1, split="9999,8,2", data_sharding=True,
@@ -212,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
     recipe = load_recipe(args.recipe, [*args.overrides, f"training.steps={args.steps}"])
     cfg = recipe.model_config_resolved()
+    wgrad = install_te_wgrad_accumulation() if args.grad_accum_fusion == "te" else None
     config, dropped = build_config(recipe, cfg, args)
     if args.dry_run:
         config.print_yaml()
@@ -289,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         "device_memory": cuda_memory(f"cuda:{torch.cuda.current_device()}"),
         "local_parameters": params.get("local"), "not_expressed": list(NOT_EXPRESSED),
         "recipe_fields_without_provider_field": dropped, "settings": _settings(config, args),
+        "output_layer_wgrad_accumulation": wgrad,
         "first_loss": rows[0]["loss"], "final_loss": rows[-1]["loss"], "steps": rows,
     }
     finish(result, args.out, omit=lambda k: k in ("steps", "settings", "not_expressed"))
@@ -325,6 +379,8 @@ def _settings(config, args) -> dict:
     out = {k: str(getattr(m, k, None)) if k == "attention_backend" else getattr(m, k, None) for k in keys}
     out.update(ddp_grad_reduce_in_fp32=config.ddp.grad_reduce_in_fp32,
                use_distributed_optimizer=config.optimizer.use_distributed_optimizer,
+               use_precision_aware_optimizer=config.optimizer.use_precision_aware_optimizer,
+               store_param_remainders=config.optimizer.store_param_remainders,
                gbs=config.train.global_batch_size, mbs=config.train.micro_batch_size,
                manual_gc=config.train.manual_gc, cli={k: v for k, v in vars(args).items() if k != "overrides"})
     return out

@@ -5,8 +5,13 @@
 # results.json, metrics.jsonl, fingerprint.json, recipe.yaml (runner) and bridge-slice.json (Bridge).
 # Needs TE 2.20.2 + megatron-core 0.19.2 in /tmp/site (benchmarks/scripts/stage-gpu.sh te-install) and Bridge's
 # wheels installed by `bash benchmarks/scripts/bridge/stage.sh install DIR` into /tmp/site-bridge.
-#   usage: OUT=dir [RUNNER_OVERRIDES="a.b=c ..."] bash benchmarks/results/side-by-side/run.sh [N]   (N pairs, default 3)
-# RUNNER_OVERRIDES: recipe overrides for the runner's runs (each run's recipe.yaml records the result); empty: as shipped
+#   usage: OUT=dir [SHAPE_OVERRIDES="a.b=c ..."] [RUNNER_OVERRIDES="a.b=c ..."] bash benchmarks/results/side-by-side/run.sh [N]
+#          (N pairs, default 3)
+# SHAPE_OVERRIDES: recipe overrides for both sides (a smaller slice that fits an 80 GB card: the runner's recipe.yaml
+#   and Bridge's bridge-slice.json `overrides` record them); RUNNER_OVERRIDES: the runner's runs only; empty: as shipped.
+# Bridge gets the engine's own optimizer and DDP mapping of the recipe (the precision-aware optimizer included) and
+# gradient_accumulation_fusion on, its output layer's accumulation by TE's GEMM where APEX is absent
+# (bridge_slice.py --grad-accum-fusion te, the default).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
@@ -16,13 +21,13 @@ for i in $(seq 1 "${1:-3}"); do
   echo "=== runner$i $(date +%T)"
   rm -rf "runs/sbs-runner$i"
   PYTHONPATH=/tmp/site:${PYTHONPATH:-}:. CUDA_VISIBLE_DEVICES=0 timeout 300 \
-    python3 -m muse_stack.cli run slice-1gpu ${RUNNER_OVERRIDES:-} --no-progress --out "runs/sbs-runner$i" 2>&1 | tail -3
+    python3 -m muse_stack.cli run slice-1gpu ${SHAPE_OVERRIDES:-} ${RUNNER_OVERRIDES:-} --no-progress --out "runs/sbs-runner$i" 2>&1 | tail -3
   mkdir -p "$OUT/runner$i"
   cp "runs/sbs-runner$i"/{results.json,metrics.jsonl,fingerprint.json,recipe.yaml} "$OUT/runner$i/" 2>/dev/null
   echo "=== bridge$i $(date +%T)"
   mkdir -p "$OUT/bridge$i"
   PYTHONPATH=/tmp/site-bridge:/tmp/site:${PYTHONPATH:-}:. CUDA_VISIBLE_DEVICES=0 timeout 300 \
-    python3 benchmarks/scripts/bridge_slice.py slice-1gpu --steps 30 --warmup 10 --out "$OUT/bridge$i/bridge-slice.json" \
+    python3 benchmarks/scripts/bridge_slice.py slice-1gpu ${SHAPE_OVERRIDES:-} --steps 30 --warmup 10 --out "$OUT/bridge$i/bridge-slice.json" \
     > "$OUT/bridge$i/bridge-iterations.log" 2>&1
   echo "rc=$?"; tail -2 "$OUT/bridge$i/bridge-iterations.log"
 done
