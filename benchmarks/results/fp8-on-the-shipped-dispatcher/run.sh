@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# FP8 (TE current scaling: fp8.recipe=tensorwise, fp8.format=hybrid) on slice-1gpu's shipped allgather dispatcher,
+# against bf16 on the same dispatcher and both precisions on the alltoall dispatcher, each its own process, in one
+# lease of one machine; then a long FP8 run against bf16 on the shipped dispatcher, judged by `compare` (its default
+# preset, Bridge's convergence check). Needs TE 2.20.2 + megatron-core 0.19.2 in /tmp/site
+# (benchmarks/scripts/stage-gpu.sh te-install).
+#   usage: OUT=dir [SHAPE_OVERRIDES="a.b=c ..."] bash benchmarks/results/fp8-on-the-shipped-dispatcher/run.sh speed
+#          OUT=dir [SHAPE_OVERRIDES=...] [STEPS=300] bash benchmarks/results/fp8-on-the-shipped-dispatcher/run.sh converge
+# SHAPE_OVERRIDES: a smaller slice for an 80 GB card (each run's recipe.yaml records it).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
+OUT=${OUT:-bench-out}/fp8-on-the-shipped-dispatcher
+FP8="precision=fp8 fp8.recipe=tensorwise fp8.format=hybrid"
+mkdir -p "$OUT" runs
+one() {  # name, extra overrides...
+  local name=$1; shift
+  echo "=== $name $(date +%T)"
+  rm -rf "runs/fp8d-$name"
+  PYTHONPATH=/tmp/site:${PYTHONPATH:-}:. CUDA_VISIBLE_DEVICES=0 timeout 590 \
+    python3 -m muse_stack.cli run slice-1gpu ${SHAPE_OVERRIDES:-} "$@" --no-progress --out "runs/fp8d-$name" \
+    > "runs/fp8d-$name.log" 2>&1
+  echo "rc=$?"; tail -2 "runs/fp8d-$name.log"
+  mkdir -p "$OUT/$name"
+  cp "runs/fp8d-$name.log" "$OUT/$name/run-output.log"
+  cp "runs/fp8d-$name"/{results.json,metrics.jsonl,fingerprint.json,recipe.yaml} "$OUT/$name/" 2>/dev/null
+}
+case "${1:-speed}" in
+speed)
+  one bf16-allgather
+  one fp8-allgather $FP8
+  one bf16-alltoall layout.dispatcher=alltoall
+  one fp8-alltoall $FP8 layout.dispatcher=alltoall
+  for pair in "bf16-allgather fp8-allgather" "bf16-alltoall fp8-alltoall" "bf16-allgather bf16-alltoall"; do
+    set -- $pair
+    PYTHONPATH=/tmp/site:. python3 -m muse_stack.cli compare "runs/fp8d-$1" "runs/fp8d-$2" --json --no-plot \
+      > "$OUT/compare-$1-$2.json" 2> "$OUT/compare-$1-$2.err"; echo "compare $1 $2 rc=$?"
+  done ;;
+converge)
+  S=${STEPS:-300}
+  one bf16-allgather-$S training.steps=$S
+  one fp8-allgather-$S $FP8 training.steps=$S
+  PYTHONPATH=/tmp/site:. python3 -m muse_stack.cli compare "runs/fp8d-bf16-allgather-$S" "runs/fp8d-fp8-allgather-$S" --json --no-plot \
+    > "$OUT/compare-$S-steps.json" 2> "$OUT/compare-$S-steps.err"; echo "compare rc=$?" ;;
+esac
+nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv > "$OUT/nvidia-smi.csv"
