@@ -119,8 +119,22 @@ def add_media(batch: dict[str, Any], towers, seed: int = 11) -> dict[str, Any]:
     return out
 
 
+#: the expert-bias ladder that pins routing (``pin_routing``): expert e's selection bias is ``PIN_STEP * e``. Sigmoid
+#: scores lie in (0, 1), so a step above 1 makes the top-k the k highest-biased experts for every token whatever its
+#: scores; the routing weights still come from the unbiased scores, as always
+PIN_STEP = 4.0
+#: defects for the negative control (``defect``): applied to the engine's weights after loading, never to the reference
+DEFECTS = {"vision-projection-x1.5": ("vision_projection.weight", 1.5)}
+
+
 def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp: int = 1, pp: int = 1, cp: int = 1,
-        packed: bool = False, towers: bool = False) -> dict[str, Any]:
+        packed: bool = False, towers: bool = False, pin_routing: bool = False,
+        defect: str | None = None) -> dict[str, Any]:
+    """The engine against the reference on one batch. ``pin_routing`` fixes every layer's top-k by a bias ladder
+    (``PIN_STEP``) in both models, so that bf16 rounding cannot flip an expert choice: at initialisation the scores
+    are near-ties and each flip changes a token's MoE output, which later layers amplify (the logits of an fp32
+    reference with its embeddings perturbed by 2^-12 differ by 25% relative RMS). ``defect`` (a ``DEFECTS`` key)
+    damages the engine's loaded weights: the negative control of the bounds."""
     from muse_stack.engines.megatron_available import require_megatron
 
     require_megatron()  # Transformer Engine loads its cuDNN before torch touches any
@@ -139,6 +153,8 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
     if (pp > 1 or cp > 1) and train_steps < 1:
         raise SystemExit("with PP or CP > 1 the comparison is the first training step: pass --train-steps K >= 1")
     reference = MuseSparkForCausalLM(cfg, seed=seed, towers=tower_cfg)
+    if pin_routing:
+        _pin_routing(reference)
     state = {k: v.clone() for k, v in reference.state_dict().items()}
     device = torch.device("cuda", local)
     torch.cuda.set_device(device)
@@ -158,6 +174,13 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
     ctx = TrainContext(recipe=recipe, model=cfg, rank=rank, world_size=world, local_rank=local,
                        resolved=finalize(recipe, gpus=world))
     engine = LoadedEngine(ctx, state)
+    if defect is not None:
+        suffix, factor = DEFECTS[defect]
+        hit = [p for n, p in engine.model.module.named_parameters() if n.endswith(suffix)]
+        if len(hit) != 1:
+            raise SystemExit(f"defect {defect}: {len(hit)} engine parameters end with {suffix}")
+        with torch.no_grad():
+            hit[0].mul_(factor)
     forward_only = pp == 1 and cp == 1
     loss, n = eval_loss(engine, batch) if forward_only else (float("nan"), int(batch["loss_mask"].sum()))
     ref_fp32, ref_bf16 = float(ref32.loss), float(ref16.loss)
@@ -179,13 +202,14 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
         logits["image_features_rel_rms_megatron_vs_fp32"] = rel_image
         logits["tower_parameters"] = sum(p.numel() for p in host.parameters())
     out = {"tp": tp, "ep": ep, "etp": etp, "pp": pp, "cp": cp, "packed": packed, "towers": TINY_TOWERS if towers else None,
+           "pin_routing": PIN_STEP if pin_routing else None, "defect": defect,
            "media": MEDIA if towers else None,
            "packed_lengths": list(PACKED_LENGTHS) if packed else None, "world_size": world, "rank": rank,
            "tokens": n, "model": TINY, "seq_length": SEQ, "reference_fp32_loss": ref_fp32,
            "reference_bf16_loss": ref_bf16, "rel_diff_reference_bf16_vs_fp32": abs(ref_bf16 - ref_fp32) / ref_fp32,
            **logits}
     if train_steps:
-        out.update(_train(engine, recipe, cfg, batch, train_steps, local))
+        out.update(_train(engine, recipe, cfg, batch, train_steps, local, pin_routing))
     if not forward_only:  # the first step's loss is the forward pass of the loaded weights
         loss = out["megatron_step_losses"][0]
         out["megatron_loss_from"] = "first training step (pipeline schedule)"
@@ -210,7 +234,13 @@ def engine_forward_backward(engine, batch: dict[str, Any]) -> tuple[torch.Tensor
     return logits, float(loss)
 
 
-def _train(engine, recipe, cfg, batch, steps: int, local: int) -> dict[str, Any]:
+def _pin_routing(model: torch.nn.Module) -> None:
+    for name, buf in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buf.copy_(PIN_STEP * torch.arange(buf.numel(), dtype=buf.dtype, device=buf.device))
+
+
+def _train(engine, recipe, cfg, batch, steps: int, local: int, pin_routing: bool = False) -> dict[str, Any]:
     from muse_stack.engines.reference import ReferenceEngine
     from muse_stack.run.steps import TrainSteps
 
@@ -219,7 +249,10 @@ def _train(engine, recipe, cfg, batch, steps: int, local: int) -> dict[str, Any]
     # the reference alone on this GPU: GBS / MBS micro-batches of the same row, as the engine's DP ranks
     ref_ctx = TrainContext(recipe=recipe, model=cfg, rank=0, world_size=1, local_rank=local,
                            resolved=finalize(recipe, gpus=1))
-    ref = TrainSteps(ReferenceEngine(ref_ctx), recipe, _OneBatch(batch), steps)
+    ref_engine = ReferenceEngine(ref_ctx)
+    if pin_routing:
+        _pin_routing(ref_engine.model)
+    ref = TrainSteps(ref_engine, recipe, _OneBatch(batch), steps)
     theirs = [ref.step(s) for s in range(1, steps + 1)]
     return {"train_steps": steps,
             "megatron_step_losses": [m.loss for m in mine], "reference_step_losses": [r.loss for r in theirs],
@@ -237,11 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--packed", action="store_true")
     ap.add_argument("--towers", action="store_true", help="both models with toy perception towers; an image and "
                                                            "an audio clip in the row")
+    ap.add_argument("--pin-routing", action="store_true", help="every layer's top-k fixed by an expert-bias ladder")
+    ap.add_argument("--defect", choices=sorted(DEFECTS), default=None, help="damage the engine's weights (a negative control)")
     ap.add_argument("--train-steps", type=int, default=0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     result = run(args.tp, args.ep, train_steps=args.train_steps, etp=args.etp, pp=args.pp, cp=args.cp,
-                 packed=args.packed, towers=args.towers)
+                 packed=args.packed, towers=args.towers, pin_routing=args.pin_routing, defect=args.defect)
     print(json.dumps(result), flush=True)
     if args.out and result["rank"] == 0:
         with open(args.out, "w") as f:
