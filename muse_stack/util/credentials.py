@@ -42,9 +42,12 @@ FIX = ("reference the environment instead, resolved when the job runs and never 
        "env.WANDB_API_KEY=${env:WANDB_API_KEY} or data.template_kwargs.api_key=${env:MY_KEY}; give a URL's "
        "credentials through the environment (HF_TOKEN, ~/.netrc), not in the URL")
 
-#: user[:password]@ after a URL's scheme; one slash too (``https:/u:p@h``, what path normalisation
-#: makes of ``https://u:p@h``)
-URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/{1,3})[^/@\s:]+(:[^/@\s]*)?@")
+#: [user]:password@ after a URL's scheme, the user name empty too (``redis://:pw@host``); one slash
+#: too (``https:/u:p@h``, what path normalisation makes of ``https://u:p@h``). A user name alone
+#: (``ssh://git@host/...``) names an account, not a secret; a password that is a reference
+#: (``$PW``, ``${PW}``; ``${env:PW}`` is taken out before) is kept for the shell
+URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/{1,3})[^/@\s:]*:"
+                             r"(?!\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})@)[^/@\s]+@")
 #: user:password@host without a scheme (an image reference, a registry, an rsync target); an image
 #: digest (``name:tag@sha256:...``) is not one, and neither is Slurm's ``--signal=B:TERM@120``: the
 #: host has a dot, or a ':', '/' or '#' after it, or is an [IPv6] address
@@ -65,30 +68,84 @@ _ONLY_SECRET = frozenset({"SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENT
                           "APIKEY", "SECRETKEY", "PRIVATEKEY", "ACCESSKEY"})
 #: names that hold one of the words but no secret
 NOT_SECRET_NAMES = frozenset({"TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_IMPLICIT_TOKEN"})
+#: the last word of a name that says where a secret is kept, not the secret: ``HF_TOKEN_PATH``,
+#: ``SSH_KEY_FILE``, ``AWS_SHARED_CREDENTIALS_FILE``, ``SSH_KEYFILE`` (its value, a path, is still
+#: checked by its shape)
+LOCATION_WORDS = frozenset({"PATH", "PATHS", "FILE", "FILES", "FILENAME", "KEYFILE", "DIR", "DIRS", "DIRECTORY",
+                            "FOLDER", "LOCATION"})
+#: names whose value is by convention a path to a secret's file, though their last word is a secret word
+LOCATION_NAMES = frozenset({"GOOGLE_APPLICATION_CREDENTIALS"})
+#: words that hold a secret word but name something else: an InfiniBand partition key (``NCCL_IB_PKEY``,
+#: ``UCX_IB_PKEY``) is a number that picks the fabric's partition
+NOT_SECRET_WORDS = frozenset({"PKEY"})
+#: ``<role>_token``: a tokenizer's special token (``bos_token``, ``eos_token``: chat-template
+#: arguments and tokenizer_config.json fields), text such as ``<s>``, not a credential
+SPECIAL_TOKEN_ROLES = frozenset({"BOS", "EOS", "PAD", "UNK", "SEP", "CLS", "MASK", "EOT", "EOM", "IMAGE", "AUDIO",
+                                 "VIDEO"})
+#: ``<field>_key``: the name of a field of a data row (``messages_key``, which the data builder
+#: reads), not a key that opens anything
+FIELD_KEY_WORDS = frozenset({"MESSAGES", "MESSAGE", "TEXT", "PROMPT", "PROMPTS", "RESPONSE", "COMPLETION", "IMAGE",
+                             "IMAGES", "AUDIO", "VIDEO", "LABEL", "LABELS", "INPUT", "INPUTS", "OUTPUT", "OUTPUTS",
+                             "CONTENT", "ROLE", "CONVERSATION", "CONVERSATIONS", "CHOSEN", "REJECTED", "ANSWER",
+                             "QUESTION", "CONTEXT", "INSTRUCTION", "SYSTEM", "ID", "SORT", "COLUMN", "FIELD"})
 _QUERY = re.compile(r"(?P<lead>[?&;#](?P<name>[A-Za-z0-9_.\-\[\]]{1,64})=)(?P<value>[A-Za-z0-9%._~+/$-][^&#\s\"'<>`]*)")
+#: ``NAME=value``, ``NAME: value``, ``"NAME": "value"`` in free text (``WANDB_API_KEY=...`` pasted
+#: into a note, ``aws_secret_access_key = ...`` from a credentials file): secret when NAME is a
+#: secret name and the value is a literal of 8+ characters that is not a plain word
+_ASSIGNMENT = re.compile(r"(?<![A-Za-z0-9_.$-])(?P<lead>[\"']?(?P<name>[A-Za-z_][A-Za-z0-9_.-]{0,63})[\"']?\s*[:=](?!=)\s*"
+                         r"[\"']?)(?P<value>[A-Za-z0-9+_~!%*@-][A-Za-z0-9+/=_.~!%*@-]{7,})")
+#: a version (``google-auth: 2.35.0.post1`` in a package list) is not a secret's value
+_VERSION = re.compile(r"[vV]?[0-9]+(?:\.[0-9]+)+(?:[.+-]?[A-Za-z0-9]+)*")
 _AUTH_SCHEME = re.compile(r"(?P<lead>\b(?:[Bb]earer|BEARER|Basic|[Tt]oken|Digest)\s+)"
                           r"(?P<value>(?=[A-Za-z0-9._~+/=-]*[0-9])[A-Za-z0-9._~+/=-]{8,})")
 _EDGE = r"(?<![A-Za-z0-9])"
-#: tokens whose prefix says what they are
+#: tokens whose shape says what they are whatever their content
 KNOWN_TOKENS = re.compile("|".join([
     rf"{_EDGE}(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{{20,}}",
-    rf"{_EDGE}github_pat_[A-Za-z0-9_]{{20,}}",
-    rf"{_EDGE}hf_[A-Za-z0-9]{{20,}}",
-    rf"{_EDGE}sk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_-]{{16,}}",
-    rf"{_EDGE}[rs]k_(?:live|test)_[A-Za-z0-9]{{16,}}",
-    rf"{_EDGE}xox[abposr]-[A-Za-z0-9-]{{10,}}",
-    rf"{_EDGE}glpat-[A-Za-z0-9_-]{{20,}}",
     rf"{_EDGE}AIza[A-Za-z0-9_-]{{35}}",
     rf"{_EDGE}npm_[A-Za-z0-9]{{36}}",
     rf"{_EDGE}(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{{16}}(?![A-Za-z0-9])",
     rf"{_EDGE}eyJ[A-Za-z0-9_-]{{8,}}\.eyJ[A-Za-z0-9_-]{{8,}}\.[A-Za-z0-9_-]*",
+    rf"{_EDGE}SG\.[A-Za-z0-9_-]{{16,}}\.[A-Za-z0-9_-]{{16,}}",  # SendGrid
+    rf"{_EDGE}ya29\.[A-Za-z0-9_-]{{20,}}",  # a Google OAuth access token
+    rf"{_EDGE}dapi[0-9a-f]{{32}}(?![A-Za-z0-9])",  # Databricks
+    rf"{_EDGE}pypi-AgE[A-Za-z0-9_-]{{50,}}",  # a PyPI upload token
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
+    # a webhook's URL is its credential: whoever has it posts
+    r"hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9_/-]{16,}",
+    r"discord(?:app)?\.com/api/webhooks/[0-9]+/[A-Za-z0-9_-]{20,}",
 ]))
+#: tokens that start with a provider's prefix (``sk-``, ``hf_``, ``xoxb-``, ...) and go on with
+#: random text: a folder called ``sk-experiments-december-2026`` goes on with words, so it is a
+#: name, not a key (:func:`_random_body`)
+PREFIXED_TOKENS = re.compile("|".join([
+    rf"{_EDGE}github_pat_[A-Za-z0-9_]{{20,}}",
+    rf"{_EDGE}hf_[A-Za-z0-9]{{20,}}",
+    rf"{_EDGE}api_org_[A-Za-z0-9]{{20,}}",
+    rf"{_EDGE}sk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_-]{{16,}}",
+    rf"{_EDGE}[rs]k_(?:live|test)_[A-Za-z0-9]{{16,}}",
+    rf"{_EDGE}xox[abposre]-[A-Za-z0-9-]{{10,}}",
+    rf"{_EDGE}xapp-[0-9]-[A-Za-z0-9-]{{10,}}",
+    rf"{_EDGE}glpat-[A-Za-z0-9_-]{{20,}}",
+    rf"{_EDGE}GOCSPX-[A-Za-z0-9_-]{{20,}}",
+    rf"{_EDGE}dop_v1_[a-f0-9]{{64}}",
+    rf"{_EDGE}dckr_pat_[A-Za-z0-9_-]{{20,}}",
+    rf"{_EDGE}(?:r8|gsk)_[A-Za-z0-9]{{20,}}",
+]))
+#: a word of a name (``experiments``, ``December``, ``v2``, ``2026``, ``70b``, ``4k``)
+_WORD_PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+|[0-9]+|[A-Za-z][a-z]*[0-9]{1,4}|[0-9]{1,4}[a-z]{1,2}")
 _SPLIT = re.compile(r"[/+=_-]+")
 _HEX = re.compile(r"[0-9a-fA-F]+")
 _KINDS = (re.compile("[a-z]"), re.compile("[A-Z]"), re.compile("[0-9]"))
 _WORDLIKE = re.compile(r"[A-Z]?[a-z]{3,}|[A-Z]{2,5}(?![a-z])|[0-9]{2,}")
 _ALNUM_TOKEN = re.compile(r"[A-Za-z0-9+/=_-]{20,}")
+#: identifiers whose randomness is what they are for, read before the entropy test: a Nix store
+#: path's hash (32 of Nix's base-32 letters), a ULID (26 of Crockford's base-32, in one case)
+_NOT_SECRET_IDS = re.compile(r"(?<=/nix/store/)[0-9a-df-np-sv-z]{32}(?=-)"
+                             r"|(?<![A-Za-z0-9])(?:[0-7][0-9A-HJKMNP-TV-Z]{25}|[0-7][0-9a-hjkmnp-tv-z]{25})(?![A-Za-z0-9])")
+#: a path where it starts a word (``/shared/...``, ``~/x``, ``./x``) or a URL: its folders are
+#: read one by one, as names (a random folder is still a credential)
+_PATH = re.compile(r"(?:(?<![^\s=:\"'(,\[{])(?:~|\.{1,2})?/|[A-Za-z][A-Za-z0-9+.-]*:/{1,3})[^\s\"'<>,;)\]}]*")
 
 
 def is_secret_key(name: str, *, env: bool = False) -> bool:
@@ -108,15 +165,55 @@ def is_secret_key(name: str, *, env: bool = False) -> bool:
     ``MY_AUTH_MODE``, ``SSH_KEYFILE``); a false alarm there costs only a ``${env:NAME}`` reference
     in a recipe, or a value the fingerprint records by name."""
     name = str(name)
-    if name.upper() in NOT_SECRET_NAMES:
+    if name.upper() in NOT_SECRET_NAMES or name.upper() in LOCATION_NAMES:
         return False
     words = [w for w in re.split(r"[_\-.\s]+|(?<=[a-z0-9])(?=[A-Z])", name) if w]
     if not words:
         return False
-    last = words[-1]
-    if last.upper() in _SHORT_WORDS or bool(_WORD.search(last)) or any(w.upper() in _ONLY_SECRET for w in words):
+    upper = [w.upper() for w in words]
+    last = upper[-1]
+    if last in LOCATION_WORDS or (len(upper) > 1 and (
+            (last in ("TOKEN", "TOKENS") and upper[-2] in SPECIAL_TOKEN_ROLES)
+            or (last == "KEY" and upper[-2] in FIELD_KEY_WORDS))):
+        return False
+    if last in _SHORT_WORDS or bool(_WORD.search(last)) or any(w in _ONLY_SECRET for w in upper):
         return True
-    return env and bool(_ANYWHERE.search(name))
+    return env and bool(_ANYWHERE.search("_".join(w for w in upper if w not in NOT_SECRET_WORDS)))
+
+
+def _random_body(token: str) -> bool:
+    """Whether a prefixed token goes on with random text: some word after the prefix (split at
+    ``-``, ``_``, ``.``) is not a word of a name."""
+    parts = [p for p in re.split(r"[-_.]+", token)[1:] if p]
+    return any(not _WORD_PART.fullmatch(p) for p in parts)
+
+
+def _tokens(text: str) -> list[tuple[int, int]]:
+    """The spans of the tokens in ``text`` that say by their shape what they are."""
+    spans = [m.span() for m in KNOWN_TOKENS.finditer(text)]
+    spans += [m.span() for m in PREFIXED_TOKENS.finditer(text) if _random_body(m.group(0))]
+    return sorted(spans)
+
+
+def _literal(value: str) -> bool:
+    """A value given as it is: not a reference, not a placeholder (``<your-key>``), not a plain word."""
+    return not (value.startswith("$") or value.isalpha() or _VERSION.fullmatch(value))
+
+
+def _secret_assignment(m: re.Match[str]) -> bool:
+    return is_secret_key(m.group("name")) and _literal(m.group("value"))
+
+
+def _random_candidates(text: str) -> list[str]:
+    """The runs of 20+ letters and digits that the entropy test reads: a path's or a URL's folders one
+    by one, the rest as it stands; a Nix store hash and a ULID left out."""
+    text = _NOT_SECRET_IDS.sub(" ", text)
+    out: list[str] = []
+    for m in _PATH.finditer(text):
+        for part in m.group(0).split("/"):
+            out += _ALNUM_TOKEN.findall(part)
+    out += _ALNUM_TOKEN.findall(_PATH.sub(" ", text))
+    return out
 
 
 def looks_random(token: str) -> bool:
@@ -171,9 +268,11 @@ def shape(text: str) -> str | None:
         return "a secret query parameter (?token=...)"
     if _AUTH_SCHEME.search(text):
         return "an Authorization value (Bearer ...)"
-    if KNOWN_TOKENS.search(text):
-        return "an access token or key"
-    if any(looks_random(t) for t in _ALNUM_TOKEN.findall(text)):
+    if _tokens(text):
+        return "an access token, key or webhook URL"
+    if any(_secret_assignment(m) for m in _ASSIGNMENT.finditer(text)):
+        return "a secret-named assignment (NAME=value)"
+    if any(looks_random(t) for t in _random_candidates(text)):
         return "a high-entropy string"
     return None
 
@@ -217,7 +316,25 @@ def redact_text(text: str) -> str:
     if "=" in text:
         text = _QUERY.sub(lambda m: m.group("lead") + REDACTED if _secret_query(m) else m.group(0), text)
     text = _AUTH_SCHEME.sub(lambda m: m.group("lead") + REDACTED, text)
-    return KNOWN_TOKENS.sub(REDACTED, text)
+    for start, end in reversed(_tokens(text)):
+        text = text[:start] + REDACTED + text[end:]
+    if "=" in text or ":" in text:
+        text = _ASSIGNMENT.sub(lambda m: m.group("lead") + REDACTED if _secret_assignment(m) else m.group(0), text)
+    return text
+
+
+def redact_value(value: Any) -> Any:
+    """A copy of ``value`` (a string, or dicts and lists of them) to show: each string shaped like a
+    credential (:func:`shape`) is ``<redacted>``, each key has its unambiguous shapes redacted; other
+    values are kept. For what muse-stack prints of a document it did not write (``diff`` of a
+    fingerprint file)."""
+    if isinstance(value, str):
+        return REDACTED if shape(value) else value
+    if isinstance(value, dict):
+        return {redact_text(k) if isinstance(k, str) else k: redact_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_value(v) for v in value]
+    return value
 
 
 _repr = reprlib.Repr()
