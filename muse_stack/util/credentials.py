@@ -45,9 +45,12 @@ FIX = ("reference the environment instead, resolved when the job runs and never 
 #: [user]:password@ after a URL's scheme, the user name empty too (``redis://:pw@host``); one slash
 #: too (``https:/u:p@h``, what path normalisation makes of ``https://u:p@h``). A user name alone
 #: (``ssh://git@host/...``) names an account, not a secret; a password that is a reference
-#: (``$PW``, ``${PW}``; ``${env:PW}`` is taken out before) is kept for the shell
+#: (``$PW``, ``${PW}``, ``${env:PW}``) is kept as it is
 URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/{1,3})[^/@\s:]*:"
-                             r"(?!\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})@)[^/@\s]+@")
+                             r"(?!\$(?:[A-Za-z_][A-Za-z0-9_]*|\{(?:env:)?[A-Za-z_][A-Za-z0-9_]*\})@)[^/@\s]+@")
+#: a user name alone after a URL's scheme: a credential when it is not a name (a token given as the
+#: user, ``https://s3cr3t-t0ken-1234@host``); ``ssh://git@host`` and ``https://alice@host`` name accounts
+URL_USER = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/{1,3})(?P<user>[^/@\s:]+)@")
 #: user:password@host without a scheme (an image reference, a registry, an rsync target); an image
 #: digest (``name:tag@sha256:...``) is not one, and neither is Slurm's ``--signal=B:TERM@120``: the
 #: host has a dot, or a ':', '/' or '#' after it, or is an [IPv6] address
@@ -91,7 +94,8 @@ FIELD_KEY_WORDS = frozenset({"MESSAGES", "MESSAGE", "TEXT", "PROMPT", "PROMPTS",
 _QUERY = re.compile(r"(?P<lead>[?&;#](?P<name>[A-Za-z0-9_.\-\[\]]{1,64})=)(?P<value>[A-Za-z0-9%._~+/$-][^&#\s\"'<>`]*)")
 #: ``NAME=value``, ``NAME: value``, ``"NAME": "value"`` in free text (``WANDB_API_KEY=...`` pasted
 #: into a note, ``aws_secret_access_key = ...`` from a credentials file): secret when NAME is a
-#: secret name and the value is a literal of 8+ characters that is not a plain word
+#: secret name (not a bare short word: ``key:``) and the value is a literal of 8+ characters that is
+#: not a plain word, a name or a version
 _ASSIGNMENT = re.compile(r"(?<![A-Za-z0-9_.$-])(?P<lead>[\"']?(?P<name>[A-Za-z_][A-Za-z0-9_.-]{0,63})[\"']?\s*[:=](?!=)\s*"
                          r"[\"']?)(?P<value>[A-Za-z0-9+_~!%*@-][A-Za-z0-9+/=_.~!%*@-]{7,})")
 #: a version (``google-auth: 2.35.0.post1`` in a package list) is not a secret's value
@@ -137,7 +141,7 @@ _WORD_PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+|[0-9]+|[A-Za-z][a-z]*[0-9]{1,4}|[0
 _SPLIT = re.compile(r"[/+=_-]+")
 _HEX = re.compile(r"[0-9a-fA-F]+")
 _KINDS = (re.compile("[a-z]"), re.compile("[A-Z]"), re.compile("[0-9]"))
-_WORDLIKE = re.compile(r"[A-Z]?[a-z]{3,}|[A-Z]{2,5}(?![a-z])|[0-9]{2,}")
+_WORDLIKE = re.compile(r"[A-Z]?(?=[a-z]*[aeiouy])[a-z]{2,}|[A-Z]{2,5}(?![a-z])|[0-9]{2,}")
 _ALNUM_TOKEN = re.compile(r"[A-Za-z0-9+/=_-]{20,}")
 #: identifiers whose randomness is what they are for, read before the entropy test: a Nix store
 #: path's hash (32 of Nix's base-32 letters), a ULID (26 of Crockford's base-32, in one case)
@@ -195,13 +199,27 @@ def _tokens(text: str) -> list[tuple[int, int]]:
     return sorted(spans)
 
 
+#: words joined by '_' (``conversations``, ``chat_turns``), or a variable's name (``WANDB_API_KEY``,
+#: what a Kubernetes ``secretKeyRef`` names): a name, not a secret's value
+_NAME_VALUE = re.compile(r"[A-Za-z]+(?:_[A-Za-z]+)*|[A-Z_][A-Z0-9_]*")
+
+
 def _literal(value: str) -> bool:
-    """A value given as it is: not a reference, not a placeholder (``<your-key>``), not a plain word."""
-    return not (value.startswith("$") or value.isalpha() or _VERSION.fullmatch(value))
+    """A value given as it is: not a reference, a plain word or name, or a version."""
+    return not (value.startswith("$") or _NAME_VALUE.fullmatch(value) or _VERSION.fullmatch(value))
+
+
+def _wordy(text: str) -> bool:
+    """Whether every part of ``text`` (split at ``-``, ``_``, ``.``) is a word of a name (``git``,
+    ``ci-bot``, ``first.last``, ``user42``)."""
+    return all(_WORD_PART.fullmatch(p) for p in re.split(r"[-_.]+", text) if p)
 
 
 def _secret_assignment(m: re.Match[str]) -> bool:
-    return is_secret_key(m.group("name")) and _literal(m.group("value"))
+    """``NAME=value`` in text with a secret NAME and a literal value; a bare short word (``key:``,
+    ``sig=``) names too much else in text (a Kubernetes toleration's ``key: nvidia.com/gpu``)."""
+    name = m.group("name")
+    return name.upper() not in _SHORT_WORDS and is_secret_key(name) and _literal(m.group("value"))
 
 
 def _random_candidates(text: str) -> list[str]:
@@ -222,10 +240,12 @@ def looks_random(token: str) -> bool:
     the parts that are one word-like run (``tmp``, ``run``, ``12``: a path's folders, so that
     ``/tmp/tmp4go0z3ol/run``, a temporary folder's 11 characters, is not a credential), of at
     least two kinds (lower case, upper case, digits), less than 60% of them in word-like runs
-    (a capitalised or lower-case run of 3+ letters, 2-5 capitals, 2+ digits: names such as
-    ``MuseSparkOpenForCausalLM``, dates and versions are), and a high spread of characters
-    (Shannon entropy of at least 3.5 bits a character); or, a part of 30 letters and digits with an
-    entropy of at least 4.4 bits (words and names repeat their letters more: 4.0-4.3)."""
+    (a capitalised or lower-case run of 2+ letters with a vowel, 2-5 capitals, 2+ digits: names
+    such as ``MuseSparkOpenForCausalLM`` and ``Wav2Vec2PreTrainedModel``, dates and versions are),
+    and a high spread of characters (Shannon entropy of at least 3.5 bits a character); or, a part
+    or the whole of 30 letters and digits with an entropy of at least 4.4 bits (words and names
+    repeat their letters more: 4.0-4.3). A path's folders are read one by one
+    (:func:`_random_candidates`)."""
     parts = [p for p in _SPLIT.split(token) if p and not _HEX.fullmatch(p)]
     text = "".join(parts)
     unworded = sum(len(p) for p in parts if not _WORDLIKE.fullmatch(p))
@@ -233,7 +253,7 @@ def looks_random(token: str) -> bool:
         return False
     worded = sum(len(m) for p in parts for m in _WORDLIKE.findall(p))
     entropy = _entropy(text)
-    return entropy >= 3.5 and (worded / len(text) < 0.6 or any(len(p) >= 30 and _entropy(p) >= 4.4 for p in parts))
+    return entropy >= 3.5 and (worded / len(text) < 0.6 or any(len(p) >= 30 and _entropy(p) >= 4.4 for p in parts + [text]))
 
 
 def _entropy(text: str) -> float:
@@ -262,6 +282,8 @@ def shape(text: str) -> str | None:
     text = ENV_REFERENCE.sub("", text)
     if URL_CREDENTIALS.search(text):
         return "a URL's user:password@"
+    if any(not _wordy(m.group("user")) for m in URL_USER.finditer(text)):
+        return "a URL's user name that is not a name (a token given as the user)"
     if _BARE_USERINFO.search(text):
         return "user:password@host"
     if any(_secret_query(m) for m in _QUERY.finditer(text)):
@@ -311,6 +333,8 @@ def redact_text(text: str) -> str:
         return text
     if ":/" in text:
         text = URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+        text = URL_USER.sub(lambda m: m.group(0) if _wordy(m.group("user")) or m.group("user") == REDACTED
+                            else f"{m.group('scheme')}{REDACTED}@", text)
     if "@" in text:
         text = _BARE_USERINFO.sub(f"{REDACTED}@", text)
     if "=" in text:
