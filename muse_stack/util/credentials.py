@@ -9,12 +9,17 @@ refused before anything is written (:func:`findings`), naming the field, never e
   secret, password, pass, pwd, auth, bearer, pat, credential, cookie, session, signature, private,
   ...; for an environment variable's name, such a word anywhere in it), any literal string;
 - under any key, a value shaped like a credential (:func:`shape`): a URL's ``user:password@``
-  (with ``scheme://``, a path normaliser's ``scheme:/``, or no scheme at all), a secret-named
-  query parameter (``?token=``, ``&sig=``, ``X-Amz-Signature=``), an ``Authorization`` scheme
-  (``Bearer ...``), the prefixes of known tokens (GitHub ``ghp_``/``github_pat_``, Hugging Face
-  ``hf_``, OpenAI ``sk-``, Slack ``xox?-``, GitLab ``glpat-``, Google ``AIza``, npm ``npm_``,
-  AWS access key ids), JSON web tokens, PEM private keys, and high-entropy strings (20 or more
-  letters and digits mixed as random text mixes them, :func:`looks_random`).
+  or ``:password@`` (with ``scheme://``, a path normaliser's ``scheme:/``, or no scheme at all), a
+  URL's user name that is not a name, a secret-named query parameter (``?token=``, ``&sig=``,
+  ``X-Amz-Signature=``), an ``Authorization`` scheme (``Bearer ...``), tokens of a known shape
+  (GitHub ``ghp_``/``github_pat_``, Hugging Face ``hf_``, OpenAI ``sk-``, Slack ``xox?-``, GitLab
+  ``glpat-``, Google ``AIza``, npm ``npm_``, AWS access key ids, ..., a prefix followed by random
+  text, not words), webhook URLs, JSON web tokens, PEM private keys, a secret-named assignment in
+  text (``WANDB_API_KEY=...``), and high-entropy strings (20 or more letters and digits mixed as
+  random text mixes them, :func:`looks_random`; a path folder by folder).
+
+How often the rule is wrong is measured on a labelled set (tests/unit/data/secret_labels.yaml,
+benchmarks/scripts/secret_detector_rates.py).
 
 A value of hex digits alone is a hash or a commit as far as its shape tells (``rows_sha256``,
 ``revision``), so it is refused only under a secret-named key.
@@ -161,13 +166,17 @@ def is_secret_key(name: str, *, env: bool = False) -> bool:
     secret (secret, password, credential, bearer, ...): ``api_key``, ``hfToken``, ``DB_PASS``,
     ``GITHUB_PAT``, ``pwd``, ``bearer`` and ``client_secret_id`` are; ``tokenizer``,
     ``row_tokens``, ``path``, ``pad_token_id``, ``num_key_value_heads`` and
-    ``TOKENIZERS_PARALLELISM`` are not.
+    ``TOKENIZERS_PARALLELISM`` are not. Nor is a name that says where a secret is kept or that
+    names something else (its value is still checked by its shape): a last word in
+    :data:`LOCATION_WORDS` (``HF_TOKEN_PATH``, ``SSH_KEY_FILE``), :data:`LOCATION_NAMES`
+    (``GOOGLE_APPLICATION_CREDENTIALS``), a special token (``bos_token``), a row's field
+    (``messages_key``), an InfiniBand partition key (``NCCL_IB_PKEY``).
 
     ``env=True`` is for names muse-stack does not define (environment variables, a caller's
     free-form keys), where no model field can collide: there a long secret word or ``KEY``
-    anywhere in the name counts too, inside a longer word included (``HF_TOKEN_PATH``,
-    ``MY_AUTH_MODE``, ``SSH_KEYFILE``); a false alarm there costs only a ``${env:NAME}`` reference
-    in a recipe, or a value the fingerprint records by name."""
+    anywhere in the name counts too, inside a longer word included (``MY_AUTH_MODE``,
+    ``MONKEY``); a false alarm there costs only a ``${env:NAME}`` reference in a recipe, or a
+    value the fingerprint records by name."""
     name = str(name)
     if name.upper() in NOT_SECRET_NAMES or name.upper() in LOCATION_NAMES:
         return False

@@ -260,6 +260,13 @@ def test_a_launch_folder_holding_a_credential_is_refused_before_anything_is_writ
         assert not (tmp_path / "job.sbatch").exists()
 
 
+@pytest.mark.parametrize("flag", ["--account", "--partition", "--run-name"])
+def test_a_slurm_value_holding_a_token_is_refused_naming_its_option(cli, tmp_path, flag):
+    rc, out, err = cli("launch", "tiny-cpu", "--slurm", flag, TOKEN, "-o", tmp_path / "job.sbatch")
+    assert rc == 2 and TOKEN not in out + err and f"{flag} = '<redacted>'" in err, (rc, err)
+    assert not (tmp_path / "job.sbatch").exists()
+
+
 def test_the_last_guard_on_a_launch_file_refuses_instead_of_rewriting():
     """Where the rendered file as a whole holds a credential that no single value showed, it is not
     written with a ``<redacted>`` in it: the launch is refused, naming the line (shown redacted)."""
