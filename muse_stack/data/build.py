@@ -153,12 +153,6 @@ def plan_for_recipe(recipe: Recipe, *, require_tokenizer: bool = True) -> Plan:
             raise
         tok_dir, missing = None, exc.message
     key = d.details.get("messages_key", "messages")
-    if not isinstance(key, str) or not key or "$" in key:
-        # a field's name, read from each row as it is: a reference (${env:NAME}) would be looked up as a name
-        raise RecipeError("the rows' messages field is named literally", field="data.details.messages_key",
-                          value=key, rule="a ${env:NAME} reference is resolved only in env and "
-                                          "data.template_kwargs; this is the name of a field of each row",
-                          fix="give the field's name, e.g. data.details.messages_key=conversations")
     if builder == "fixed":
         if not b.seq_length:
             raise RecipeError("fixed rows need a row length", field="batch.seq_length", value=None,

@@ -66,15 +66,14 @@ def test_legitimate_values_are_accepted_and_kept_as_given(cli, override):
     assert node == value.strip("'")
 
 
-def test_the_data_builder_reads_a_literal_messages_key_and_refuses_a_reference():
+def test_the_data_builder_reads_a_literal_messages_key_and_the_recipe_refuses_a_reference():
     from muse_stack.data.build import plan_for_recipe
 
     recipe = load_recipe("tiny-cpu", ["data.details.messages_key=conversations"])
     assert plan_for_recipe(recipe, require_tokenizer=False).messages_key == "conversations"
-    recipe = load_recipe("tiny-cpu", ["data.details.messages_key=${env:MESSAGES_KEY}"])
-    with pytest.raises(RecipeError) as exc:
-        plan_for_recipe(recipe, require_tokenizer=False)
-    assert exc.value.field == "data.details.messages_key" and "conversations" in exc.value.fix
+    with pytest.raises(RecipeError) as exc:  # refused with the recipe, before a run directory is made
+        load_recipe("tiny-cpu", ["data.details.messages_key=${env:MESSAGES_KEY}"])
+    assert exc.value.field.startswith("data.details") and "conversations" in exc.value.render()
 
 
 def test_a_job_temporary_folder_and_a_ulid_run_name_are_accepted_for_run_out(tmp_path):
