@@ -202,10 +202,17 @@ def _random_body(token: str) -> bool:
 
 
 def _tokens(text: str) -> list[tuple[int, int]]:
-    """The spans of the tokens in ``text`` that say by their shape what they are."""
+    """The spans of the tokens in ``text`` that say by their shape what they are, overlapping ones
+    merged."""
     spans = [m.span() for m in KNOWN_TOKENS.finditer(text)]
     spans += [m.span() for m in PREFIXED_TOKENS.finditer(text) if _random_body(m.group(0))]
-    return sorted(spans)
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 #: words joined by '_' (``conversations``, ``chat_turns``), or a variable's name (``WANDB_API_KEY``,

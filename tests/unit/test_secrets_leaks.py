@@ -304,3 +304,18 @@ def test_a_fingerprint_records_new_credential_shapes_by_name_only():
     got = environment.collect(env)
     assert got["secrets_set"] == ["HF_CACHE_URL", "NCCL_NOTIFY"]
     assert got["variables"] == {"HF_TOKEN_PATH": "/home/u/.cache/huggingface/token", "NCCL_IB_PKEY": "0x8001"}
+
+
+def test_the_last_guard_redacts_the_new_shapes_in_written_text_and_errors(tmp_path):
+    from muse_stack.util import atomic
+
+    texts = {f"redis://:{PW}@cache.example.com:6379/0": PW, f"alerts go to {WEBHOOK} now": "abcdEFGHijklMNOPqrstUVwx",
+             f"export WANDB_API_KEY={HEX40}": HEX40, f"aws_secret_access_key = {AWS_SECRET}": AWS_SECRET,
+             f"https://s3cr3t-t0ken-value-1234@example.com/ds": "s3cr3t-t0ken-value-1234"}
+    for text, secret in texts.items():
+        assert secret not in InputError(f"cannot read {text}", field="x", value=text, fix="x").render()
+        atomic.write_text(tmp_path / "f.txt", text)
+        assert secret not in (tmp_path / "f.txt").read_text()
+    for keep in ("ssh://git@github.com/meta/muse-stack.git", "- key: nvidia.com/gpu", "key: WANDB_API_KEY",
+                 '"google-auth": "2.35.0.post1"', "RUNS_DIR=/shared/sk-experiments-december-2026"):
+        assert credentials.redact_text(keep) == keep
