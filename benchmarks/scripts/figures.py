@@ -1602,6 +1602,29 @@ def replay() -> dict:
     }
 
 
+# ---- docs/input-validation.md ---------------------------------------------------------------------------------------
+
+
+def secret_detector() -> dict:
+    """The secret detector's miss and false-refusal rates on the labelled set (secret-detector-rates/rates.json)."""
+    r = data("secret-detector-rates/rates.json")
+
+    def share(n: int, of: int) -> str:
+        return f"{n:,} of {of:,} ({100 * n / of:.2f}%)"
+
+    rows = ["| labelled | secrets | missed | non-secrets | refused |", "|---|---:|---:|---:|---:|"]
+    for origin, o in [*r["by_origin"].items(), ("all", r)]:
+        rows.append(f"| {origin} | {o['secrets']:,} | {share(o['misses'], o['secrets'])} | {o['not_secrets']:,} | "
+                    f"{share(o['false_refusals'], o['not_secrets'])} |")
+    return {
+        "secrets.miss": share(r["misses"], r["secrets"]),
+        "secrets.false-refusal": share(r["false_refusals"], r["not_secrets"]),
+        "secrets.kinds": f"{sum(1 for k in r['by_kind'].values() if k['secrets'])}",
+        "secrets.other-kinds": f"{sum(1 for k in r['by_kind'].values() if k['not_secrets'])}",
+        "secrets.table": "\n" + "".join(f"  {row}\n" for row in rows) + "  ",
+    }
+
+
 # ---- benchmarks/README.md ---------------------------------------------------------------------------------------------
 
 
@@ -1665,4 +1688,5 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/plan-sweep/README.md": plan_sweep,
     "benchmarks/results/plan-sweep/2026-12-03/README.md": plan_sweep_earlier("2026-12-03", partial=True),
     "benchmarks/results/plan-sweep/2026-12-02/README.md": plan_sweep_earlier("2026-12-02"),
+    "docs/input-validation.md": secret_detector,
 }

@@ -75,12 +75,23 @@ def launch_cmd(
         raise InputError("the output file exists; launch never overwrites a file", field="--output",
                          value=str(output), fix="choose a new file name or remove the old one")
     if submit and not time_limit:
-        from muse_stack.util.errors import UsageError
+        from muse_stack.util.errors import UsageError as _UsageError
 
-        raise UsageError("a submitted job needs a time limit", field="--time", value=None,
+        raise _UsageError("a submitted job needs a time limit", field="--time", value=None,
                          rule="without one the job runs under the partition's default limit, which may be "
                               "minutes or unlimited",
                          fix="pass --time, e.g. --time 04:00:00 or --time 1-00:00:00")
+    from muse_stack.util.errors import UsageError
+    from muse_stack.util.safeio import refuse_rewrite, refuse_secrets
+
+    # each value goes into the launch file as given, or is refused here, before anything is written
+    for flag, value in (("--runs-dir", runs_dir), ("--data-dir", data_dir), ("--checkpoint-dir", checkpoint_dir),
+                        ("--images-dir", images_dir), ("--partition", partition), ("--account", account),
+                        ("--time", time_limit), ("--image", image), ("--run-name", run_name),
+                        ("--namespace", namespace), ("--queue", queue), ("--volume-claim", claim),
+                        ("--env-secret", env_secret), ("--output", output)):
+        if value is not None:
+            refuse_secrets(str(value), field=flag, error=UsageError, what="the value")
     spec = resolve(name, overrides or [], nodes=nodes, gpus=gpus, steps=steps, image=image, run_name=run_name,
                    nccl_debug=nccl_debug, fabric=fabric, cpus_per_gpu=cpus_per_gpu,
                    pretrained_checkpoint=pretrained_checkpoint, kubernetes=k8s)
@@ -93,6 +104,9 @@ def launch_cmd(
                                 account=account, images_dir=images_dir)
     else:
         text = k8s_mod.render(spec, namespace=namespace, claim=claim, secret=env_secret, queue=queue)
+    # the file is written as rendered: where the last guard of written text would change it, the launch is refused
+    text = refuse_rewrite(text, field="--slurm" if slurm else "--k8s",
+                          what="the sbatch script" if slurm else "the manifests")
     if k8s and spec.image is not None and not spec.image.digest:  # on stderr: stdout may be the manifests
         console.print(f"note: {k8s_mod.TAG_NOTE}", highlight=False)
     if output is not None:

@@ -89,14 +89,18 @@ class DiffReport:
 
 
 def _difference(change: Change) -> Difference:
+    """One difference, its values as shown: a credential a document holds is never printed
+    (:func:`muse_stack.util.credentials.redact_value`)."""
+    from muse_stack.util.credentials import redact_text, redact_value
+
     path = dotted(change.path)
     return Difference(
-        path=path,
+        path=redact_text(path),
         section=change.path[0] if change.path else "(document)",
         kind=change.kind,
         cls=classify(path),
-        a=change.a,
-        b=change.b,
+        a=redact_value(change.a),
+        b=redact_value(change.b),
     )
 
 

@@ -358,6 +358,17 @@ class Data(_Strict):
     license: str | None = None
     details: dict[str, Any] = Field(default_factory=dict, description="further recorded facts of the data build")
 
+    @field_validator("details")
+    @classmethod
+    def _messages_key(cls, value: dict[str, Any]) -> dict[str, Any]:
+        key = value.get("messages_key")
+        if key is not None and (not isinstance(key, str) or not key or "$" in key):
+            # the data builder reads this field of each row by this name: a reference would be looked up as a name
+            raise ValueError("details.messages_key names the rows' messages field literally (a ${env:NAME} "
+                             "reference is resolved only in env and data.template_kwargs): give e.g. "
+                             "data.details.messages_key=conversations")
+        return value
+
 
 class Peft(_Strict):
     """Adapters on a frozen base. Targets are checkpoint (HF) module names inside a decoder layer

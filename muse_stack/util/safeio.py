@@ -17,10 +17,10 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from muse_stack.util.credentials import FIX, REDACTED, URL_CREDENTIALS, findings, redact_text, shape, short_repr
-from muse_stack.util.errors import InputError, MuseStackError, RecipeError
+from muse_stack.util.errors import InputError, MuseStackError, RecipeError, UsageError
 
 __all__ = ["MAX_TEXT_BYTES", "MAX_YAML_NODES", "REDACTED", "URL_CREDENTIALS", "load_json", "load_yaml", "read_json",
-           "read_text", "read_yaml", "redact_urls", "refuse_secrets", "short_repr"]
+           "read_text", "read_yaml", "redact_urls", "refuse_rewrite", "refuse_secrets", "short_repr"]
 
 #: nodes a document may hold once its aliases are expanded (the largest recipe holds ~600)
 MAX_YAML_NODES = 200_000
@@ -44,6 +44,21 @@ def refuse_secrets(data: Any, *, field: str, error: type[Exception] = RecipeErro
                     rule="secrets come only by reference, ${env:NAME}, resolved when the job runs"
                          + (f"; also at {', '.join(p for p, _ in found[1:4])}" if len(found) > 1 else ""),
                     fix=FIX)
+
+
+def refuse_rewrite(text: str, *, field: str, what: str) -> str:
+    """``text`` when the last guard on written text (:func:`muse_stack.util.credentials.redact_text`)
+    leaves it as it is; else a :class:`UsageError` naming ``field`` and the first line the guard
+    would change, shown redacted. A launch file carries every value as given or is not written:
+    a redacted value in a script or a manifest is a job that fails or runs somewhere else."""
+    guarded = redact_text(text)
+    if guarded == text:
+        return text
+    lines = list(zip(text.splitlines(), guarded.splitlines()))
+    number, line = next(((n, b) for n, (a, b) in enumerate(lines, 1) if a != b), (len(lines), ""))
+    raise UsageError(f"line {number} of {what} would hold a credential ({line.strip()[:160]}); a launch file "
+                     "is written as given or not at all", field=field, value=REDACTED,
+                     rule="secrets come only by reference, ${env:NAME}, resolved when the job runs", fix=FIX)
 
 
 def read_text(path: str | Path, *, field: str, what: str = "file", missing: type[Exception] = InputError,

@@ -106,24 +106,31 @@ def test_secret_names_by_words():
 def test_one_rule_for_secret_names_and_environment_names_by_any_word():
     """One rule (credentials.is_secret_key) for every name: a recipe's keys by their words, and the
     names muse-stack does not define (environment variables, a caller's free-form keys) also by a
-    secret word anywhere in them. Every name secret as a key is secret as an environment name."""
+    secret word anywhere in them. Every name secret as a key is secret as an environment name. A
+    name that says where a secret is kept (``HF_TOKEN_PATH``, ``SSH_KEYFILE``,
+    ``GOOGLE_APPLICATION_CREDENTIALS``) holds a path, not the secret: its value is checked by its shape."""
     keys = ("pwd", "bearer", "DB_PASS", "GITHUB_PAT", "api_key", "hfToken", "WANDB_API_KEY", "PRIVATE_KEY")
-    loose = ("HF_TOKEN_PATH", "MY_AUTH_MODE", "SSH_KEYFILE", "AWS_SESSION_ID", "MONKEY", "pad_token_id")
+    loose = ("MY_AUTH_MODE", "AWS_SESSION_ID", "MONKEY", "pad_token_id")
     for name in keys + loose:
         assert credentials.is_secret_key(name, env=True), name
     for name in loose:
         assert not credentials.is_secret_key(name), name
-    for name in ("NCCL_DEBUG", "PYTHONPATH", "TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_IMPLICIT_TOKEN", "OMP_NUM_THREADS"):
+    for name in ("NCCL_DEBUG", "PYTHONPATH", "TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_IMPLICIT_TOKEN", "OMP_NUM_THREADS",
+                 "HF_TOKEN_PATH", "SSH_KEYFILE", "GOOGLE_APPLICATION_CREDENTIALS", "NCCL_IB_PKEY"):
         assert not credentials.is_secret_key(name, env=True), name
     # the fingerprint records such variables by name only, and a recipe's env refuses their literals
-    env = {name: "abc-123-xyz" for name in ("HF_TOKEN_PATH", "DB_PASS", "NCCL_DEBUG")}
-    assert environment.collect(env)["secrets_set"] == ["DB_PASS", "HF_TOKEN_PATH"]
+    env = {name: "abc-123-xyz" for name in ("MY_AUTH_MODE", "DB_PASS", "NCCL_DEBUG")}
+    assert environment.collect(env)["secrets_set"] == ["DB_PASS", "MY_AUTH_MODE"]
     assert environment.secret_values(env) == ["abc-123-xyz"]
     with pytest.raises(RecipeError) as exc:
-        load_recipe("tiny-cpu", ["env.HF_TOKEN_PATH=/x/y"])
+        load_recipe("tiny-cpu", ["env.MY_AUTH_MODE=abc-123-xyz"])
+    assert exc.value.field == "env.MY_AUTH_MODE"
+    assert load_recipe("tiny-cpu", ["env.DB_PASS=${env:DB_PASS}"]).env["DB_PASS"] == "${env:DB_PASS}"
+    # a location is written as given; a token given as one is still refused by its shape
+    assert load_recipe("tiny-cpu", ["env.HF_TOKEN_PATH=/x/y"]).env["HF_TOKEN_PATH"] == "/x/y"
+    with pytest.raises(RecipeError) as exc:
+        load_recipe("tiny-cpu", [f"env.HF_TOKEN_PATH={TOKEN}"])
     assert exc.value.field == "env.HF_TOKEN_PATH"
-    assert load_recipe("tiny-cpu", ["env.HF_TOKEN_PATH=${env:HF_TOKEN_PATH}"]).env["HF_TOKEN_PATH"] == \
-        "${env:HF_TOKEN_PATH}"
 
 
 def test_high_entropy_strings_are_told_from_names_hashes_and_paths():
@@ -220,3 +227,95 @@ def test_no_recipe_or_model_field_is_secret_named(cli):
     assert rc == 0, err
     rc, out, err = cli("show", "tiny-cpu", "env.DB_PASS=4417290")  # a number is a literal too
     assert rc == 2 and "4417290" not in out + err, err
+
+
+HEX40 = "9f3c" + "0b7e5a1d" * 4 + "42d1"  # a W&B API key's shape: 40 hex digits, read as a hash by itself
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # AWS's documented example secret access key
+WEBHOOK = "https://hooks.slack.com/services/T024BE7LD/B01AB2CD3EF/abcdEFGHijklMNOPqrstUVwx"
+
+
+@pytest.mark.parametrize("override, field, secret", [
+    (f"data.dataset=redis://:{PW}@cache.example.com:6379/0", "data.dataset", PW),
+    (f"notes.alerts={WEBHOOK}", "notes.alerts", "abcdEFGHijklMNOPqrstUVwx"),
+    (f"notes.setup=export WANDB_API_KEY={HEX40}", "notes.setup", HEX40),
+    (f"description=aws_secret_access_key = {AWS_SECRET}", "description", AWS_SECRET),
+    (f"env.SLACK_HOOK={WEBHOOK}", "env.SLACK_HOOK", "abcdEFGHijklMNOPqrstUVwx"),
+])
+def test_empty_user_urls_webhooks_and_secret_assignments_are_refused(cli, tmp_path, override, field, secret):
+    """``scheme://:password@host`` (an empty user name), a Slack webhook URL and a secret pasted as
+    ``NAME=value`` text were neither refused nor redacted: they reached recipe.yaml, the sbatch script
+    and the terminal."""
+    for args in (["show", "tiny-cpu", override], ["run", "tiny-cpu", override, "--out", tmp_path / "r"],
+                 ["launch", "tiny-cpu", "--slurm", override, "-o", tmp_path / "job.sbatch"]):
+        _refused(cli, args, secret, tmp_path, field)
+        assert not (tmp_path / "job.sbatch").exists()
+
+
+@pytest.mark.parametrize("flag", ["--runs-dir", "--data-dir", "--checkpoint-dir", "--images-dir"])
+def test_a_launch_folder_holding_a_credential_is_refused_before_anything_is_written(cli, tmp_path, flag):
+    for value in (f"/shared/WANDB_API_KEY={HEX40}", f"/shared/{TOKEN}", f"s3://:{PW}@bucket.example.com/x"):
+        secret = HEX40 if HEX40 in value else TOKEN if TOKEN in value else PW
+        rc, out, err = cli("launch", "tiny-cpu", "--slurm", flag, value, "-o", tmp_path / "job.sbatch")
+        assert rc == 2 and secret not in out + err and f"{flag} = '<redacted>'" in err, (rc, err)
+        assert not (tmp_path / "job.sbatch").exists()
+
+
+@pytest.mark.parametrize("flag", ["--account", "--partition", "--run-name"])
+def test_a_slurm_value_holding_a_token_is_refused_naming_its_option(cli, tmp_path, flag):
+    rc, out, err = cli("launch", "tiny-cpu", "--slurm", flag, TOKEN, "-o", tmp_path / "job.sbatch")
+    assert rc == 2 and TOKEN not in out + err and f"{flag} = '<redacted>'" in err, (rc, err)
+    assert not (tmp_path / "job.sbatch").exists()
+
+
+def test_the_last_guard_on_a_launch_file_refuses_instead_of_rewriting():
+    """Where the rendered file as a whole holds a credential that no single value showed, it is not
+    written with a ``<redacted>`` in it: the launch is refused, naming the line (shown redacted)."""
+    from muse_stack.util.errors import UsageError
+    from muse_stack.util.safeio import refuse_rewrite
+
+    assert refuse_rewrite("RUNS_DIR=/shared/sk-experiments-december-2026\n", field="--slurm", what="x") == \
+        "RUNS_DIR=/shared/sk-experiments-december-2026\n"
+    with pytest.raises(UsageError) as exc:
+        refuse_rewrite(f"#!/bin/bash\nexport NOTE=\"Bearer {PW}\"\n", field="--slurm", what="the sbatch script")
+    assert "line 2 of the sbatch script" in exc.value.render() and PW not in exc.value.render()
+
+
+def test_diff_does_not_print_a_token_found_in_a_fingerprint_file(cli, tmp_path):
+    import json
+
+    doc = json.loads((ROOT / "tests/fixtures/fingerprints/cpu-debian12-torch2.13.json").read_text())
+    other = json.loads(json.dumps(doc))
+    other["host"]["hostname"] = TOKEN
+    other["host"]["os"] = f"--hook={WEBHOOK}"
+    other["host"]["kernel"] = f"https://:{PW}@cache.example.com"
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    (tmp_path / "b.json").write_text(json.dumps(other))
+    for extra in ([], ["--json"]):
+        rc, out, err = cli("diff", tmp_path / "a.json", tmp_path / "b.json", *extra)
+        assert rc in (0, 1, 2) and "Traceback" not in err, err
+        assert "hostname" in out and "<redacted>" in out, out
+        for secret in (TOKEN, PW, "abcdEFGHijklMNOPqrstUVwx"):
+            assert secret not in out + err, out
+
+
+def test_a_fingerprint_records_new_credential_shapes_by_name_only():
+    env = {"NCCL_NOTIFY": WEBHOOK, "HF_CACHE_URL": f"redis://:{PW}@cache.example.com:6379",
+           "NCCL_IB_PKEY": "0x8001", "HF_TOKEN_PATH": "/home/u/.cache/huggingface/token"}
+    got = environment.collect(env)
+    assert got["secrets_set"] == ["HF_CACHE_URL", "NCCL_NOTIFY"]
+    assert got["variables"] == {"HF_TOKEN_PATH": "/home/u/.cache/huggingface/token", "NCCL_IB_PKEY": "0x8001"}
+
+
+def test_the_last_guard_redacts_the_new_shapes_in_written_text_and_errors(tmp_path):
+    from muse_stack.util import atomic
+
+    texts = {f"redis://:{PW}@cache.example.com:6379/0": PW, f"alerts go to {WEBHOOK} now": "abcdEFGHijklMNOPqrstUVwx",
+             f"export WANDB_API_KEY={HEX40}": HEX40, f"aws_secret_access_key = {AWS_SECRET}": AWS_SECRET,
+             f"https://s3cr3t-t0ken-value-1234@example.com/ds": "s3cr3t-t0ken-value-1234"}
+    for text, secret in texts.items():
+        assert secret not in InputError(f"cannot read {text}", field="x", value=text, fix="x").render()
+        atomic.write_text(tmp_path / "f.txt", text)
+        assert secret not in (tmp_path / "f.txt").read_text()
+    for keep in ("ssh://git@github.com/meta/muse-stack.git", "- key: nvidia.com/gpu", "key: WANDB_API_KEY",
+                 '"google-auth": "2.35.0.post1"', "RUNS_DIR=/shared/sk-experiments-december-2026"):
+        assert credentials.redact_text(keep) == keep
