@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from muse_stack.launch.spec import resolve
 from muse_stack.run.faults import ENV_SLOW_SAVE
 from muse_stack.run.pipeline import run
@@ -51,9 +53,9 @@ DEFAULT_GRACE = _torchrun_default_grace()
 #: longer than the default grace: torchrun's SIGKILL comes DEFAULT_GRACE s after the signal, and the save cannot end
 #: sooner than SAVE_S s after it (it starts once the step under way is done); 5 s more keeps the kill certain
 SAVE_S = DEFAULT_GRACE + 5
-STEPS = 24
+STEPS = 12
 #: periodic saves: a save cut short loses at most the steps since the last one
-INTERVAL = 10
+INTERVAL = 6
 OVERRIDES = ["training.measure_warmup_steps=1", f"training.checkpoint_interval={INTERVAL}",
              "training.keep_checkpoints=2"]
 
@@ -73,6 +75,20 @@ def _latest(out: Path) -> int:
     return json.loads((out / "checkpoints" / "latest").read_text())["step"]
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_what_is_left():
+    """A failed assertion leaves no torchrun running: each one started here is killed, with its workers."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def _node(out: Path, log: Path, *, slow_save: bool, grace: bool = True) -> subprocess.Popen:
     """One node of the launched job: the launcher's command for it, with or without its --shutdown-timeout."""
     spec = resolve("tiny-cpu", OVERRIDES, steps=STEPS, run_name="preempt")
@@ -87,8 +103,10 @@ def _node(out: Path, log: Path, *, slow_save: bool, grace: bool = True) -> subpr
         env.pop(name, None)
     if slow_save:
         env[ENV_SLOW_SAVE] = str(SAVE_S)
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
+    STARTED.append(proc)
+    return proc
 
 
 def _wait(proc: subprocess.Popen, log: Path, timeout: float) -> int:
@@ -110,9 +128,9 @@ def _term_after(proc: subprocess.Popen, out: Path, log: Path, rows: int) -> None
 
 def test_the_launchers_grace_lets_a_save_longer_than_torchruns_own_finish(tmp_path):
     ref_out, out = tmp_path / "uninterrupted", tmp_path / "run"
-    ref = _node(ref_out, tmp_path / "uninterrupted.log", slow_save=False)
     attempt = _node(out, tmp_path / "attempt.log", slow_save=True)
     _term_after(attempt, out, tmp_path / "attempt.log", 2)
+    ref = _node(ref_out, tmp_path / "uninterrupted.log", slow_save=False)  # trains while the attempt saves
     _wait(attempt, tmp_path / "attempt.log", SAVE_S + 90)
     res = json.loads((out / "results.json").read_text())
     assert res["status"] == "interrupted", (tmp_path / "attempt.log").read_text()[-3000:]
