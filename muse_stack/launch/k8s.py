@@ -80,16 +80,14 @@ def _env(spec: LaunchSpec, secret: str) -> list[dict[str, Any]]:
 
 def _command(spec: LaunchSpec, service: str, job: str) -> list[str]:
     recipe = f"{RECIPE_MOUNT}/recipe.yaml" if spec.recipe_text is not None else None
-    run_args = " ".join(shlex.quote(a) for a in spec.run_command_args(recipe, spec.pretrained))
-    # every start of a pod (the first, a restart after a crash, a job restart) runs the same
-    # command: --resume auto continues from the run directory's latest checkpoint, or starts it
+    run_dir = "$MUSE_STACK_RUN_DIR"  # the pod's variable, expanded by its shell
+    words = [shlex.quote(w) for w in
+             spec.node_command(str(spec.nodes), f"{service}:{RDZV_PORT}", job, run_dir, recipe, spec.pretrained)]
+    words[len(words) - words[::-1].index("--out")] = f'"{run_dir}"'  # the word after the last --out: the run's own
     script = (
         (f'export LD_LIBRARY_PATH="{spec.library_path}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"; '
          if spec.library_path else "") +
-        "exec muse-stack-entrypoint python -m torch.distributed.run "
-        f"--nnodes={spec.nodes} --nproc-per-node={spec.per_node} --shutdown-timeout={spec.signal_s} "
-        f"--rdzv-backend=c10d --rdzv-endpoint={service}:{RDZV_PORT} --rdzv-id={job} "
-        f'--module muse_stack.cli run {run_args} --out "$MUSE_STACK_RUN_DIR" --resume auto --no-progress'
+        "exec muse-stack-entrypoint " + " ".join(words)
     )
     return ["/bin/sh", "-c", script]
 

@@ -129,8 +129,8 @@ srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task={{ s.cpus_per_task
 {% else %}
   muse-stack-entrypoint python -m torch.distributed.run \
 {% endif %}
-    --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node={{ s.per_node }} --shutdown-timeout={{ signal_s }} \
-    --rdzv-backend=c10d --rdzv-endpoint="$HEAD_NODE:$RDZV_PORT" --rdzv-id="$SLURM_JOB_ID" \
+    {{ torchrun_options[:3] | join(" ") }} \
+    {{ torchrun_options[3:] | join(" ") }} \
     --module muse_stack.cli run "${RUN_ARGS[@]}" --no-progress &
 {% else %}
 PYTHON={{ python | q }}; PYTHON="${MUSE_STACK_PYTHON:-$PYTHON}"
@@ -198,6 +198,8 @@ def render(spec: LaunchSpec, *, runs_dir: str | None = None, data_dir: str | Non
         unit_total="GPUs" if container else "processes",
         tasks_per_node=1 if container else spec.per_node,
         signal_s=spec.signal_s,
+        torchrun_options=spec.torchrun_options('"$SLURM_JOB_NUM_NODES"', '"$HEAD_NODE:$RDZV_PORT"',
+                                               '"$SLURM_JOB_ID"'),
         extra_sbatch=[e for e in extra if e],
         time_given=bool(time_limit),
         runs_dir=quoting.word(runs_dir) if runs_dir else '"$SLURM_SUBMIT_DIR"/runs',

@@ -18,6 +18,9 @@ from muse_stack.recipes.schema import Recipe
 
 RDZV_PORT = 29500
 STOP_SIGNAL_SECONDS = 120  # SIGTERM this long before the time limit: time to finish a step and save
+#: the first torch whose torchrun takes ``--shutdown-timeout`` (torch/distributed/run.py of the 2.12.0 wheel has it,
+#: 2.11.0's has not: its workers get a fixed 30 s between SIGTERM and SIGKILL, and the option fails its parser)
+TORCHRUN_GRACE_SINCE = (2, 12)
 
 # container paths of the shared volumes
 DATA_MOUNT = "/data"
@@ -72,6 +75,23 @@ class LaunchSpec:
         if self.recipe_text is None:
             return None
         return f"{self.run_name}-{hashlib.sha256(self.recipe_text.encode()).hexdigest()[:12]}.yaml"
+
+    def torchrun_options(self, nnodes: str, rdzv_endpoint: str, rdzv_id: str) -> list[str]:
+        """torchrun's options on every node of the job, the values as the caller writes them (shell text in a
+        job script). ``--shutdown-timeout`` is the grace torchrun gives its workers between passing them SIGTERM
+        and SIGKILLing them (its own default is 30 s; the option exists from :data:`TORCHRUN_GRACE_SINCE`): the
+        warning signal's lead, so the save the signal starts finishes (muse_stack/plan/save.py)."""
+        return [f"--nnodes={nnodes}", f"--nproc-per-node={self.per_node}", f"--shutdown-timeout={self.signal_s}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
+
+    def node_command(self, nnodes: str, rdzv_endpoint: str, rdzv_id: str, out: str, recipe_path: str | None = None,
+                     pretrained: str | None = None, python: str = "python") -> list[str]:
+        """One node's command, word by word: torchrun starting `muse-stack run` on every process of the node.
+        Every start of the job (the first, a requeue, a pod's restart) runs it: ``--resume auto`` continues the
+        run directory's latest checkpoint, or starts the run."""
+        return [python, "-m", "torch.distributed.run", *self.torchrun_options(nnodes, rdzv_endpoint, rdzv_id),
+                "--module", "muse_stack.cli", "run", *self.run_command_args(recipe_path, pretrained),
+                "--out", out, "--resume", "auto", "--no-progress"]
 
     def run_command_args(self, recipe_path: str | None = None, pretrained: str | None = None) -> list[str]:
         """`muse-stack run` arguments: the recipe (``recipe_path`` where the job carries a file),
@@ -190,6 +210,10 @@ def resolve(name: str, overrides: list[str] | None = None, *, nodes: int | None 
     filled_interval = filled.model_dump() if filled is not None else None
     pretrained = _check_start(recipe, pretrained_checkpoint, target, kubernetes)
     _check_loggers(recipe, target)
+    if target.container:
+        from muse_stack.stack import load
+
+        check_torchrun_grace(load(target.lock).lock.components.torch.version, target.lock)
     if kubernetes and parsed is None and target.container:
         from muse_stack.stack import image_tag, load
 
@@ -234,6 +258,21 @@ def _save_arrangement(recipe: Recipe) -> tuple[int, str | None]:
     if plan.save is None:
         return STOP_SIGNAL_SECONDS, None
     return signal_seconds(plan.save.seconds, plan.time.step_s if plan.time is not None else None), plan.save.describe()
+
+
+def check_torchrun_grace(torch_version: str, lock: str) -> None:
+    """The image's torchrun takes ``--shutdown-timeout``, the grace every node's command passes it
+    (:meth:`LaunchSpec.torchrun_options`): an older torch fails on every node at start-up, after the allocation."""
+    parts = re.match(r"(\d+)\.(\d+)", torch_version)
+    if parts is not None and (int(parts[1]), int(parts[2])) >= TORCHRUN_GRACE_SINCE:
+        return
+    from muse_stack.stack import LockError
+
+    since = ".".join(map(str, TORCHRUN_GRACE_SINCE))
+    raise LockError(f"the {lock} image's torch {torch_version} has a torchrun without --shutdown-timeout, which "
+                    "the job passes it so the save a stop signal starts is not killed after torchrun's own 30 s",
+                    field="components.torch.version", value=torch_version, rule=f"torch {since} or later",
+                    fix=f"pin torch {since} or later in containers/locks/{lock}.toml and rebuild the image")
 
 
 def _check_image_machine(image: Image, target: Target) -> None:

@@ -5,6 +5,8 @@ structural checks. Regenerate the golden files with `UPDATE_GOLDEN=1 pytest test
 from __future__ import annotations
 
 import os
+import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -12,12 +14,13 @@ import yaml
 
 from muse_stack.util import quoting
 from muse_stack.launch import k8s
-from muse_stack.launch.spec import resolve
+from muse_stack.launch.spec import TORCHRUN_GRACE_SINCE, resolve
 from muse_stack.plan.planner import make_plan
 from muse_stack.plan.save import INTERVAL_POLICY, SIGNAL_MARGIN, default_interval, signal_seconds
 from muse_stack.recipes.catalogue import load_recipe
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden"
 IMAGES = {"sft-192": "registry.example.com/muse-stack:gb200-0.1.0",
           "attune-b200": "registry.example.com/muse-stack@sha256:" + "ab" * 32}
 CASES = [("sft-192", "GB200", 48, 4, 4), ("attune-b200", "B200", 16, 8, 8)]
@@ -101,6 +104,22 @@ def test_k8s_structure(cli, tmp_path, recipe, gpu, nodes, per_node, efa):
     if recipe == "attune-b200":
         assert env["TRITON_CACHE_DIR"] == "$(KERNEL_CACHE)/triton"
         assert env["MUSE_STACK_IMAGE_DIGEST"] == "sha256:" + "ab" * 32
+
+
+def test_a_lock_whose_torchrun_lacks_the_grace_is_refused(cli, tmp_path, monkeypatch):
+    """Every node's torchrun gets --shutdown-timeout; torch before 2.12 has no such option and the job would fail on
+    every node after the allocation: launch refuses the lock, naming its torch pin."""
+    locks = tmp_path / "locks"
+    shutil.copytree(ROOT / "containers" / "locks", locks)
+    lock = locks / "gb200.toml"
+    pinned = tomllib.loads(lock.read_text())["components"]["torch"]["version"]
+    assert tuple(int(x) for x in pinned.split(".")[:2]) >= TORCHRUN_GRACE_SINCE  # the committed lock passes
+    lock.write_text(lock.read_text().replace(f'version = "{pinned}"', 'version = "2.11.0"', 1))
+    monkeypatch.setenv("MUSE_STACK_LOCKS", str(locks))
+    out = tmp_path / "job.sbatch"
+    rc, _, err = cli("launch", "sft-192", "--slurm", "--image", IMAGES["sft-192"], "-o", out)
+    assert rc != 0 and not out.exists()
+    assert "components.torch.version" in err and "2.11.0" in err and "--shutdown-timeout" in err, err
 
 
 def test_validation_rejects_unknown_fields_and_wrong_types():
