@@ -157,8 +157,10 @@ def _adapted_model(config: ModelConfig, settings, tensors: dict[str, torch.Tenso
     return base
 
 
-def _merge_base(config: ModelConfig, engine: str, base_id: dict, folder: Path) -> torch.nn.Module:
-    """The base model the adapters sit on, on the CPU, checked against the saved identity."""
+def _merge_base(config: ModelConfig, engine: str, base_id: dict, folder: Path, *, towers, seed: int) -> torch.nn.Module:
+    """The base model the adapters sit on, on the CPU, built as the run's engine built it (the
+    recipe's towers, the run's seed, then the checkpoint it started from), checked against the
+    saved identity."""
     from muse_stack.models.muse_spark import MuseSparkForCausalLM, load_weights_into
 
     spec = engine_spec(engine)
@@ -168,31 +170,51 @@ def _merge_base(config: ModelConfig, engine: str, base_id: dict, folder: Path) -
                          field="--merge", value=path,
                          fix="run the export where that checkpoint is, or use --adapters-only")
     spec.check_base(None, path, base_id, folder)  # refusals before anything is built
-    model = MuseSparkForCausalLM(config, seed=base_id.get("init_seed") if not path else 0)
+    init_seed = base_id.get("init_seed")
+    model = MuseSparkForCausalLM(config, seed=init_seed if init_seed is not None and not path else seed, towers=towers)
     if path:
         load_weights_into(model, path)
     spec.check_base(model, path, base_id, folder)
     return model
 
 
-def export_adapter_run(folder: Path, engine: str, config: ModelConfig, meta: dict, out: Path, *,
-                       merge: bool) -> int:
-    """--adapters-only (the ``peft`` layout) or --merge (base + folded adapters, HF checkpoint)."""
-    from muse_stack.models.muse_spark.peft_io import export_adapters_hf_peft, export_merged
+def export_adapter_run(folder: Path, recipe, config: ModelConfig, meta: dict, out: Path, *, merge: bool,
+                       run_dir: Path, step: int, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                       progress: Callable[[int], None] | None = None) -> int:
+    """--adapters-only (the ``peft`` layout) or --merge: the base with the adapters folded in,
+    written as the plain export writes a run (the towers, tokenizer, generation config, model card)."""
+    from muse_stack.models.muse_spark.peft import merge_adapters
+    from muse_stack.models.muse_spark.peft_io import export_adapters_hf_peft
     from muse_stack.models.muse_spark.peft_config import PeftSettings
 
     p = meta["peft"]
     settings = PeftSettings(scheme=p["scheme"], rank=p["rank"], alpha=p["alpha"], dropout=p["dropout"],
                             targets=tuple(p["targets"]), per_expert=p["per_expert"])
     base_id = meta.get("base") or {}
-    base = _merge_base(config, engine, base_id, folder) if merge else None  # refusals before any tensor is read
-    tensors = engine_spec(engine).adapter_tensors(folder)
+    towers_config = recipe.towers_config_resolved(config)
+    seed = recipe.training.seed if recipe.training.seed is not None else 0
+    # refusals before any tensor is read
+    base = _merge_base(config, recipe.engine, base_id, folder, towers=towers_config, seed=seed) if merge else None
+    tensors = engine_spec(recipe.engine).adapter_tensors(folder)
     model = _adapted_model(config, settings, tensors, base=base)
-    if merge:
-        export_merged(model, out)
-    else:
+    if not merge:
         export_adapters_hf_peft(model, out, settings, base_model_name_or_path=base_id.get("hf_id") or base_id.get("path"),
                                 revision=base_id.get("revision"))
+        return len(tensors)
+    from muse_stack.models.muse_spark.hf_export import towers_from_tensors
+
+    merged = merge_adapters(model)
+    del model, base
+    specs = [Spec(name, tuple(t.shape), t.dtype) for name, t in merged.items()]
+    own = None
+    if towers_config is not None:
+        own = towers_from_tensors(specs, merged.__getitem__, towers_config.to_hf(),
+                                  source=f"this run's base (its step {step} adapters sit on it)")
+        if own is not None:
+            specs = [s for s in specs if s.name not in set(own.names)]
+    towers, extras = _export_companions(run_dir, recipe, config, step, out, own=own)
+    write_hf(out, config, specs, merged.__getitem__, max_shard_bytes=max_shard_bytes, progress=progress,
+             towers=towers, extras=extras)
     return len(tensors)
 
 
@@ -233,7 +255,17 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
                              value=str(current.path),
                              fix="pass --adapters-only (the Hugging Face peft layout) or --merge (the base with "
                                  "the adapters folded in, as a plain HF checkpoint)")
-        count = export_adapter_run(current.path, recipe.engine, config, meta, out, merge=merge)
+        if not (merge and progress):
+            count = export_adapter_run(current.path, recipe, config, meta, out, merge=merge, run_dir=run_dir,
+                                       step=current.step, max_shard_bytes=max_shard_bytes)
+            return out, current.step, count
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task(f"export step {current.step} (merged)", total=None)
+            count = export_adapter_run(current.path, recipe, config, meta, out, merge=True, run_dir=run_dir,
+                                       step=current.step, max_shard_bytes=max_shard_bytes,
+                                       progress=lambda n: bar.update(task, advance=n))
         return out, current.step, count
     specs, get = engine.hf_tensors(current.path)
     from muse_stack.models.muse_spark.hf_export import towers_of_step

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from muse_stack.util.errors import InputError, RecipeError
 
@@ -236,6 +236,13 @@ class ModelConfig(BaseModel):
                                fix="restore the checkpoint's config.json (a JSON object)")
         try:
             return cls(**text_values(config))
+        except ValidationError as exc:  # name the key a field's check refused, with its value
+            first = exc.errors()[0]
+            key = ".".join(str(part) for part in first["loc"])
+            raise RecipeError(f"config.json does not describe a valid Muse Spark model: {exc}",
+                              field=f"config.json text_config.{key}" if key else "config.json text_config",
+                              value=first.get("input") if key else None,
+                              fix="check the checkpoint's config.json") from exc
         except (ValueError, TypeError) as exc:
             raise RecipeError(f"config.json does not describe a valid Muse Spark model: {exc}",
                               field="model", value=None, fix="check the checkpoint's config.json") from exc
