@@ -10,6 +10,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from muse_stack.cli.complete import lock_names, recipe_names
 from muse_stack.util.errors import InputError, MuseStackError, UsageError
 
 
@@ -69,9 +70,10 @@ def diff_cmd(
 
 def audit_cmd(
     run: str = typer.Argument(..., help="Run directory (fingerprint.json, recipe.yaml) or a fingerprint file with --recipe."),
-    recipe: Optional[str] = typer.Option(None, "--recipe", help="Audit against this catalogue recipe's recorded stack."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="Audit against this catalogue recipe's recorded stack.",
+                                         autocompletion=recipe_names),
     lock: Optional[str] = typer.Option(None, "--lock", help="Audit against this stack lock's pins (cpu, h200, b200, "
-                                       "gb200 or a lock file)."),
+                                       "gb200 or a lock file).", autocompletion=lock_names),
     as_json: bool = typer.Option(False, "--json", help="Print the audit as JSON."),
 ) -> None:
     """Check a run's fingerprint against the stack its recipe recorded; a recipe that records none
