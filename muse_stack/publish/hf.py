@@ -304,11 +304,47 @@ def generation_config(model: ModelConfig, tokenizer_dir: Path | None) -> dict[st
     return {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad, "do_sample": False}
 
 
+#: the processor classes transformers 5.24 maps ``muse_spark`` to (models/auto/processing_auto.py,
+#: image_processing_auto.py, video_processing_auto.py, feature_extraction_auto.py)
+PROCESSOR_CLASSES = {"processor_class": "MuseSparkProcessor", "image_processor_type": "MuseGlimmerImageProcessor",
+                     "video_processor_type": "MuseGlimmerVideoProcessor",
+                     "feature_extractor_type": "MuseSparkFeatureExtractor"}
+PROCESSOR_FILE = "processor_config.json"
+
+
+def processor_config(recipe, towers: "Towers") -> dict[str, object] | None:
+    """``processor_config.json`` of an image-text run, as ``MuseSparkProcessor.save_pretrained``
+    lays it out, so that ``AutoProcessor.from_pretrained(OUT)`` builds transformers' processor:
+    the image settings the run's rows were built with (patch, temporal patch and merge sizes of its
+    vision tower, the image token limit, the rescale and normalisation of
+    :mod:`muse_stack.data.images`), the same sizes for video, and the audio tower's samples per
+    token. A key left out takes the transformers class's default. None for a text run."""
+    if recipe.data is None or recipe.data.kind != "multimodal":
+        return None
+    from muse_stack.data.build import image_spec_for
+    from muse_stack.data.images import IMAGE_MEAN, IMAGE_STD, RESCALE_FACTOR
+    from muse_stack.models.muse_spark.tower_config import TowersConfig
+
+    spec = image_spec_for(recipe)
+    sizes = {"patch_size": spec.patch_size, "temporal_patch_size": spec.temporal_patch_size,
+             "merge_size": spec.merge_size}
+    return {
+        "processor_class": PROCESSOR_CLASSES["processor_class"],
+        "image_processor": {"image_processor_type": PROCESSOR_CLASSES["image_processor_type"], **sizes,
+                            "max_image_tokens": spec.max_image_tokens, "rescale_factor": RESCALE_FACTOR,
+                            "image_mean": [IMAGE_MEAN] * 3, "image_std": [IMAGE_STD] * 3},
+        "video_processor": {"video_processor_type": PROCESSOR_CLASSES["video_processor_type"], **sizes},
+        "feature_extractor": {"feature_extractor_type": PROCESSOR_CLASSES["feature_extractor_type"],
+                              "samples_per_token": TowersConfig.from_hf(towers.config).audio_config.samples_per_token},
+    }
+
+
 def _export_companions(run_dir: Path, recipe, config: ModelConfig, step: int, out: Path, *,
                        own: "Towers | None" = None):
     """The towers an export carries (the run's ``own``, read from its step folder; else the
     pretrained checkpoint's; else placeholders from the run's seed) and the writer of its other
-    files: generation config, tokenizer and model card."""
+    files: generation config, tokenizer, model card and, for an image-text run, the processor's
+    config (:func:`processor_config`)."""
     from muse_stack.models.muse_spark import hf_export
 
     towers = own
@@ -319,9 +355,13 @@ def _export_companions(run_dir: Path, recipe, config: ModelConfig, step: int, ou
         towers = hf_export.placeholder_towers(config, seed=recipe.training.seed)
     tokenizer = Path(recipe.data.tokenizer) if recipe.data is not None and recipe.data.tokenizer else None
 
+    processor = processor_config(recipe, towers)
+
     def extras(folder: Path) -> None:
         atomic.write_json(folder / "generation_config.json", generation_config(config, tokenizer))
         copied = hf_export.copy_tokenizer(tokenizer, folder)
+        if processor is not None:
+            atomic.write_json(folder / PROCESSOR_FILE, processor)
         card = hf_export.model_card(recipe=recipe.name, run_dir=run_dir.resolve(), step=step,
                                     loss=hf_export.final_loss(run_dir, step),
                                     fingerprint_sha256=hf_export.file_sha256(run_dir / "fingerprint.json"),

@@ -111,3 +111,71 @@ def test_a_base_that_really_differs_is_refused_naming_what_differs(tmp_path, cli
     message = str(err.value)
     assert f"the checkpoint at {base} holds other weights than when the run started" in message
     assert "language_model" in message and "lm_head" in message and not (tmp_path / "never").exists()
+
+
+# ---- the processor of an image-text export ------------------------------------------------------
+def _processor_checks(out: Path) -> None:
+    """What transformers reads of processor_config.json without torchvision (its image and video
+    processors need it): the sections and class names its auto mappings give muse_spark, the
+    feature extractor built by transformers' own class, and the image settings the run built its
+    rows with."""
+    from transformers import MuseSparkFeatureExtractor, MuseSparkProcessor
+    from transformers.models.auto.auto_mappings import PROCESSOR_MAPPING_NAMES
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    from muse_stack.data.build import image_spec_for
+
+    recipe = load_recipe("tiny-cpu-mm")
+    processor, _ = MuseSparkProcessor.get_processor_dict(out)
+    assert processor["processor_class"] == PROCESSOR_MAPPING_NAMES["muse_spark"]
+    assert processor["image_processor"]["image_processor_type"] in IMAGE_PROCESSOR_MAPPING_NAMES["muse_spark"].values()
+    # (without torchvision the video mapping holds None for muse_spark: the class is checked by name)
+    assert processor["video_processor"]["video_processor_type"] == "MuseGlimmerVideoProcessor"
+    for section, key in (("image_processor", "image_processor_type"), ("video_processor", "video_processor_type")):
+        assert hasattr(transformers, processor[section][key])
+    spec = image_spec_for(recipe)
+    image = processor["image_processor"]
+    assert (image["patch_size"], image["temporal_patch_size"], image["merge_size"], image["max_image_tokens"]) == \
+        (spec.patch_size, spec.temporal_patch_size, spec.merge_size, spec.max_image_tokens)
+    audio = MuseSparkFeatureExtractor.from_pretrained(out)
+    assert audio.samples_per_token == recipe.towers_config_resolved().audio_config.samples_per_token == 16
+
+
+@pytest.fixture(scope="module")
+def mm_exports(mm_run, tmp_path_factory):
+    """A merged export of the multimodal adapter run and a plain export of a full tiny-cpu-mm run."""
+    from muse_stack.publish.hf import export_run
+
+    root = tmp_path_factory.mktemp("mm-exports")
+    merged, _, _ = export_run(mm_run, root / "merged", merge=True)
+    outcome = run("tiny-cpu-mm", out=root / "full", steps=1, progress=False,
+                  overrides=["training.measure_warmup_steps=0", "batch.gbs=2"])
+    assert outcome.status == "completed"
+    plain, _, _ = export_run(root / "full", root / "plain")
+    return {"merged": merged, "plain": plain}
+
+
+@pytest.mark.parametrize("kind", ["merged", "plain"])
+def test_an_image_text_export_carries_transformers_processor_config(mm_exports, kind):
+    _processor_checks(mm_exports[kind])
+
+
+@pytest.mark.parametrize("kind", ["merged", "plain"])
+def test_autoprocessor_feeds_an_image_as_the_run_built_its_rows(mm_exports, kind):
+    """Where torchvision is installed (transformers' muse_spark image processor needs it):
+    AutoProcessor loads the export and gives an image the grid and placeholders muse-stack's data
+    build gives it."""
+    pytest.importorskip("torchvision")
+    from PIL import Image
+
+    from muse_stack.data.build import image_spec_for
+    from muse_stack.data.images import image_grid
+
+    out = mm_exports[kind]
+    processor = transformers.AutoProcessor.from_pretrained(out)
+    image = Image.new("RGB", (90, 60), (200, 30, 90))
+    batch = processor(images=[image], text=[processor.image_token], return_tensors="pt")
+    spec = image_spec_for(load_recipe("tiny-cpu-mm"))
+    grid = image_grid(image, spec)
+    assert batch["image_grid_thw"][0].tolist() == list(grid)
+    assert int((batch["input_ids"] == processor.image_token_id).sum()) == spec.placeholders(grid)
