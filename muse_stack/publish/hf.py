@@ -13,9 +13,13 @@ Hugging Face loaders read. Both engines' checkpoints export:
 
 An adapter checkpoint (a peft run, either engine) exports with ``--adapters-only`` (the Hugging
 Face ``peft`` layout, :func:`muse_stack.models.muse_spark.peft_io.export_adapters_hf_peft`) or ``--merge``
-(the base, rebuilt from the checkpoint or seed it names and checked against the saved identity,
-with the adapters folded in); a megatron base initialised from the seed is not on disk, so
-``--merge`` of it is refused.
+(the base, rebuilt as the engine built it from the recipe's towers, the seed and the checkpoint it
+names, and checked against the saved identity, with the adapters folded in, written with every file
+a plain export has); a megatron base initialised from the seed is not on disk, so ``--merge`` of it
+is refused.
+
+An image-text run's export also holds ``processor_config.json`` (:func:`processor_config`), so that
+``AutoProcessor.from_pretrained`` builds transformers' processor for it.
 
 Tensors are read one shard's worth at a time, so host memory stays near one shard. The
 export is written to a private folder renamed to OUT only when complete; an existing OUT is
