@@ -10,6 +10,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from muse_stack.cli.complete import lock_names, recipe_names
 from muse_stack.util.errors import InputError, MuseStackError, UsageError
 
 
@@ -22,6 +23,26 @@ def _stack_from_recipe_obj(recipe: Any) -> Any:
     if stack is not None and hasattr(stack, "model_dump"):
         stack = stack.model_dump()
     return stack
+
+
+def _stack_of_lock(name: str) -> tuple[dict, str]:
+    from muse_stack.stack.lock import load
+    from muse_stack.stack.record import stack_of_lock
+
+    loaded = load(name)
+    return stack_of_lock(loaded.lock), f"lock {loaded.name} ({loaded.path})"
+
+
+def _machine_lock(recipe: Any) -> str | None:
+    """The lock that builds the image of the machine ``recipe`` runs on (its ``hardware.gpu``)."""
+    hardware = recipe.get("hardware") if isinstance(recipe, dict) else getattr(recipe, "hardware", None)
+    gpu = hardware.get("gpu") if isinstance(hardware, dict) else getattr(hardware, "gpu", None)
+    if not isinstance(gpu, str):
+        return None
+    from muse_stack.machine.table import table
+
+    machines = table().machines
+    return machines[gpu].lock if gpu in machines else None
 
 
 def diff_cmd(
@@ -49,10 +70,14 @@ def diff_cmd(
 
 def audit_cmd(
     run: str = typer.Argument(..., help="Run directory (fingerprint.json, recipe.yaml) or a fingerprint file with --recipe."),
-    recipe: Optional[str] = typer.Option(None, "--recipe", help="Audit against this catalogue recipe's recorded stack."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="Audit against this catalogue recipe's recorded stack.",
+                                         autocompletion=recipe_names),
+    lock: Optional[str] = typer.Option(None, "--lock", help="Audit against this stack lock's pins (cpu, h200, b200, "
+                                       "gb200 or a lock file).", autocompletion=lock_names),
     as_json: bool = typer.Option(False, "--json", help="Print the audit as JSON."),
 ) -> None:
-    """Check a run's fingerprint against the stack its recipe recorded.
+    """Check a run's fingerprint against the stack its recipe recorded; a recipe that records none
+    (e.g. tiny-cpu) is audited against the lock of its machine's image (--lock names another).
 
     Exit 0 all components match, 1 some cannot be verified, 2 any mismatch, 3 unreadable input.
     """
@@ -61,7 +86,12 @@ def audit_cmd(
     from muse_stack.fingerprint.document import load_fingerprint
 
     fingerprint = load_fingerprint(run)
-    if recipe:
+    if recipe and lock:
+        raise InputError("--recipe and --lock name two stacks to audit against", field="--lock", value=lock,
+                         fix="pass one of them")
+    if lock:
+        stack, source = _stack_of_lock(lock)
+    elif recipe:
         from muse_stack.recipes.catalogue import load_recipe
 
         stack = _stack_from_recipe_obj(load_recipe(recipe))
@@ -73,12 +103,18 @@ def audit_cmd(
                 f"{run} is a file; the recorded stack comes from a run directory's recipe.yaml",
                 field="run", value=run, fix="pass the run directory, or add --recipe NAME",
             )
-        stack = _stack_from_recipe_obj(read_recipe(run_dir))
+        run_recipe = read_recipe(run_dir)
+        stack = _stack_from_recipe_obj(run_recipe)
         source = str(run_dir / "recipe.yaml")
+        if not stack:  # the image's lock of the machine the recipe runs on
+            image_lock = _machine_lock(run_recipe)
+            if image_lock is not None:
+                stack, source = _stack_of_lock(image_lock)
     if not stack:
         raise InputError(
             f"{source} records no stack to audit against",
-            field="stack", value=None, fix="pass --recipe NAME of a catalogue recipe whose stack is recorded",
+            field="stack", value=None, fix="pass --recipe NAME of a catalogue recipe whose stack is recorded, or "
+                                            "--lock NAME (a stack lock: cpu, h200, b200, gb200)",
         )
     if not isinstance(stack, dict):
         raise InputError(f"{source}: stack must be a mapping", field="stack", value=stack,

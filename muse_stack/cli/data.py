@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from muse_stack.cli.complete import recipe_names
 from muse_stack.util.atomic import write_bytes
 
 data_app = typer.Typer(help="Build and inspect the training rows of a recipe.", no_args_is_help=True)
@@ -28,7 +29,7 @@ def _stats_table(title: str, stats: dict) -> Table:
 
 @data_app.command("build")
 def build_cmd(
-    name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
+    name: str = typer.Argument(..., help="recipe name, alias or YAML file", autocompletion=recipe_names),
     overrides: list[str] = typer.Argument(None, help="dotted key=value overrides, e.g. data.seed=7"),
     out: Path | None = typer.Option(None, "--out", help="also copy rows.parquet and build.json here"),
     cache: Path | None = typer.Option(None, "--cache", help="cache directory (default $MUSE_STACK_CACHE/data "
@@ -71,7 +72,7 @@ def build_cmd(
 
 @data_app.command("show")
 def show_cmd(
-    name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
+    name: str = typer.Argument(..., help="recipe name, alias or YAML file", autocompletion=recipe_names),
     overrides: list[str] = typer.Argument(None, help="dotted key=value overrides"),
     cache: Path | None = typer.Option(None, "--cache", help="cache directory to look for a finished build"),
 ) -> None:

@@ -9,11 +9,13 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from muse_stack.cli.complete import recipe_names
+
 console = Console(stderr=True)
 
 
 def launch_cmd(
-    name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
+    name: str = typer.Argument(..., help="recipe name, alias or YAML file", autocompletion=recipe_names),
     overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
     slurm: bool = typer.Option(False, "--slurm", help="render an sbatch script"),
     k8s: bool = typer.Option(False, "--k8s", help="render Kubernetes manifests (Kubeflow PyTorchJob)"),

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from muse_stack.cli.complete import recipe_names
 from muse_stack.util import atomic
 from muse_stack.util.errors import InputError
 from muse_stack.machine.hardware import gpus as gpus_of_table
@@ -174,7 +175,7 @@ def _gpu_overrides(gpu: str) -> list[str]:
             "hardware.price_per_gpu_hour=null", "hardware.nominal_memory_gb=null"]
 
 
-def plan_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
+def plan_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file", autocompletion=recipe_names),
              overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
              gpus: Optional[int] = typer.Option(None, "--gpus", help="plan for this many GPUs"),
              json_out: bool = typer.Option(False, "--json", help="print JSON")) -> None:
@@ -198,7 +199,7 @@ def plan_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML fi
         raise typer.Exit(1)
 
 
-def tune_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
+def tune_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file", autocompletion=recipe_names),
              overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
              gpus: Optional[int] = typer.Option(None, "--gpus", help="tune for this many GPUs"),
              gpu: Optional[str] = typer.Option(None, "--gpu", help=f"GPU type ({', '.join(gpus_of_table())})"),

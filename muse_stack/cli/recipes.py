@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from muse_stack.cli.complete import recipe_names
 from muse_stack.recipes.catalogue import load_recipe, recipe_yaml
 
 console = Console()
@@ -51,7 +52,7 @@ def _fill_interval(recipe) -> None:
     fill_interval(recipe, plan)
 
 
-def show_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file"),
+def show_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file", autocompletion=recipe_names),
              overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
              bridge: bool = typer.Option(False, "--bridge", help="print the Megatron-Bridge key of each field "
                                          "that has one, with the recipe's value"),

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from muse_stack.cli.complete import recipe_names
+
 console = Console()
 
 
@@ -73,7 +75,7 @@ def _report(outcome, *, as_json: bool) -> None:
 
 
 def run_cmd(
-    name: Optional[str] = typer.Argument(None, help="recipe name, alias or YAML file"),
+    name: Optional[str] = typer.Argument(None, help="recipe name, alias or YAML file", autocompletion=recipe_names),
     overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs (processes) to run on"),
     steps: Optional[int] = typer.Option(None, "--steps", help="optimizer steps (overrides the recipe)"),

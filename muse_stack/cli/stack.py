@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from muse_stack.cli.complete import lock_names
 from muse_stack import __version__
 from muse_stack.stack import buildargs as ba
 from muse_stack.stack import record
@@ -18,7 +19,8 @@ from muse_stack.stack.lock import LoadedLock, LockError, Null, load, pin_fix, un
 console = Console()
 stack_app = typer.Typer(help="Stack locks: show, derive image build arguments, check.", no_args_is_help=True)
 
-_TARGET = typer.Argument(..., help="A target (gb200, b200, h200, cpu) or the path of a lock file.")
+_TARGET = typer.Argument(..., help="A target (gb200, b200, h200, cpu) or the path of a lock file.",
+                         autocompletion=lock_names)
 
 _COMPONENT_ROWS = (
     ("torch", "torch"),
@@ -288,7 +290,8 @@ def selfcheck_cmd(
 
 @stack_app.command("resolve")
 def resolve_cmd(
-    targets: list[str] = typer.Argument(None, help="Targets or lock paths (default: every lock)."),
+    targets: list[str] = typer.Argument(None, help="Targets or lock paths (default: every lock).",
+                                         autocompletion=lock_names),
     check_only: bool = typer.Option(
         False, "--check", help="Drift: resolve the lock's requirements again and compare with the committed set; write nothing."
     ),

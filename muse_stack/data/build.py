@@ -206,6 +206,11 @@ def _image_plan(recipe: Recipe) -> dict[str, Any]:
             "merge_size": v.merge_size, **limits, "image_token_id": towers.image_token_id}
 
 
+def image_spec_for(recipe: Recipe):
+    """The image processor settings (an ImageSpec) an image-text recipe's rows are built with."""
+    return image_spec_of(_image_plan(recipe))
+
+
 def image_spec_of(image: dict[str, Any]):
     from muse_stack.data.images import ImageSpec
 

@@ -83,14 +83,15 @@ def _reference_adapter_tensors(folder: Path) -> dict:
 def _reference_check_base(model, path: str | None, base_id: dict, folder: Path) -> None:
     if model is None:  # a seed base rebuilds on any machine
         return
-    from muse_stack.models.muse_spark.peft_io import base_sha256
+    from muse_stack.models.muse_spark.peft_io import base_difference
 
-    ours = base_sha256(model)
-    if ours != base_id.get("sha256"):
-        raise InputError(f"the base model rebuilt here is not the one the adapters were trained on "
-                         f"(sha256 {ours[:12]}, saved {str(base_id.get('sha256'))[:12]})",
+    why = base_difference(model, base_id)
+    if why is not None:
+        raise InputError(f"the base model rebuilt here is not the one the adapters were trained on: {why}",
                          field="--merge", value=path or f"seed {base_id.get('init_seed')}",
-                         fix="restore the base checkpoint the run used, or use --adapters-only")
+                         fix=("restore the checkpoint the run started from at that path" if path else
+                              "export with the torch version the run used")
+                             + ", or use --adapters-only (the adapters alone, for the base they name)")
 
 
 def _reference_hf_tensors(folder: Path):

@@ -13,9 +13,13 @@ Hugging Face loaders read. Both engines' checkpoints export:
 
 An adapter checkpoint (a peft run, either engine) exports with ``--adapters-only`` (the Hugging
 Face ``peft`` layout, :func:`muse_stack.models.muse_spark.peft_io.export_adapters_hf_peft`) or ``--merge``
-(the base, rebuilt from the checkpoint or seed it names and checked against the saved identity,
-with the adapters folded in); a megatron base initialised from the seed is not on disk, so
-``--merge`` of it is refused.
+(the base, rebuilt as the engine built it from the recipe's towers, the seed and the checkpoint it
+names, and checked against the saved identity, with the adapters folded in, written with every file
+a plain export has); a megatron base initialised from the seed is not on disk, so ``--merge`` of it
+is refused.
+
+An image-text run's export also holds ``processor_config.json`` (:func:`processor_config`), so that
+``AutoProcessor.from_pretrained`` builds transformers' processor for it.
 
 Tensors are read one shard's worth at a time, so host memory stays near one shard. The
 export is written to a private folder renamed to OUT only when complete; an existing OUT is
@@ -157,8 +161,10 @@ def _adapted_model(config: ModelConfig, settings, tensors: dict[str, torch.Tenso
     return base
 
 
-def _merge_base(config: ModelConfig, engine: str, base_id: dict, folder: Path) -> torch.nn.Module:
-    """The base model the adapters sit on, on the CPU, checked against the saved identity."""
+def _merge_base(config: ModelConfig, engine: str, base_id: dict, folder: Path, *, towers, seed: int) -> torch.nn.Module:
+    """The base model the adapters sit on, on the CPU, built as the run's engine built it (the
+    recipe's towers, the run's seed, then the checkpoint it started from), checked against the
+    saved identity."""
     from muse_stack.models.muse_spark import MuseSparkForCausalLM, load_weights_into
 
     spec = engine_spec(engine)
@@ -168,31 +174,51 @@ def _merge_base(config: ModelConfig, engine: str, base_id: dict, folder: Path) -
                          field="--merge", value=path,
                          fix="run the export where that checkpoint is, or use --adapters-only")
     spec.check_base(None, path, base_id, folder)  # refusals before anything is built
-    model = MuseSparkForCausalLM(config, seed=base_id.get("init_seed") if not path else 0)
+    init_seed = base_id.get("init_seed")
+    model = MuseSparkForCausalLM(config, seed=init_seed if init_seed is not None and not path else seed, towers=towers)
     if path:
         load_weights_into(model, path)
     spec.check_base(model, path, base_id, folder)
     return model
 
 
-def export_adapter_run(folder: Path, engine: str, config: ModelConfig, meta: dict, out: Path, *,
-                       merge: bool) -> int:
-    """--adapters-only (the ``peft`` layout) or --merge (base + folded adapters, HF checkpoint)."""
-    from muse_stack.models.muse_spark.peft_io import export_adapters_hf_peft, export_merged
+def export_adapter_run(folder: Path, recipe, config: ModelConfig, meta: dict, out: Path, *, merge: bool,
+                       run_dir: Path, step: int, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                       progress: Callable[[int], None] | None = None) -> int:
+    """--adapters-only (the ``peft`` layout) or --merge: the base with the adapters folded in,
+    written as the plain export writes a run (the towers, tokenizer, generation config, model card)."""
+    from muse_stack.models.muse_spark.peft import merge_adapters
+    from muse_stack.models.muse_spark.peft_io import export_adapters_hf_peft
     from muse_stack.models.muse_spark.peft_config import PeftSettings
 
     p = meta["peft"]
     settings = PeftSettings(scheme=p["scheme"], rank=p["rank"], alpha=p["alpha"], dropout=p["dropout"],
                             targets=tuple(p["targets"]), per_expert=p["per_expert"])
     base_id = meta.get("base") or {}
-    base = _merge_base(config, engine, base_id, folder) if merge else None  # refusals before any tensor is read
-    tensors = engine_spec(engine).adapter_tensors(folder)
+    towers_config = recipe.towers_config_resolved(config)
+    seed = recipe.training.seed if recipe.training.seed is not None else 0
+    # refusals before any tensor is read
+    base = _merge_base(config, recipe.engine, base_id, folder, towers=towers_config, seed=seed) if merge else None
+    tensors = engine_spec(recipe.engine).adapter_tensors(folder)
     model = _adapted_model(config, settings, tensors, base=base)
-    if merge:
-        export_merged(model, out)
-    else:
+    if not merge:
         export_adapters_hf_peft(model, out, settings, base_model_name_or_path=base_id.get("hf_id") or base_id.get("path"),
                                 revision=base_id.get("revision"))
+        return len(tensors)
+    from muse_stack.models.muse_spark.hf_export import towers_from_tensors
+
+    merged = merge_adapters(model)
+    del model, base
+    specs = [Spec(name, tuple(t.shape), t.dtype) for name, t in merged.items()]
+    own = None
+    if towers_config is not None:
+        own = towers_from_tensors(specs, merged.__getitem__, towers_config.to_hf(),
+                                  source=f"this run's base (its step {step} adapters sit on it)")
+        if own is not None:
+            specs = [s for s in specs if s.name not in set(own.names)]
+    towers, extras = _export_companions(run_dir, recipe, config, step, out, own=own)
+    write_hf(out, config, specs, merged.__getitem__, max_shard_bytes=max_shard_bytes, progress=progress,
+             towers=towers, extras=extras)
     return len(tensors)
 
 
@@ -233,7 +259,17 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
                              value=str(current.path),
                              fix="pass --adapters-only (the Hugging Face peft layout) or --merge (the base with "
                                  "the adapters folded in, as a plain HF checkpoint)")
-        count = export_adapter_run(current.path, recipe.engine, config, meta, out, merge=merge)
+        if not (merge and progress):
+            count = export_adapter_run(current.path, recipe, config, meta, out, merge=merge, run_dir=run_dir,
+                                       step=current.step, max_shard_bytes=max_shard_bytes)
+            return out, current.step, count
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task(f"export step {current.step} (merged)", total=None)
+            count = export_adapter_run(current.path, recipe, config, meta, out, merge=True, run_dir=run_dir,
+                                       step=current.step, max_shard_bytes=max_shard_bytes,
+                                       progress=lambda n: bar.update(task, advance=n))
         return out, current.step, count
     specs, get = engine.hf_tensors(current.path)
     from muse_stack.models.muse_spark.hf_export import towers_of_step
@@ -272,11 +308,47 @@ def generation_config(model: ModelConfig, tokenizer_dir: Path | None) -> dict[st
     return {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad, "do_sample": False}
 
 
+#: the processor classes transformers 5.24 maps ``muse_spark`` to (models/auto/processing_auto.py,
+#: image_processing_auto.py, video_processing_auto.py, feature_extraction_auto.py)
+PROCESSOR_CLASSES = {"processor_class": "MuseSparkProcessor", "image_processor_type": "MuseGlimmerImageProcessor",
+                     "video_processor_type": "MuseGlimmerVideoProcessor",
+                     "feature_extractor_type": "MuseSparkFeatureExtractor"}
+PROCESSOR_FILE = "processor_config.json"
+
+
+def processor_config(recipe, towers: "Towers") -> dict[str, object] | None:
+    """``processor_config.json`` of an image-text run, as ``MuseSparkProcessor.save_pretrained``
+    lays it out, so that ``AutoProcessor.from_pretrained(OUT)`` builds transformers' processor:
+    the image settings the run's rows were built with (patch, temporal patch and merge sizes of its
+    vision tower, the image token limit, the rescale and normalisation of
+    :mod:`muse_stack.data.images`), the same sizes for video, and the audio tower's samples per
+    token. A key left out takes the transformers class's default. None for a text run."""
+    if recipe.data is None or recipe.data.kind != "multimodal":
+        return None
+    from muse_stack.data.build import image_spec_for
+    from muse_stack.data.images import IMAGE_MEAN, IMAGE_STD, RESCALE_FACTOR
+    from muse_stack.models.muse_spark.tower_config import TowersConfig
+
+    spec = image_spec_for(recipe)
+    sizes = {"patch_size": spec.patch_size, "temporal_patch_size": spec.temporal_patch_size,
+             "merge_size": spec.merge_size}
+    return {
+        "processor_class": PROCESSOR_CLASSES["processor_class"],
+        "image_processor": {"image_processor_type": PROCESSOR_CLASSES["image_processor_type"], **sizes,
+                            "max_image_tokens": spec.max_image_tokens, "rescale_factor": RESCALE_FACTOR,
+                            "image_mean": [IMAGE_MEAN] * 3, "image_std": [IMAGE_STD] * 3},
+        "video_processor": {"video_processor_type": PROCESSOR_CLASSES["video_processor_type"], **sizes},
+        "feature_extractor": {"feature_extractor_type": PROCESSOR_CLASSES["feature_extractor_type"],
+                              "samples_per_token": TowersConfig.from_hf(towers.config).audio_config.samples_per_token},
+    }
+
+
 def _export_companions(run_dir: Path, recipe, config: ModelConfig, step: int, out: Path, *,
                        own: "Towers | None" = None):
     """The towers an export carries (the run's ``own``, read from its step folder; else the
     pretrained checkpoint's; else placeholders from the run's seed) and the writer of its other
-    files: generation config, tokenizer and model card."""
+    files: generation config, tokenizer, model card and, for an image-text run, the processor's
+    config (:func:`processor_config`)."""
     from muse_stack.models.muse_spark import hf_export
 
     towers = own
@@ -287,9 +359,13 @@ def _export_companions(run_dir: Path, recipe, config: ModelConfig, step: int, ou
         towers = hf_export.placeholder_towers(config, seed=recipe.training.seed)
     tokenizer = Path(recipe.data.tokenizer) if recipe.data is not None and recipe.data.tokenizer else None
 
+    processor = processor_config(recipe, towers)
+
     def extras(folder: Path) -> None:
         atomic.write_json(folder / "generation_config.json", generation_config(config, tokenizer))
         copied = hf_export.copy_tokenizer(tokenizer, folder)
+        if processor is not None:
+            atomic.write_json(folder / PROCESSOR_FILE, processor)
         card = hf_export.model_card(recipe=recipe.name, run_dir=run_dir.resolve(), step=step,
                                     loss=hf_export.final_loss(run_dir, step),
                                     fingerprint_sha256=hf_export.file_sha256(run_dir / "fingerprint.json"),

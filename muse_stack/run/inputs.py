@@ -13,7 +13,8 @@ from muse_stack.run.tensorboard import check_available
 
 def check_inputs(recipe: Recipe, *, start: bool = True) -> None:
     """The loggers the recipe asks for can start, and the checkpoint it starts from (``start``) is
-    a Hugging Face-style directory with a config and weights."""
+    a Hugging Face-style directory with a config and weights that loading would not refuse
+    (:func:`muse_stack.models.muse_spark.checkpoint.check_readable`)."""
     check_available(recipe)
     if not start:  # a resumed run takes its weights from its own checkpoint
         return
@@ -31,3 +32,6 @@ def check_inputs(recipe: Recipe, *, start: bool = True) -> None:
     if not ((path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()):
         raise InputError("the checkpoint to start from has no weights (neither model.safetensors nor "
                          "model.safetensors.index.json)", field="--pretrained-checkpoint", value=start, fix=fix)
+    from muse_stack.models.muse_spark.checkpoint import check_readable
+
+    check_readable(path)  # what loading it would refuse, from config.json and the headers

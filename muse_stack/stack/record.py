@@ -122,3 +122,24 @@ def problems(checks: list[FieldCheck]) -> list[str]:
         for x in checks
         if not x.ok and not x.deviation
     ]
+
+
+def stack_of_lock(lock: Lock) -> dict[str, str]:
+    """The stack a lock pins, in the recorded-stack keys of the recipe contract (what ``audit``
+    reads): a run audited against it is checked against its image's pins. A component the lock
+    writes as null (e.g. CUDA on the cpu target) is left out: there is nothing to check."""
+    c = lock.components
+    out = {"python": lock.python.version, "pytorch": c.torch.version}
+    if not isinstance(lock.cuda, Null):
+        out["cuda"] = lock.cuda.version
+    for comp in ("transformer_engine", "nccl", "cudnn", "flash_attn"):
+        obj = getattr(c, comp)
+        if not isinstance(obj, Null):
+            out[comp] = obj.version
+    if not isinstance(c.deepep, Null):
+        out["deepep"] = f"{c.deepep.package} {c.deepep.version}"
+    if not isinstance(c.megatron_core, Null):
+        out["megatron_lm"] = f"megatron-core {c.megatron_core.version}"
+    if not isinstance(c.efa, Null):
+        out["network"] = f"EFA {c.efa.installer_version} (aws-ofi-nccl {c.efa.aws_ofi_nccl}, libfabric {c.efa.libfabric})"
+    return out

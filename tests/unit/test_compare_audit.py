@@ -162,3 +162,42 @@ def test_cli_audit_against_catalogue_recipe(tmp_path, capsys):
     assert main(["audit", str(fp), "--recipe", "attune-b200", "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["counts"]["match"] == 14 and out["counts"]["mismatch"] == 0
+
+
+def test_cli_audit_of_a_cpu_run_without_a_recorded_stack_uses_its_image_lock(tmp_path, capsys):
+    """tiny-cpu records no stack: its run is audited against the pins of its machine's image
+    (containers/locks/cpu.toml), component by component, not refused."""
+    from muse_stack.stack.lock import load
+    from muse_stack.stack.record import stack_of_lock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "fingerprint.json").write_text(json.dumps(CPU))
+    (run / "recipe.yaml").write_text(yaml.safe_dump({"name": "tiny-cpu", "hardware": {"gpu": "cpu", "count": 1}}))
+    rc = main(["audit", str(run), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    lock = load("cpu").lock
+    assert out["recorded_stack"].startswith("lock cpu")
+    checks = {c["component"]: c for c in out["checks"]}
+    assert checks["pytorch"]["expected"] == lock.components.torch.version
+    assert checks["python"]["expected"] == lock.python.version
+    assert set(checks) == {"python", "pytorch"} == set(stack_of_lock(lock))  # nothing the cpu lock leaves null
+    assert rc == out["exit_code"] and rc in (0, 1, 2)
+    # the same, named explicitly, for a fingerprint file; and not together with --recipe
+    assert main(["audit", str(run / "fingerprint.json"), "--lock", "cpu", "--json"]) == rc
+    assert json.loads(capsys.readouterr().out)["checks"] == out["checks"]
+    assert main(["audit", str(run), "--lock", "cpu", "--recipe", "tiny-cpu"]) == 3
+    assert "--lock" in capsys.readouterr().err
+
+
+def test_stack_of_a_gpu_lock_is_read_by_the_audit_parsers():
+    """Every pin a GPU lock states lands on a component the audit checks, with the lock's version."""
+    from muse_stack.stack.lock import load
+    from muse_stack.stack.record import stack_of_lock
+
+    lock = load("b200").lock
+    found = {e.component: e.expected for e in expectations(stack_of_lock(lock))}
+    assert found["pytorch"] == lock.components.torch.version
+    assert found["nccl"] == lock.components.nccl.version
+    assert found["efa"] == lock.components.efa.installer_version
+    assert found["aws-ofi-nccl"] == lock.components.efa.aws_ofi_nccl

@@ -197,6 +197,88 @@ def test_a_value_read_differently_is_refused_by_name(key, value, match):
         ModelConfig.from_hf_config({"model_type": "muse_spark", "text_config": text})
 
 
+ROPE_KEYS = {
+    "legacy rope_theta alone (ignored: the model's default RoPE)": {"rope_theta": 1234.0},
+    "legacy rope_theta beside a full rope_parameters (ignored)": {
+        "rope_theta": 1234.0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    "legacy rope_theta fills a rope_parameters without one": {
+        "rope_theta": 1234.0, "rope_parameters": {"rope_type": "default"}},
+    "rope_parameters without a theta (the generic 10000)": {"rope_parameters": {"rope_type": "default"}},
+    "rope_scaling replaces rope_parameters": {
+        "rope_scaling": {"rope_type": "default", "rope_theta": 30000.0},
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    "rope_scaling without a theta takes the legacy key": {
+        "rope_scaling": {"type": "default"}, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "rope_theta": 99.0},
+    "an empty rope_scaling leaves rope_parameters": {
+        "rope_scaling": {}, "rope_parameters": {"rope_type": "default", "rope_theta": 20000.0}},
+}
+
+
+def _text_config(**extra) -> dict:
+    text = MuseSparkTextConfig(**{k: v for k, v in TINY.items() if k != "first_padding_token_id"},
+                               num_hidden_layers=4).to_dict()
+    for key in ("rope_parameters", "layer_rope_theta"):
+        del text[key]  # filled by transformers from the keys under test
+    return {**text, **extra}
+
+
+@pytest.mark.parametrize("case", sorted(ROPE_KEYS))
+def test_rope_keys_are_read_as_transformers_reads_them(case):
+    """The decoder's RoPE (its base, and which layers have none) from every way a config can state
+    it, against transformers' own rotary embedding: fp32 both, the same formula, so equal bitwise."""
+    from transformers.models.muse_spark.modeling_muse_spark import MuseSparkTextRotaryEmbedding
+
+    from muse_stack.models.muse_spark.rope import rope_cos_sin
+
+    text = _text_config(**ROPE_KEYS[case])
+    ours = ModelConfig.from_hf_config({"model_type": "muse_spark", "text_config": json.loads(json.dumps(text))})
+    theirs = MuseSparkConfig(text_config=json.loads(json.dumps(text)),
+                             audio_config={"out_hidden_size": text["hidden_size"]}).text_config
+    assert ours.rope_theta == theirs.rope_parameters["rope_theta"]
+    assert [float(t) for t in ours.resolved_layer_rope_theta] == [float(t) for t in theirs.layer_rope_theta]
+    positions = torch.arange(0, 4096, 37)[None]
+    cos, sin = MuseSparkTextRotaryEmbedding(theirs)(torch.zeros(1, dtype=torch.float32), positions)
+    our_cos, our_sin = rope_cos_sin(positions, ours.head_dim, ours.rope_theta)
+    assert torch.equal(our_cos, cos) and torch.equal(our_sin, sin)
+
+
+def test_a_rope_scaling_transformers_applies_is_refused_naming_it():
+    """transformers applies a non-empty rope_scaling over a plain rope_parameters (linear x2 here);
+    muse-stack implements plain RoPE only, so the config is refused by that key."""
+    text = _text_config(rope_scaling={"rope_type": "linear", "factor": 2.0},
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    theirs = MuseSparkConfig(text_config=json.loads(json.dumps(text)),
+                             audio_config={"out_hidden_size": text["hidden_size"]}).text_config
+    assert theirs.rope_parameters["rope_type"] == "linear"  # what the refusal is about
+    with pytest.raises(RecipeError) as err:
+        ModelConfig.from_hf_config({"model_type": "muse_spark", "text_config": text})
+    assert err.value.field == "config.json text_config.rope_scaling.rope_type" and "linear" in str(err.value)
+
+
+def test_tie_word_embeddings_true_is_read_as_transformers_reads_it(tmp_path):
+    """transformers accepts ``tie_word_embeddings: true`` for muse_spark and ties nothing (the model
+    declares no tied weights): a checkpoint saying so loads here with two separate tensors, and its
+    logits equal transformers'."""
+    cfg = config(4)
+    hf_config = MuseSparkConfig(**full_config(cfg))
+    hf_config.text_config.tie_word_embeddings = True
+    for sub in (hf_config, hf_config.text_config):
+        sub._experts_implementation = "eager"  # the grouped-mm kernel takes no float64
+    theirs = MuseSparkForConditionalGeneration(hf_config).eval()
+    assert theirs.config.text_config.tie_word_embeddings is True
+    assert not torch.equal(theirs.lm_head.weight, theirs.model.language_model.embed_tokens.weight)
+    theirs.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["text_config"]["tie_word_embeddings"] is True
+    ours = load_checkpoint(tmp_path)
+    assert ours.config.tie_word_embeddings is False
+    ids = torch.randint(0, cfg.vocab_size, (1, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad(), float64_throughout():
+        a = ours.double()(ids).logits
+        b = theirs.double()(input_ids=ids).logits
+    assert (a - b).abs().max().item() <= bound(cfg, 7)
+
+
 # ---- checkpoints in both directions ------------------------------------------------------------
 def test_transformers_checkpoint_loads_here_sharded_with_its_defaults(tmp_path):
     cfg = config(4)

@@ -11,7 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import save_file
 
 from muse_stack.util.errors import MuseStackError, UsageError
 from muse_stack.util import quoting
@@ -146,7 +148,10 @@ def test_launch_checks_the_starting_checkpoint_before_writing(cli, tmp_path):
     (ckpt / "config.json").write_text("{}")
     rc, _, err = cli("launch", "attune-b200", "--slurm", "--image", IMG_B200, "--pretrained-checkpoint", ckpt, "-o", out)
     assert rc == 3 and "weights" in err and not out.exists()
-    (ckpt / "model.safetensors").write_bytes(b"")
+    (ckpt / "model.safetensors").write_bytes(b"")  # unreadable: `run` would refuse it, so launch does
+    rc, _, err = cli("launch", "attune-b200", "--slurm", "--image", IMG_B200, "--pretrained-checkpoint", ckpt, "-o", out)
+    assert rc == 3 and "model.safetensors" in err and not out.exists()
+    save_file({"lm_head.weight": torch.zeros(2)}, str(ckpt / "model.safetensors"))
     rc, _, err = cli("launch", "attune-b200", "--slurm", "--image", IMG_B200, "--pretrained-checkpoint", ckpt, "-o", out)
     assert rc == 0, err
     text = out.read_text()

@@ -10,7 +10,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import save_file
 
 from muse_stack.util import quoting
 from muse_stack.launch import k8s
@@ -38,7 +40,7 @@ def _render(cli, tmp_path, recipe: str, kind: str) -> str:
         ckpt = tmp_path / "muse-spark-open"
         ckpt.mkdir(exist_ok=True)
         (ckpt / "config.json").write_text("{}")
-        (ckpt / "model.safetensors").write_bytes(b"")
+        save_file({"lm_head.weight": torch.zeros(2)}, str(ckpt / "model.safetensors"))  # readable, as `run` needs
         start = ["--pretrained-checkpoint", str(ckpt)]
     rc, _, err = cli("launch", recipe, *STATED[recipe], f"--{kind}", "--image", IMAGES[recipe], "--run-name", RUN_NAME,
                      *start, "-o", out)

@@ -98,6 +98,19 @@ def safetensors_dtype(name: str) -> torch.dtype:
             "I64": torch.int64, "I32": torch.int32}[name]
 
 
+#: the safetensors dtypes a weight may have (every Muse Spark tensor is a float: an integer one is
+#: no weight of this model, and copied into one it would silently round the values it stood for)
+FLOAT_DTYPES = ("F64", "F32", "BF16", "F16")
+
+
+def _refuse_non_float(name: str, dtype: str, file: Path) -> None:
+    if dtype not in FLOAT_DTYPES:
+        raise InputError(f"tensor {name} is stored as {dtype}; every weight of the model is a float "
+                         f"({', '.join(FLOAT_DTYPES)})", field="checkpoint.tensor", value=f"{file.name}: {name}",
+                         fix="export the checkpoint's weights as floats (bf16 or fp32), e.g. with "
+                             "save_pretrained of the loaded model")
+
+
 def is_text_tensor(name: str) -> bool:
     return name.startswith(TEXT_PREFIXES)
 
@@ -258,7 +271,9 @@ def _read_text_tensors(path: Path, expected: dict[str, torch.Size], device: torc
                         continue
                     if name not in available:
                         continue  # reported as missing below
-                    shape = tuple(handle.get_slice(name).get_shape())
+                    piece = handle.get_slice(name)
+                    _refuse_non_float(name, piece.get_dtype(), path / file)
+                    shape = tuple(piece.get_shape())
                     if shape != tuple(expected[name]):
                         mis_shaped.append(f"{name}: checkpoint {list(shape)}, model {list(expected[name])}")
                         continue
@@ -309,6 +324,35 @@ def _read_text_tensors(path: Path, expected: dict[str, torch.Size], device: torc
                         towers=sum(1 for name in where if not is_text_tensor(name)))
     log.info(report.summary())
     return found, report
+
+
+def check_readable(directory: str | os.PathLike[str]) -> ModelConfig:
+    """What loading a checkpoint refuses that its files alone show, read from ``config.json`` and
+    the safetensors headers (no tensor data): a config transformers' keys do not read as a Muse
+    Spark model (e.g. a NaN), a broken shard index (unreadable, a shard missing, a tensor not in
+    the shard it names), an unreadable header, an integer-typed tensor. ``run`` checks a
+    checkpoint to start from with it before the run directory exists, and ``launch`` before it
+    writes a job (:func:`muse_stack.run.inputs.check_inputs`). Returns the text model's config."""
+    path = _checkpoint_dir(directory)
+    config = ModelConfig.from_hf_config(path / CONFIG_NAME)
+    _towers_of(path)  # the tower configs, where config.json has them, read as the model reads them
+    for file, names in _weight_files(path).items():
+        try:
+            with safe_open(str(path / file), framework="pt") as handle:
+                available = set(handle.keys())
+                absent = [name for name in names if name not in available]
+                if absent:
+                    raise InputError(f"{len(absent)} tensor(s) that {INDEX_FILE} places in {file} are not in it, "
+                                     f"e.g. {absent[0]}", field="checkpoint.index", value=str(path / INDEX_FILE),
+                                     fix="restore the index written with the shards")
+                for name in names:
+                    _refuse_non_float(name, handle.get_slice(name).get_dtype(), path / file)
+        except InputError:
+            raise
+        except Exception as exc:  # safetensors raises its own error types for corrupt headers
+            raise InputError(f"cannot read {file} ({exc})", field="checkpoint.shard", value=str(path / file),
+                             fix="the file is corrupt or truncated; copy it again") from exc
+    return config
 
 
 def _check_same_config(model_config: ModelConfig, checkpoint_config: ModelConfig, path: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from muse_stack.util.errors import InputError, RecipeError
 
@@ -236,6 +236,13 @@ class ModelConfig(BaseModel):
                                fix="restore the checkpoint's config.json (a JSON object)")
         try:
             return cls(**text_values(config))
+        except ValidationError as exc:  # name the key a field's check refused, with its value
+            first = exc.errors()[0]
+            key = ".".join(str(part) for part in first["loc"])
+            raise RecipeError(f"config.json does not describe a valid Muse Spark model: {exc}",
+                              field=f"config.json text_config.{key}" if key else "config.json text_config",
+                              value=first.get("input") if key else None,
+                              fix="check the checkpoint's config.json") from exc
         except (ValueError, TypeError) as exc:
             raise RecipeError(f"config.json does not describe a valid Muse Spark model: {exc}",
                               field="model", value=None, fix="check the checkpoint's config.json") from exc
@@ -262,12 +269,15 @@ TEXT_FIELDS: dict[str, str] = {
     **dict.fromkeys(
         ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
          "num_key_value_heads", "head_dim", "max_position_embeddings", "initializer_range", "rms_norm_eps",
-         "pad_token_id", "eos_token_id", "bos_token_id", "tie_word_embeddings", "attention_bias",
+         "pad_token_id", "eos_token_id", "bos_token_id", "attention_bias",
          "attention_dropout", "sliding_window", "layer_types", "final_logit_softcapping", "qk_scale_factor",
          "output_multiplier", "post_norm_eps", "layer_rope_theta", "hidden_act", "moe_intermediate_size",
          "num_local_experts", "num_experts_per_tok", "routed_scaling_factor", "moe_hidden_size",
          "residual_gate_temperature"), "field"),
-    "rope_parameters": "rope_theta, with rope_type 'default' (no other RoPE scaling is implemented)",
+    "rope_parameters": "rope_theta, with rope_type 'default' (no other RoPE scaling is implemented); a "
+                       "non-empty rope_scaling replaces it, as transformers reads them",
+    "tie_word_embeddings": "read and kept false: transformers' muse_spark declares no tied weights, so true "
+                           "ties nothing (the input and output embeddings stay two tensors)",
     "mlp_layer_types": "every entry 'sparse' (a dense layer is refused)",
     # change nothing the model computes
     **dict.fromkeys(
@@ -281,6 +291,44 @@ OWN_FIELDS = ("first_padding_token_id",)
 
 def _refuse(key: str, value: Any, why: str, fix: str) -> RecipeError:
     return RecipeError(why, field=f"config.json text_config.{key}", value=value, fix=fix)
+
+
+#: the RoPE a MuseSparkTextConfig gets when its config names none (its ``__post_init__``)
+TRANSFORMERS_DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 500_000.0}
+#: the base transformers fills into a RoPE dict that names none (``RotaryEmbeddingConfigMixin.default_theta``)
+TRANSFORMERS_FALLBACK_THETA = 10_000.0
+
+
+def rope_theta_as_transformers_reads(text: dict[str, Any]) -> float:
+    """The decoder's RoPE base from a text config, as transformers 5.24 resolves it
+    (``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict`` after ``MuseSparkTextConfig.__post_init__``):
+
+    * a non-empty ``rope_scaling`` replaces ``rope_parameters`` (``rope_scaling or rope_parameters``);
+    * with neither, the model's default RoPE (theta 500000); a legacy top-level ``rope_theta`` is
+      then ignored;
+    * a RoPE dict without ``rope_theta`` takes the legacy top-level ``rope_theta``, else 10000.
+
+    Only ``rope_type`` 'default' is implemented; another is refused naming the key it came from."""
+    scaling = text.get("rope_scaling")
+    if scaling:
+        key, rope = "rope_scaling", scaling
+    elif text.get("rope_parameters") is not None:
+        key, rope = "rope_parameters", text["rope_parameters"]
+    else:
+        return TRANSFORMERS_DEFAULT_ROPE["rope_theta"]
+    if not isinstance(rope, dict):
+        raise _refuse(key, rope, f"{key} is not an object", fix='give {"rope_type": "default", "rope_theta": ...}')
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        taken = " (transformers takes a non-empty rope_scaling over rope_parameters)" if key == "rope_scaling" else ""
+        raise _refuse(f"{key}.rope_type", rope_type,
+                      f"only the default RoPE is implemented; transformers would apply {rope_type!r} scaling{taken}",
+                      fix="use rope_type 'default'" + (", or remove rope_scaling" if key == "rope_scaling" else ""))
+    theta = rope["rope_theta"] if "rope_theta" in rope else text.get("rope_theta", TRANSFORMERS_FALLBACK_THETA)
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+        where = f"{key}.rope_theta" if "rope_theta" in rope else "rope_theta"
+        raise _refuse(where, theta, "the RoPE base is not a number", fix="give a positive rope_theta")
+    return theta
 
 
 def text_values(config: dict[str, Any]) -> dict[str, Any]:
@@ -299,18 +347,8 @@ def text_values(config: dict[str, Any]) -> dict[str, Any]:
         treatment = TEXT_FIELDS.get(key)
         if treatment == "field" or (treatment is None and key in ours):
             values[key] = value
-    rope = text.get("rope_parameters") or text.get("rope_scaling")
-    if rope is not None:
-        if not isinstance(rope, dict):
-            raise _refuse("rope_parameters", rope, "rope_parameters is not an object",
-                          fix='give {"rope_type": "default", "rope_theta": ...}')
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise _refuse("rope_parameters.rope_type", rope_type,
-                          "only the default RoPE is implemented; this scaling would be read as plain RoPE",
-                          fix="use rope_type 'default'")
-        if "rope_theta" in rope and "rope_theta" not in values:
-            values["rope_theta"] = rope["rope_theta"]
+    values.pop("rope_theta", None)  # a legacy top-level key: transformers reads it only as below
+    values["rope_theta"] = rope_theta_as_transformers_reads(text)
     kinds = text.get("mlp_layer_types")
     if kinds is not None and any(k != "sparse" for k in kinds):
         raise _refuse("mlp_layer_types", kinds, "every Muse Spark layer is MoE; a dense layer is not supported",
@@ -340,6 +378,7 @@ def text_config(model: ModelConfig) -> dict[str, Any]:
     out["layer_rope_theta"] = model.resolved_layer_rope_theta
     out["mlp_layer_types"] = ["sparse"] * model.num_hidden_layers
     out["rope_parameters"] = {"rope_type": "default", "rope_theta": model.rope_theta}
+    out["tie_word_embeddings"] = False
     out["use_cache"] = True
     for key in OWN_FIELDS:
         out[key] = getattr(model, key)

@@ -37,27 +37,74 @@ FORMAT = "muse-stack-adapters/1"
 HF_CONFIG = "adapter_config.json"
 HF_WEIGHTS = "adapter_model.safetensors"
 
-__all__ = ["base_identity", "base_sha256", "export_adapters_hf_peft", "export_merged", "load_adapters",
+__all__ = ["base_difference", "base_digests", "base_identity", "base_sha256", "export_adapters_hf_peft", "export_merged", "load_adapters",
            "merge_adapters", "save_adapters"]
 
 
-def base_sha256(model: torch.nn.Module) -> str:
-    """sha256 over the base tensors in name order: each name, dtype, shape and little-endian bytes.
-    It depends on the values only, not on how a checkpoint shards or encodes them."""
+def base_part(name: str) -> str:
+    """The part of the model a base tensor belongs to: the module under ``model.`` (``language_model``,
+    ``vision_tower``, ``audio_tower``, ...) or the top-level one (``lm_head``)."""
+    pieces = name.split(".")
+    return pieces[1] if pieces[0] == "model" and len(pieces) > 1 else pieces[0]
+
+
+def base_digests(model: torch.nn.Module) -> tuple[str, dict[str, str]]:
+    """sha256 over the base tensors in name order (each name, dtype, shape and little-endian
+    bytes), and the same over each part's tensors (:func:`base_part`). They depend on the values
+    only, not on how a checkpoint shards or encodes them."""
     digest = hashlib.sha256()
+    parts: dict[str, Any] = {}
     for name, tensor in sorted(base_state_dict(model).items()):
         t = tensor.detach().to("cpu").contiguous()
-        digest.update(f"{name}|{t.dtype}|{list(t.shape)}\n".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return digest.hexdigest()
+        chunks = (f"{name}|{t.dtype}|{list(t.shape)}\n".encode(), t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        part = parts.setdefault(base_part(name), hashlib.sha256())
+        for chunk in chunks:
+            digest.update(chunk)
+            part.update(chunk)
+    return digest.hexdigest(), {k: v.hexdigest() for k, v in sorted(parts.items())}
+
+
+def base_sha256(model: torch.nn.Module) -> str:
+    """sha256 over the base tensors (:func:`base_digests`)."""
+    return base_digests(model)[0]
 
 
 def base_identity(model: torch.nn.Module, *, path: str | None, revision: str | None,
                   hf_id: str | None = None, init_seed: int | None = None) -> dict[str, Any]:
     """What the adapters were trained on: the base checkpoint's path and revision (None for a
-    seeded initialisation, whose seed is recorded instead) and the base tensors' sha256."""
+    seeded initialisation, whose seed is recorded instead), the base tensors' sha256, that of each
+    part (so that a differing base names what differs) and the torch that built it."""
+    total, parts = base_digests(model)
     return {"path": path, "revision": revision, "hf_id": hf_id, "init_seed": None if path else init_seed,
-            "sha256": base_sha256(model)}
+            "sha256": total, "parts": parts, "torch": torch.__version__.split("+")[0]}
+
+
+def base_difference(model: torch.nn.Module, base: dict[str, Any]) -> str | None:
+    """None when ``model``'s base is the one ``base`` (:func:`base_identity`) records, else what
+    differs and why it can: parts one has and the other lacks, or the parts whose values differ
+    and where those values came from (the checkpoint at the recorded path, or the seed)."""
+    total, parts = base_digests(model)
+    if total == base.get("sha256"):
+        return None
+    saved = base.get("parts")
+    path, seed = base.get("path"), base.get("init_seed")
+    if not isinstance(saved, dict):  # recorded before the parts were
+        return (f"the base tensors' sha256 differs ({total[:12]}, recorded {str(base.get('sha256'))[:12]}): "
+                + (f"the checkpoint at {path} holds other weights than when the run started, or the recipe's "
+                   "model (its towers) differs" if path else
+                   f"the initialisation from seed {seed} gives other values here, or the recipe's model (its "
+                   "towers) differs"))
+    lacking, extra = sorted(set(saved) - set(parts)), sorted(set(parts) - set(saved))
+    if lacking or extra:
+        return ("the base rebuilt from the run's recipe has other parts than the one the run trained on: "
+                + "; ".join(x for x in (f"the run's had {', '.join(lacking)}" if lacking else "",
+                                        f"this one has {', '.join(extra)}" if extra else "") if x))
+    differing = ", ".join(k for k in saved if saved[k] != parts[k])
+    if path:
+        return f"the checkpoint at {path} holds other weights than when the run started (in {differing})"
+    here = torch.__version__.split("+")[0]
+    return (f"the initialisation from seed {seed} gives other values in {differing} here (torch {here}; the run "
+            f"used torch {base.get('torch', 'unrecorded')})")
 
 
 def _stage(target: Path) -> Path:
