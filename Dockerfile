@@ -13,6 +13,8 @@ FROM ${BASE_REF} AS base
 ARG PYTHON_VERSION
 ARG CUDA_VERSION
 ARG LOCK_NAME
+# the lock's [apt.base]: NAME=VERSION pins (muse-stack stack build-args)
+ARG APT_BASE_PACKAGES
 ENV DEBIAN_FRONTEND=noninteractive \
     LANG=C.UTF-8 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -26,8 +28,9 @@ COPY containers/locks/pylock.${LOCK_NAME}.toml /usr/local/lib/muse-stack/wheelse
 RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
     rm -f /etc/apt/apt.conf.d/docker-clean \
+    && : "${APT_BASE_PACKAGES:?the lock pins no [apt.base] packages}" \
     && apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+    && apt-get install -y --no-install-recommends ${APT_BASE_PACKAGES} \
     && python3 -c 'import platform, sys; v = platform.python_version(); sys.exit(0 if v == sys.argv[1] else f"python3 is {v}, the lock pins {sys.argv[1]}")' "${PYTHON_VERSION}" \
     && python3 -m venv "${VIRTUAL_ENV}"
 
@@ -87,12 +90,27 @@ ARG DEEPEP_PACKAGE
 ARG DEEPEP_VERSION
 ARG MEGATRON_CORE_PACKAGE
 ARG MEGATRON_CORE_VERSION
+# the lock's [apt.build]: the compilers of the sdist builds and the tools of the fetches, NAME=VERSION
+ARG APT_BUILD_PACKAGES
 RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
-    apt-get update \
-    && apt-get install -y --no-install-recommends python3-dev build-essential git curl \
+    : "${APT_BUILD_PACKAGES:?the lock pins no [apt.build] packages}" \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends ${APT_BUILD_PACKAGES} \
     && nvcc --version | grep -q "release ${CUDA_VERSION}," \
     || { echo "the base image's CUDA is not the lock's ${CUDA_VERSION}:"; nvcc --version; exit 1; }
+# TE looks for cuDNN in CUDNN_HOME, and for NVRTC and cuRAND in NVRTC_HOME and CURAND_HOME, before
+# CUDA_HOME (the base's toolkit, which keeps its own copies). Every library folder of the set comes
+# first on the loader's path for every process of the image, in the replay's order: the path is
+# `lock-env lib-path` of the folders `lock-env link-libs` makes (the set's nvidia/*/lib, by name, the
+# CUDA major's as `cuda`), as the replay's is of the set's nvidia/ itself, and the install below stops
+# unless this line is that path (lock-env lib-path-check)
+ENV CUDNN_HOME=/opt/muse-stack/cuda-libs/cudnn \
+    CUDNN_PATH=/opt/muse-stack/cuda-libs/cudnn \
+    NVRTC_HOME=/opt/muse-stack/cuda-libs/cuda \
+    CURAND_HOME=/opt/muse-stack/cuda-libs/cuda \
+    NCCL_HOME=/opt/muse-stack/cuda-libs/nccl \
+    LD_LIBRARY_PATH=/opt/muse-stack/cuda-libs/cuda/lib:/opt/muse-stack/cuda-libs/cudnn/lib:/opt/muse-stack/cuda-libs/cusparselt/lib:/opt/muse-stack/cuda-libs/nccl/lib:/opt/muse-stack/cuda-libs/nvshmem/lib
 # the base's apt cuDNN and NCCL go first: cuDNN 9's libcudnn.so.9 opens its sub-libraries by
 # soname, so a second cuDNN on the loader's path mixes two versions in one process (seen on an H200
 # machine); the base's held libnccl2 in /usr/lib/<triplet> would be a second NCCL for any process
@@ -107,21 +125,14 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && ldconfig \
     && { ! ldconfig -p | grep -q 'libnccl\.so' || { echo "apt NCCL still present:"; ldconfig -p | grep 'libnccl\.so'; exit 1; }; } \
     && lock-env install-set "${PIP_FIND_LINKS}" "${TORCH_INDEX_URL}" \
-    && lock-env link-libs /opt/muse-stack/cuda-libs
-# TE looks for cuDNN in CUDNN_HOME, and for NVRTC and cuRAND in NVRTC_HOME and CURAND_HOME, before
-# CUDA_HOME (the base's toolkit, which keeps its own copies); the set's cuDNN and NCCL come first on
-# the loader's path for every process of the image
-ENV CUDNN_HOME=/opt/muse-stack/cuda-libs/cudnn \
-    CUDNN_PATH=/opt/muse-stack/cuda-libs/cudnn \
-    NVRTC_HOME=/opt/muse-stack/cuda-libs/cuda \
-    CURAND_HOME=/opt/muse-stack/cuda-libs/cuda \
-    NCCL_HOME=/opt/muse-stack/cuda-libs/nccl \
-    LD_LIBRARY_PATH=/opt/muse-stack/cuda-libs/cudnn/lib:/opt/muse-stack/cuda-libs/nccl/lib
+    && lock-env link-libs /opt/muse-stack/cuda-libs \
+    && lock-env lib-path-check /opt/muse-stack/cuda-libs "${LD_LIBRARY_PATH}"
 
 # Transformer Engine: the core from the set's wheel and the PyTorch extension compiled from the
 # set's sdist against this torch (NVTE_PYTORCH_FORCE_BUILD: never a prebuilt download), or the
 # whole of TE from a pinned source commit where the registry has no wheel (the lock says which).
-# MAX_JOBS: parallel compiles; each nvcc job takes about 3 GB, so 8 wants about 24 GB.
+# MAX_JOBS: parallel compiles; each of TE's nvcc jobs takes about 3 GB, so 8 want about 24 GB (flash-attn
+# takes fewer where memory is short: below).
 # NVTE_WITH_NCCL_EP: the lock's components.transformer_engine.with_nccl_ep (TE's optional NCCL EP
 # extension), passed to both builds. A source build runs CMake: the set's `cmake` wheel, in the venv.
 ARG MAX_JOBS=8
@@ -148,7 +159,9 @@ RUN --mount=type=cache,target=/root/.cache/pip \
        fi
 
 # flash-attn from the set's sdist (hash-checked), its -std flags raised to the C++ standard this
-# torch's headers require, compiled for the lock's archs (FLASH_ATTN_CUDA_ARCHS, not TORCH_CUDA_ARCH_LIST)
+# torch's headers require, compiled for the lock's archs (FLASH_ATTN_CUDA_ARCHS, not TORCH_CUDA_ARCH_LIST).
+# Its jobs are budgeted as its own setup.py budgets them (about 9 GB a job): the builder's available
+# memory over that estimate, at most MAX_JOBS (flash_attn_prepare.py jobs says how it got the number)
 ARG FLASH_ATTN_CUDA_ARCHS
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
@@ -156,7 +169,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && lock-env fetch-sdist "${FLASH_ATTN_PACKAGE}" /tmp/fa \
     && python3 /usr/local/lib/muse-stack/flash_attn_prepare.py patch /tmp/fa/src \
          --torch "$(python -c 'import os, torch; print(os.path.dirname(torch.__file__))')" \
-    && FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS}" MAX_JOBS="${MAX_JOBS}" \
+    && fa_jobs=$(python3 /usr/local/lib/muse-stack/flash_attn_prepare.py jobs /tmp/fa/src --max "${MAX_JOBS}") \
+    && FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS}" MAX_JOBS="${fa_jobs}" \
        lock-env pip-install --no-build-isolation --no-deps /tmp/fa/src \
     && rm -rf /tmp/fa \
     && lock-env pip-check "${FLASH_ATTN_VERSION}" "${FLASH_ATTN_PACKAGE}"
@@ -169,7 +183,8 @@ RUN lock-env pip-check "${DEEPEP_VERSION}" "${DEEPEP_PACKAGE}" \
     && lock-env pip-check "${MEGATRON_CORE_VERSION}" "${MEGATRON_CORE_PACKAGE}" \
     && : "${DEEPEP_TORCH_CUDA_ARCH_LIST:?the lock gives no DeepEP CUDA archs}"
 
-# AWS EFA: libfabric and the aws-ofi-nccl plugin; no kernel module, limits or self-test in a container.
+# AWS EFA: libfabric and the aws-ofi-nccl plugin, with the lock's installer flags (as both sources of its
+# checksum run it: the container mode --build-ngc, no kernel module, limits, MPI or self-test).
 # The tarball is checked against the lock's sha256 or the build stops (an empty sha256 is refused).
 # On Ubuntu the installer puts the plugin in /opt/amazon/ofi-nccl/lib/<triplet> (flat lib/ on NGC
 # bases): `lock-env efa-links` finds both folders wherever they are and links them at fixed paths.
@@ -193,12 +208,12 @@ RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     && /opt/amazon/efa/bin/fi_info --version | grep -q "${LIBFABRIC_VERSION}" \
     && { grep -q "${AWS_OFI_NCCL_VERSION}" /opt/amazon/efa_installed_packages \
          || echo "note: efa_installed_packages does not name aws-ofi-nccl ${AWS_OFI_NCCL_VERSION}; check the NET/OFI log line at run time"; }
-# the set's cuDNN and NCCL first, then the EFA folders. The EFA plugin is opt-in: the folder NCCL
+# the set's library folders first, then the EFA folders. The EFA plugin is opt-in: the folder NCCL
 # searches holds libnccl-net-ofi.so only (no libnccl-net.so, the name NCCL loads by default, and the
 # installer's ld.so.conf.d entry is removed above), so NCCL loads it only where NCCL_NET_PLUGIN=ofi
 # asks for it; `muse-stack launch` sets that for machines whose fabric is EFA. Loaded on an
 # InfiniBand host the plugin slows NCCL down; without it NCCL uses its own IB or socket transport.
-ENV LD_LIBRARY_PATH=/opt/muse-stack/cuda-libs/cudnn/lib:/opt/muse-stack/cuda-libs/nccl/lib:/opt/muse-stack/efa/ofi-nccl-lib:/opt/muse-stack/efa/libfabric-lib \
+ENV LD_LIBRARY_PATH=${LD_LIBRARY_PATH}:/opt/muse-stack/efa/ofi-nccl-lib:/opt/muse-stack/efa/libfabric-lib \
     FI_EFA_USE_HUGE_PAGE=0
 
 # ---------------------------------------------------------------------------------------------

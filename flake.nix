@@ -2,7 +2,7 @@
   # muse-stack images and dev shells from the same stack locks as the Dockerfile
   # (containers/locks/<target>.toml, read by containers/nix/lock.nix) and the same hash-pinned
   # wheel sets (containers/locks/pylock.<target>.toml, read by containers/nix/wheelset.nix).
-  #   nix flake lock                                         (first, on a networked machine)
+  #   nix flake metadata                                     (flake.lock's nixpkgs hash, re-read on a networked machine)
   #   nix build .#image-b200 && ./result | docker load      (one build per system; see docs/images.md)
   #   nix build .#wheelset-b200                             (the wheel set alone, in a venv)
   #   nix develop .#cpu
@@ -13,7 +13,7 @@
   description = "muse-stack: reproducible training stack for Muse Spark Open (pinned images)";
 
   # a fixed nixpkgs commit (the stable NixOS channel of 2026-05-10): the interpreter, nvcc and the image
-  # tools. Its narHash is written by `nix flake lock` into flake.lock (docs/images.md, Nix).
+  # tools. flake.lock locks it with its NAR hash (docs/images.md, Nix, says where the hash was read).
   inputs.nixpkgs.url = "github:NixOS/nixpkgs/8fd9daa3db09ced9700431c5b7ad0e8ba199b575";
 
   outputs = { self, nixpkgs }:

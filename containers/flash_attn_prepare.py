@@ -28,6 +28,14 @@ Interface (exit 0 on success, 1 with a message on stderr naming the file and the
         out differently cannot skip the patch unnoticed. Prints one line per rewritten flag.
         Running it twice is harmless (the second run finds the flags already at the standard).
 
+    python3 flash_attn_prepare.py jobs SDIST_DIR --max N [--meminfo FILE]
+        Print how many parallel compile jobs (MAX_JOBS) the build can afford: the memory available
+        now (MemAvailable of /proc/meminfo, or FILE) divided by the memory one job takes as
+        flash-attn's own setup.py estimates it (its NinjaBuildExtension: `free_memory_gb / 9`, "each
+        JOB peak memory cost is ~8-9GB"), read from SDIST_DIR/setup.py, at most N and at least 1.
+        A setup.py that states no such estimate fails (the budget cannot fall back unnoticed). Says
+        on stderr how the number was reached.
+
     python3 flash_attn_prepare.py flags SDIST_DIR
         Print, as JSON, the "cxx" and "nvcc" flag lists (the list literal that holds the -std
         flag) of the `flash_attn_2_cuda` extension: what a test compiles a kernel with.
@@ -244,11 +252,48 @@ def patch(sdist_dir: str | Path, standard: str) -> list[str]:
 # --- command line ------------------------------------------------------------------------------
 
 
+JOB_ESTIMATE = re.compile(r"free_memory_gb\s*/\s*(\d+(?:\.\d+)?)\)")
+
+
+def gb_per_job(sdist_dir: str | Path) -> float:
+    """The memory one compile job takes, in GiB, as flash-attn's setup.py budgets its own jobs."""
+    path = _setup_py(sdist_dir)
+    found = JOB_ESTIMATE.findall(path.read_text())
+    if len(found) != 1:
+        raise PrepareError(f"{path}: found {len(found)} memory-per-job estimates (`free_memory_gb / N`), want one; "
+                           "read how this flash-attn budgets MAX_JOBS and pass --max accordingly")
+    return float(found[0])
+
+
+def available_gib(meminfo: str | Path = "/proc/meminfo") -> float:
+    for line in Path(meminfo).read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / (1024 * 1024)  # kB -> GiB
+    raise PrepareError(f"{meminfo} has no MemAvailable line")
+
+
+def jobs(sdist_dir: str | Path, most: int, meminfo: str | Path = "/proc/meminfo") -> tuple[int, str]:
+    """MAX_JOBS for building flash-attn here, and how it was reached."""
+    if most < 1:
+        raise PrepareError(f"--max {most}: give at least 1 job")
+    per, free = gb_per_job(sdist_dir), available_gib(meminfo)
+    n = max(1, min(most, int(free // per)))
+    return n, (f"flash-attn: {n} compile jobs ({free:.1f} GiB available, {per:g} GiB a job as its setup.py "
+               f"estimates, at most {most})")
+
+
 def main(argv: list[str]) -> int:
     usage = (__doc__ or "").split("Interface", 1)[-1]
     try:
         if len(argv) == 2 and argv[0] == "std":
             print(torch_standard(argv[1])[0])
+            return 0
+        if len(argv) in (4, 6) and argv[0] == "jobs" and argv[2] == "--max" and (len(argv) == 4 or argv[4] == "--meminfo"):
+            if not argv[3].isdigit():
+                raise PrepareError(f"--max {argv[3]!r}: give a whole number of jobs (the build's MAX_JOBS)")
+            n, how = jobs(argv[1], int(argv[3]), *(argv[5:6]))
+            sys.stderr.write(how + "\n")
+            print(n)
             return 0
         if len(argv) == 2 and argv[0] == "flags":
             print(json.dumps(compile_flags(argv[1]), indent=2))

@@ -9,8 +9,12 @@
 #   lock-env install-set [FIND_LINKS] [EXTRA_INDEX]  every wheel of the set, hashes required, no resolver
 #   lock-env install-sdist NAME                   build and install NAME from the set's sdist (hash-checked)
 #   lock-env fetch-sdist NAME DIR                 download NAME's sdist (hash-checked), unpack to DIR/src
-#   lock-env link-libs DIR                        DIR/cudnn, DIR/nccl -> the set's cuDNN and NCCL wheels;
-#                                                 DIR/cuda -> the set's CUDA libraries (nvidia/cuNN: NVRTC, cuRAND, ...)
+#   lock-env link-libs DIR                        DIR/NAME -> the set's nvidia/NAME for every library folder of
+#                                                 the set (cudnn, nccl, ...), DIR/cuda -> its nvidia/cuNN (NVRTC, cuRAND, ...)
+#   lock-env lib-path ROOT                        the set's library path: ROOT/NAME/lib of every folder under ROOT
+#                                                 that has one, by name (ROOT: the set's nvidia/ or link-libs' DIR);
+#                                                 the one definition the image's and the replay's loader paths follow
+#   lock-env lib-path-check ROOT PATH             fail unless the loader path PATH starts with lib-path ROOT
 #   lock-env efa-links ROOT DIR                   DIR/ofi-nccl-lib (holding libnccl-net-ofi.so only),
 #                                                 DIR/libfabric-lib -> the folders the EFA installer used
 #                                                 under ROOT (lib, lib64 or lib/<triplet>)
@@ -68,8 +72,14 @@ PY
     dir="$1"
     site=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     mkdir -p "$dir"
+    # every library folder of the set, under its own name (the CUDA major's nvidia/cuNN as `cuda`)
+    for folder in "$site"/nvidia/*/lib; do
+      [ -d "$folder" ] || continue
+      name=$(basename "$(dirname "$folder")")
+      case "$name" in cu[0-9]*) link=cuda ;; *) link=$name ;; esac
+      ln -sfn "$(dirname "$folder")" "$dir/$link"
+    done
     for lib in cudnn nccl; do
-      ln -sfn "$site/nvidia/$lib" "$dir/$lib"
       ls "$dir/$lib"/lib/lib"$lib".so.* >/dev/null || { echo "the set's $lib wheel has no lib$lib.so under $site/nvidia/$lib" >&2; exit 1; }
     done
     # TE's loader reads NVRTC_HOME / CURAND_HOME before CUDA_HOME (the base's toolkit): point them at the
@@ -80,6 +90,20 @@ PY
     for lib in nvrtc curand; do
       ls "$dir/cuda"/lib/lib"$lib".so.* >/dev/null || { echo "the set has no lib$lib.so under $1/lib" >&2; exit 1; }
     done ;;
+  lib-path)
+    out=""
+    for folder in $(LC_ALL=C ls -d "$1"/*/lib 2>/dev/null); do
+      [ -d "$folder" ] && out="${out:+$out:}$folder"
+    done
+    [ -n "$out" ] || { echo "no library folder (NAME/lib) under $1" >&2; exit 1; }
+    echo "$out" ;;
+  lib-path-check)
+    want=$(sh "$0" lib-path "$1") || exit 1
+    case "$2:" in
+      "$want":*) ;;
+      *) echo "the loader path does not start with the set's library folders ($0 lib-path $1):" >&2
+         echo "  want $want" >&2; echo "  have $2" >&2; exit 1 ;;
+    esac ;;
   fetch)
     url="$1"; dest="$2"; sum="${3:-}"
     # nothing is downloaded without the checksum it must have

@@ -1425,6 +1425,11 @@ def project_readme() -> dict:
         out[f"sitting{i + 1}.ratio"] = f"{sitting_summary(s)['ratio_of_medians']:.3f}x"
         if i >= 2:
             out[f"sitting{i + 1}.mfu"] = pct(sitting_mfu(s))
+    out["replay.mfu"] = replay()["isolated.mfu"]
+    demo = demo_runs()
+    out |= {"demo.reference": demo["reference.final"], "demo.avx2": demo["cpu-avx2.final"],
+            "demo.default": demo["cpu-default.final"], "demo.max": demo["cpu-default.max"],
+            "demo.compare": demo_transcript()}
     return out
 
 
@@ -1625,6 +1630,87 @@ def secret_detector() -> dict:
     }
 
 
+def images_doc() -> dict:
+    """docs/images.md's account of the replays: the isolated replay's set, install, run, parity and flash-attn
+    build (the figures ``replay()`` gives its README), and the first replay's MFU on each set."""
+    from muse_stack.stack import pylock
+
+    doc, packages = pylock.load(RESULTS / "replay-b200-isolated" / "pylock.b200.toml")
+    compiled = set(doc["tool"]["muse-stack"]["sdists"])
+    size = sum(a.size for p in packages.values() for a in p.wheels)
+    size += sum(p.sdist.size for key, p in packages.items() if key in compiled)
+    wheels = re.search(r"installing (\d+) packages", (RESULTS / "replay-b200-isolated" / "install.txt").read_text())
+    parity = data("replay-b200-isolated/parity-tp1.json")
+    figs = {k: v for k, v in replay().items() if k in ("isolated.tps", "isolated.mfu", "isolated.worst", "fa.compiled",
+                                                       "fa.objects")}
+    return figs | {
+        "isolated.packages": str(len(packages)),
+        "isolated.gb": f(size / 1e9, 2),
+        "isolated.wheels": wheels.group(1),
+        "isolated.parity": sci(parity["rel_diff_vs_fp32"]),
+        "first.b200-mfu": pct(data("replay-b200/results.json")["mfu"]),
+        "first.h200-mfu": pct(data("replay-h200/results.json")["mfu"]),
+    }
+
+
+# ---- results/demo-tiny-cpu ------------------------------------------------------------------------------------------
+
+DEMO = "demo-tiny-cpu"
+#: the demo's runs beside its reference, each the same command with one setting of the CPU changed
+DEMO_VARIANTS = ("cpu-avx2", "cpu-default", "one-thread", "mkl-avx2")
+
+
+def demo_compare(variant: str) -> str:
+    """What `muse-stack compare REFERENCE VARIANT --no-plot` prints (a 100-column terminal), from the repository."""
+    import os
+    import subprocess
+
+    rel = f"benchmarks/results/{DEMO}"
+    env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb", "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", "muse_stack.cli", "compare", f"{rel}/reference", f"{rel}/{variant}",
+                        "--no-plot"], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    if r.returncode not in (0, 1):
+        raise RuntimeError(f"compare {variant}: exit {r.returncode}: {r.stderr[-2000:]}")
+    return "\n".join(line.rstrip() for line in r.stdout.rstrip().splitlines())
+
+
+def demo_runs() -> dict:
+    """Each run's final loss, where its curve first parts from the reference's and how far it gets."""
+    from muse_stack.compare.convergence import check_convergence
+    from muse_stack.compare.runs import read_metrics
+
+    ref_dir = RESULTS / DEMO / "reference"
+    ref = read_metrics(ref_dir)
+    ref_loss = {r.step: r.loss for r in ref.steps}
+    out = {"reference.final": f(data(f"{DEMO}/reference/results.json")["final_loss"], 4)}
+    for v in DEMO_VARIANTS:
+        m = read_metrics(RESULTS / DEMO / v)
+        loss = {r.step: r.loss for r in m.steps}
+        parted = [s for s in sorted(ref_loss) if loss[s] != ref_loss[s]]
+        rel = max(abs(loss[s] - ref_loss[s]) / ref_loss[s] for s in ref_loss)
+        final = data(f"{DEMO}/{v}/results.json")["final_loss"]
+        out[f"{v}.final"] = f(final, 4)
+        out[f"{v}.parts"] = f"step {parted[0]}" if parted else "no step (bit-identical)"
+        out[f"{v}.max"] = pct(rel)
+        out[f"{v}.final-rel"] = pct(abs(final - ref_loss[max(ref_loss)]) / ref_loss[max(ref_loss)])
+        out[f"{v}.verdict"] = "passes" if check_convergence(ref, m).passed else "fails"
+    return out
+
+
+def demo_folder() -> dict:
+    return demo_runs() | {"compare": "\n```\n" + demo_compare("cpu-avx2") + "\n```\n"}
+
+
+def demo_transcript() -> str:
+    """The README's example: the last lines `compare` prints against the reference for the run made with AVX2
+    kernels (its final-loss check, the stack difference and the verdict; the whole output is in the folder's
+    README)."""
+    lines = demo_compare("cpu-avx2").splitlines()
+    final = next(i for i, line in enumerate(lines) if line.startswith("│ final loss"))
+    tail = next(i for i, line in enumerate(lines) if line.startswith("stack:"))
+    return "\n```\n" + "\n".join(["...", *lines[final:final + 2], "...", *lines[tail:]]) + "\n```\n"
+
+
 # ---- benchmarks/README.md ---------------------------------------------------------------------------------------------
 
 
@@ -1677,6 +1763,8 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/slice-1gpu-mbs1-compiled/profile.md": profile_md,
     "benchmarks/README.md": benchmarks_readme,
     "benchmarks/results/replay/README.md": replay,
+    "docs/images.md": images_doc,
+    "benchmarks/results/demo-tiny-cpu/README.md": demo_folder,
     "benchmarks/results/gc-steady/README.md": gc_steady,
     "benchmarks/results/fp8-slice/README.md": fp8_slice,
     "benchmarks/results/slice-1gpu-b200-set/README.md": b200_set,

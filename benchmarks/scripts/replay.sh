@@ -8,11 +8,15 @@
 #           CHUNK=54m bash benchmarks/scripts/stage-gpu.sh pack .whl/replay-LOCK-src .whl/replay-LOCK-stage
 #   device: bash benchmarks/scripts/stage-gpu.sh receive K .whl/replay-LOCK-stage   # one call per chunk
 #           bash benchmarks/scripts/replay.sh install LOCK   # unpack; venv; every wheel, --require-hashes
-#           bash benchmarks/scripts/replay.sh fa-start LOCK  # flash-attn from the set's sdist, in the background
+#           bash benchmarks/scripts/replay.sh fa-start LOCK  # flash-attn from the set's sdist for the lock's archs, in the background
 #           bash benchmarks/scripts/replay.sh te LOCK        # TE's PyTorch extension from the set's sdist
 #           bash benchmarks/scripts/replay.sh check LOCK     # stack selfcheck --image, then `isolation`
 #           bash benchmarks/scripts/replay.sh run LOCK       # slice-1gpu, parity, audit, diff, compare
-#           bash benchmarks/scripts/replay.sh fa-status LOCK # poll; once built: selfcheck and audit again
+#           bash benchmarks/scripts/replay.sh fa-status LOCK # poll; once built: fa-check, selfcheck and audit again
+#           bash benchmarks/scripts/replay.sh fa-check LOCK  # flash-attn's archs, one forward and backward against
+#                                                            # torch's SDPA (benchmarks/scripts/flash_attn_check.py)
+#   here:   bash benchmarks/scripts/replay.sh fa-fetch LOCK  # the set's flash-attn sdist alone (6 MB, hash-checked)
+#                                                            # into .whl/replay-LOCK-fa, where the set is installed already
 #   any:    bash benchmarks/scripts/replay.sh isolation LOCK # the proof alone (also run by check and run)
 #
 # Isolation: the set goes into a virtual environment made with the machine's python3 and
@@ -29,7 +33,7 @@
 # Each device step writes under /tmp/replay-LOCK/out and ships it whole as $OUT/replay-LOCK.tgz.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-usage="usage: replay.sh files|prepare|install|te|fa-start|fa-status|check|isolation|run LOCK"
+usage="usage: replay.sh files|prepare|install|te|fa-fetch|fa-start|fa-status|fa-check|check|isolation|run LOCK"
 cmd=${1:?$usage}
 lock=${2:?LOCK (b200, h200, gb200)}
 case "$lock" in *[!a-z0-9_-]*) echo "LOCK must be a lock name such as b200, not '$lock'" >&2; exit 2 ;; esac
@@ -87,7 +91,9 @@ enter_env() { # the environment every replay python runs in: the venv alone, the
   SP=$("$VENV/bin/python" -E -s -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || exit 1
   unset PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONUSERBASE PYTHONSAFEPATH
   export PYTHONNOUSERSITE=1 VIRTUAL_ENV=$VENV PATH=$VENV/bin:$PATH
-  local libs; libs=$(ls -d "$SP"/nvidia/*/lib 2>/dev/null | paste -sd: -)
+  # the set's library path as the image's: containers/lock-env.sh lib-path, of the set's nvidia/ here
+  # and of the links to it there (the one definition of both)
+  local libs; libs=$(sh containers/lock-env.sh lib-path "$SP/nvidia" 2>/dev/null)
   [ -n "$libs" ] || { echo "no nvidia/*/lib folders in $SP: the set's CUDA wheels are not installed" >&2; exit 1; }
   # the set's folders before anything the machine had there (its driver's folder stays, after them)
   export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -399,26 +405,41 @@ te)  # device: TE's PyTorch extension from the set's sdist (hash-checked), built
   echo "TE PyTorch extension for NVTE_CUDA_ARCHS=$archs built in $(( $(date +%s) - start )) s" | tee -a "$RES/te-build.log"
   ship
   ;;
+fa-fetch)  # here: the set's flash-attn sdist alone, hash-checked, for a machine whose replay venv is installed
+  dir=.whl/replay-$lock-fa
+  read -r url sum < <("$PY" muse_stack/stack/pylock.py sdist "$PYLOCK" flash-attn) || exit 1
+  mkdir -p "$dir" && file="$dir/${url##*/}"
+  if ! echo "$sum  $file" | sha256sum -c --quiet - >/dev/null 2>&1; then
+    curl -fsSL --retry 3 -o "$file.part" "$url" || { echo "could not fetch $url" >&2; exit 1; }
+    echo "$sum  $file.part" | sha256sum -c --quiet - || { rm -f "$file.part"; echo "$url does not hash to the set's $sum" >&2; exit 1; }
+    mv "$file.part" "$file"
+  fi
+  echo "$file (sha256 $sum): carry $dir to the device (run's carry), then fa-start $lock there"
+  ;;
 fa-start)  # device: flash-attn from the set's sdist (hash-checked, -std patched as the image does), in the background
   enter_env
-  FA=$WORK/fa; archs=${FA_ARCHS:-90}
+  # the lock's archs (components.flash_attn.cuda_archs; FA_ARCHS only to try another list)
+  FA=$WORK/fa; archs=${FA_ARCHS:-$(lock_value flash_attn cuda_archs)}
   read -r url sum < <("$PY" muse_stack/stack/pylock.py sdist "$PYLOCK" flash-attn) || exit 1
-  file="$SRC/wheels/${url##*/}"
-  echo "$sum  $file" | sha256sum -c --quiet - || { echo "$file is not the set's flash-attn sdist" >&2; exit 1; }
+  file="$SRC/wheels/${url##*/}"; [ -f "$file" ] || file=".whl/replay-$lock-fa/${url##*/}"  # fa-fetch's copy
+  echo "$sum  $file" | sha256sum -c --quiet - || { echo "$file is not the set's flash-attn sdist (fa-fetch $lock here)" >&2; exit 1; }
   rm -rf "$FA" && mkdir -p "$FA/src" && tar -xzf "$file" -C "$FA/src" --strip-components=1 || exit 1
   "${VPY[@]}" containers/flash_attn_prepare.py patch "$FA/src" --torch "$SP/torch" || exit 1
   ls "$FA"/src/csrc/flash_attn/src/*.cu "$FA"/src/csrc/flash_attn/*.cpp 2>/dev/null | wc -l > "$FA/sources"
+  # jobs as the image budgets them: the memory available over flash-attn's own estimate of a job's
+  # (its setup.py: about 9 GB), at most the machine's cores (FA_JOBS to cap it lower)
+  jobs=$("${VPY[@]}" containers/flash_attn_prepare.py jobs "$FA/src" --max "${FA_JOBS:-$(nproc)}") || exit 1
   # its own process session, so it outlives this call (the machine keeps it while warm); `run`
   # stops every process of that session (SIGSTOP; ninja puts each nvcc in a process group of its
   # own, so the session, not the group) while slice-1gpu is timed, and resumes them after
   CUDA_HOME=${BUILD_CUDA_HOME:-/usr/local/cuda} CUDA_PATH=${BUILD_CUDA_HOME:-/usr/local/cuda} \
-  FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="$archs" MAX_JOBS=${FA_JOBS:-14} NVCC_THREADS=1 \
+  FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="$archs" MAX_JOBS=$jobs \
     setsid nohup bash -c 'cd "$1" && echo $$ > sid && date +%s > start && nice -n 10 "$2" -m pip --python "$3" install \
       --no-index --no-deps --no-build-isolation --no-cache-dir ./src > build.log 2>&1; echo $? > rc' fa "$FA" "$PY" "$VENV/bin/python" \
     > /dev/null 2>&1 < /dev/null &
   for _ in 1 2 3 4 5 6 7 8 9 10; do [ -s "$FA/sid" ] && break; sleep 0.5; done
   [ -s "$FA/sid" ] || { echo "the flash-attn build did not start" >&2; exit 1; }
-  echo "flash-attn $(basename "$file") building for FLASH_ATTN_CUDA_ARCHS=$archs in the background (session $(cat "$FA/sid")): poll with fa-status"
+  echo "flash-attn $(basename "$file") building for FLASH_ATTN_CUDA_ARCHS=$archs with $jobs jobs in the background (session $(cat "$FA/sid")): poll with fa-status"
   ;;
 fa-status)  # device: a short poll; once flash-attn is built, the selfcheck and audit are made again with it
   FA=$WORK/fa
@@ -441,12 +462,20 @@ fa-status)  # device: a short poll; once flash-attn is built, the selfcheck and 
   fi
   echo "flash-attn built and installed in $(( $(stat -c %Y "$FA/rc") - start )) s" | tee "$RES/fa-built.txt"
   enter_env
+  mkdir -p "$RES/flash-attn" && cp "$FA/build.log" "$RES/flash-attn/fa-build.log"
+  "${VPY[@]}" benchmarks/scripts/flash_attn_check.py --lock "$lock" --out "$RES/flash-attn"
+  echo "flash-attn check: exit $?"
   "${VPY[@]}" -m muse_stack.cli stack selfcheck "$lock" --image --json "$RES/selfcheck-with-fa.json" > "$RES/selfcheck-with-fa.txt" 2>&1
   echo "selfcheck with flash-attn: exit $?"; tail -4 "$RES/selfcheck-with-fa.txt"
   "${VPY[@]}" -m muse_stack.cli fingerprint -o "$RES/fingerprint-with-fa.json" > /dev/null 2>&1
   "${VPY[@]}" -m muse_stack.cli audit "$RES/fingerprint-with-fa.json" --recipe "$RECORD" --json > "$RES/audit-with-fa-$RECORD.json"
   echo "audit with flash-attn: exit $?"
   ship
+  ;;
+fa-check)  # device: flash-attn's machine code, and one forward and backward against torch's SDPA, in the venv
+  enter_env
+  mkdir -p "$RES/flash-attn"; [ -f "$WORK/fa/build.log" ] && cp "$WORK/fa/build.log" "$RES/flash-attn/fa-build.log"
+  "${VPY[@]}" benchmarks/scripts/flash_attn_check.py --lock "$lock" --out "$RES/flash-attn"; rc=$?; ship; exit $rc
   ;;
 isolation)  # any: the isolation proof alone (IMPORTS=a,b to choose modules; CHECK_GPU=0 on a CPU)
   enter_env

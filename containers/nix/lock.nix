@@ -44,6 +44,8 @@ let
     sort (a: b: compareVersions a b < 0) uniq;
 
   efa = comp "efa";
+  # apt-get install's arguments, NAME=VERSION by name (attribute names are sorted)
+  aptPins = pkgs: concatStringsSep " " (map (n: "${n}=${pkgs.${n}}") (builtins.attrNames pkgs));
   museStackVersion = lock.components.muse_stack.version;
 
   buildArgs = {
@@ -57,6 +59,8 @@ let
     BASE_REF = baseRef;
     CUDA_VERSION = if kind == "cpu" then "" else lock.cuda.version;
     PYTHON_VERSION = lock.python.version;
+    APT_BASE_PACKAGES = aptPins (lock.apt.base or { });
+    APT_BUILD_PACKAGES = aptPins (lock.apt.build or { });
     TORCH_PACKAGE = lock.components.torch.package;
     TORCH_VERSION = lock.components.torch.version;
     TORCH_INDEX_URL = lock.components.torch.index_url;

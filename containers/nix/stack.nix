@@ -67,18 +67,23 @@ let
 
   # --- the sdists the image compiles (GPU locks) ---------------------------------------------
   cuda = if cudaPackages != null then cudaPackages else throw "lock ${l.name}: compiling ${lib.concatStringsSep ", " ws.sdists} needs CUDA ${toString l.cudaVersion} from nixpkgs";
-  # one CUDA tree for torch.utils.cpp_extension (CUDA_HOME): nvcc, headers, libraries
+  # one CUDA tree for torch.utils.cpp_extension (CUDA_HOME): nvcc, headers, libraries. Each is a
+  # package of nixpkgs' cudaPackages (the keys of NVIDIA's redistributable manifest of that CUDA, which
+  # nixpkgs turns into attributes one for one); every one must exist, so a misspelling stops evaluation
+  cudaHomePackages = [
+    "cuda_nvcc" "cuda_cudart" "cuda_cccl" "cuda_nvrtc" "cuda_nvtx" "cuda_profiler_api" "cuda_crt"
+    "libcublas" "libcusparse" "libcusolver" "libcurand"
+  ];
   cudaHome = pkgs.symlinkJoin {
     name = "cuda-home-${toString l.cudaVersion}";
     paths = lib.concatMap (p: [ (lib.getBin p) (lib.getDev p) (lib.getLib p) ] ++ lib.optional (p ? static) p.static)
-      (builtins.filter (p: p != null) (map (n: cuda.${n} or null) [
-        "cuda_nvcc" "cuda_cudart" "cuda_cccl" "cuda_nvrtc" "cuda_nvtx" "cuda_profiler_api" "cuda_crt"
-        "libcublas" "libcusparse" "libcusolver" "libcurand"
-      ]));
+      (map (n: cuda.${n} or (throw "lock ${l.name}: nixpkgs' cudaPackages for CUDA ${toString l.cudaVersion} has no ${n}; pin a nixpkgs revision whose CUDA ${toString l.cudaVersion} carries it"))
+        cudaHomePackages);
   };
 
   # pip wheel of one sdist against `wheels` (--no-build-isolation: the set's torch, setuptools,
-  # ninja, pybind11, ...). Jobs: Nix's --cores (about 3 GB of compiler memory per job)
+  # ninja, pybind11, ...). Jobs: Nix's --cores (about 3 GB of compiler memory per TE job; flash-attn's
+  # setup narrows them to its own estimate of the memory a job takes)
   compile = { key, env, postPatch ? "", setup ? "" }:
     let p = lib.findFirst (x: x.key == key) (throw "lock ${l.name}: ${key} is not in the wheel set") ws.packages; in
     cuda.backendStdenv.mkDerivation {
@@ -115,6 +120,11 @@ let
         FLASH_ATTN_CUDA_ARCHS = l.buildArgs.FLASH_ATTN_CUDA_ARCHS;
       };
       postPatch = ''substituteInPlace setup.py --replace-fail "-std=c++17" "-std=c++20"'';
+      # its jobs at the memory its own setup.py estimates a job takes, at most Nix's --cores
+      setup = ''
+        MAX_JOBS=$(${wheels}/bin/python ${../flash_attn_prepare.py} jobs . --max "$NIX_BUILD_CORES")
+        export MAX_JOBS
+      '';
     };
     # the PyTorch extension of Transformer Engine, against the set's torch and TE core wheel
     transformer-engine-torch = compile {

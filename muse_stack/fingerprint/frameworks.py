@@ -149,9 +149,20 @@ def _torch_facts(torch: Any) -> dict[str, Any]:
                 ),
                 "float32_matmul_precision": torch.get_float32_matmul_precision(),
                 "num_threads": torch.get_num_threads(),
+                # the instruction set of ATen's CPU kernels (AVX512, AVX2, ... or ATEN_CPU_CAPABILITY's
+                # choice): their reductions sum in vector-width order, so two CPUs that differ here give
+                # losses that part in the last bits at step 1 (benchmarks/results/demo-tiny-cpu)
+                "cpu_capability": _cpu_capability(torch),
             },
         }
     return facts
+
+
+def _cpu_capability(torch: Any) -> Any:
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except (AttributeError, RuntimeError) as exc:  # a torch without the query
+        return absent(f"torch.backends.cpu.get_cpu_capability: {type(exc).__name__}: {exc}")
 
 
 def _maybe_import(module: str, cuda_ok: bool) -> tuple[Any, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import muse_stack
-from muse_stack.fingerprint.absent import absent
+from muse_stack.fingerprint.absent import absent, is_absent
 
 IMAGE_INFO_DEFAULT = "/etc/muse-stack/image.json"
 IMAGE_FIELDS = (
@@ -78,7 +78,9 @@ def git_checkout(directory: Path) -> dict[str, Any] | None:
 
 
 def source_revision() -> Any:
-    """The muse-stack source revision: git of the source tree, else MUSE_STACK_SOURCE_REVISION."""
+    """The muse-stack source revision: git of the source tree, else MUSE_STACK_SOURCE_REVISION, else the
+    revision the image recorded when it was built (image.json's ``source_revision``: an image's source
+    tree has no .git)."""
     root = Path(muse_stack.__file__).resolve().parent.parent
     checkout = git_checkout(root)
     if checkout is not None and "commit" in checkout:
@@ -87,7 +89,12 @@ def source_revision() -> Any:
     if env:
         return {"revision": env, "from": "MUSE_STACK_SOURCE_REVISION"}
     why = checkout["absent"] if checkout is not None else f"{root} is not a git checkout"
-    return absent(f"{why}, and MUSE_STACK_SOURCE_REVISION is not set")
+    info = image_info()
+    recorded = None if is_absent(info) else info.get("source_revision")
+    if isinstance(recorded, str) and recorded:
+        return {"revision": recorded, "from": info["file"]}
+    image = "not in a muse-stack image" if is_absent(info) else f"the image ({info['file']}) records no source revision"
+    return absent(f"{why}, MUSE_STACK_SOURCE_REVISION is not set, and {image}")
 
 
 def collect() -> dict[str, Any]:

@@ -22,6 +22,8 @@ KEYS: tuple[str, ...] = (
     "BASE_REF",
     "CUDA_VERSION",
     "PYTHON_VERSION",
+    "APT_BASE_PACKAGES",
+    "APT_BUILD_PACKAGES",
     "TORCH_PACKAGE",
     "TORCH_VERSION",
     "TORCH_INDEX_URL",
@@ -91,6 +93,11 @@ def _s(x: object) -> str:
     return str(x)
 
 
+def apt_pins(packages: dict[str, str]) -> str:
+    """apt-get install's arguments for pinned packages, by name: {"git": "1:2.43.0"} -> "git=1:2.43.0"."""
+    return " ".join(f"{name}={packages[name]}" for name in sorted(packages))
+
+
 def build_args(loaded: LoadedLock) -> dict[str, str]:
     lock = loaded.lock
     c = lock.components
@@ -121,6 +128,8 @@ def build_args(loaded: LoadedLock) -> dict[str, str]:
         "BASE_REF": lock.base.ref,
         "CUDA_VERSION": "" if isinstance(lock.cuda, Null) else lock.cuda.version,
         "PYTHON_VERSION": lock.python.version,
+        "APT_BASE_PACKAGES": apt_pins(lock.apt.base),
+        "APT_BUILD_PACKAGES": apt_pins(lock.apt.build),
         "TORCH_PACKAGE": c.torch.package,
         "TORCH_VERSION": c.torch.version,
         "TORCH_INDEX_URL": c.torch.index_url,

@@ -26,7 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from muse_stack.machine.table import Platform, table, table_path
 from muse_stack.util.errors import MuseStackError
 
-EFA_CONTAINER_FLAGS = ("--skip-kmod", "--skip-limit-conf", "--no-verify")
+# the EFA installer's flags for a container build, as both sources of the pinned checksum run it
+# (components.efa.installer_sha256_sources): --build-ngc, the installer's container mode, with the
+# kernel module, limits, MPI and the self-test left out
+EFA_CONTAINER_FLAGS = ("--build-ngc", "--skip-kmod", "--skip-limit-conf", "--skip-mpi", "--no-verify")
 
 _ARCH = r"^\d{1,2}\.\d[af]?$"
 _DIGEST = r"^sha256:[0-9a-f]{64}$"
@@ -282,6 +285,30 @@ class Deviation(_Strict):
     reason: str = Field(min_length=8)
 
 
+_DEB_NAME = r"^[a-z0-9][a-z0-9.+-]+$"
+_DEB_VERSION = r"^(\d+:)?[0-9][A-Za-z0-9.+~-]*$"
+
+
+class Apt(_Strict):
+    """The Debian packages the Dockerfile installs with apt, each at one version (``apt-get install
+    NAME=VERSION``): ``base`` in every image's first stage, ``build`` in the GPU images' (the compilers and
+    fetch tools of the sdist and EFA builds). ``sources`` says where the versions were read."""
+
+    base: dict[str, str]
+    build: dict[str, str] = {}
+    sources: list[str] = Field(min_length=1)
+
+    @field_validator("base", "build")
+    @classmethod
+    def _pins(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, version in v.items():
+            if not re.match(_DEB_NAME, name):
+                raise ValueError(f"{name!r} is not a Debian package name")
+            if not re.match(_DEB_VERSION, version):
+                raise ValueError(f"{name} = {version!r} is not a Debian version (write the exact version apt-cache policy shows)")
+        return v
+
+
 class Lock(_Strict):
     schema_version: Literal[1]
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
@@ -291,6 +318,7 @@ class Lock(_Strict):
     reference: Reference | None = None
     cuda: Cuda | Null
     python: Python
+    apt: Apt
     components: Components
     resolution: Resolution
     overrides: list[Override] = []
@@ -303,6 +331,14 @@ class Lock(_Strict):
     @model_validator(mode="after")
     def _rules(self) -> Lock:
         comps = self.components
+        python3 = self.apt.base.get("python3")
+        if python3 is None or python3.split(":")[-1].split("-")[0] != self.python.version:
+            raise _Rule(
+                "apt.base.python3",
+                f"the image's interpreter is the distribution's python3, which must be the lock's Python {self.python.version}",
+                "pin `python3` in [apt.base] at the distribution version that carries it (apt-cache policy python3)",
+                python3,
+            )
         if isinstance(self.cuda, Null):
             present = [c for c in CUDA_COMPONENTS if not isinstance(getattr(comps, c), Null)]
             if present:
@@ -312,6 +348,12 @@ class Lock(_Strict):
                     f"write `[components.{present[0]}]` as `null = \"why\"`, or pin [cuda] version",
                 )
             return self
+        if not self.apt.build:
+            raise _Rule(
+                "apt.build",
+                "a CUDA lock's image compiles flash-attn and TE's extension and installs EFA: its build packages are pinned",
+                "add `[apt.build]` (python3-dev, build-essential, git, curl at the versions apt-cache policy shows)",
+            )
         missing = [c for c in CUDA_COMPONENTS if isinstance(getattr(comps, c), Null)]
         if missing:
             raise _Rule(

@@ -180,3 +180,49 @@ def test_build_check_nvcc_matches_the_wheel_sets_cuda():
         for name in ("cuda-toolkit", "nvidia-cuda-runtime"):
             assert pins[name] == sets[name], (target, name)
     assert pins["nvidia-cuda-nvcc"].startswith("13.0.")
+
+
+# --- the compile jobs, at flash-attn's own estimate of a job's memory ------------------------------------------------
+
+# flash-attn 2.7.4.post1's NinjaBuildExtension, as its setup.py budgets MAX_JOBS when none is given
+JOB_BUDGET = '''
+class NinjaBuildExtension(BuildExtension):
+    def __init__(self, *args, **kwargs) -> None:
+        if not os.environ.get("MAX_JOBS"):
+            import psutil
+            max_num_jobs_cores = max(1, os.cpu_count() // 2)
+            free_memory_gb = psutil.virtual_memory().available / (1024 ** 3)  # free memory in GB
+            max_num_jobs_memory = int(free_memory_gb / 9)  # each JOB peak memory cost is ~8-9GB when threads = 4
+'''
+
+
+def _meminfo(tmp_path: Path, gib: float) -> Path:
+    p = tmp_path / "meminfo"
+    p.write_text(f"MemTotal:       999999999 kB\nMemAvailable:   {int(gib * 1024 * 1024)} kB\n")
+    return p
+
+
+@pytest.mark.parametrize(("gib", "most", "want"), [(128, 16, 14), (128, 8, 8), (40, 16, 4), (8, 16, 1), (17.9, 4, 1)])
+def test_jobs_are_the_memory_over_flash_attns_own_estimate(tmp_path, gib, most, want):
+    d = _sdist(tmp_path, text=SETUP.format(cxx=repr(CXX), nvcc=repr(NVCC)) + JOB_BUDGET)
+    assert prep.gb_per_job(d) == 9
+    n, how = prep.jobs(d, most, _meminfo(tmp_path, gib))
+    assert n == want and "9 GiB a job as its setup.py estimates" in how
+    r = _cli("jobs", str(d), "--max", str(most), "--meminfo", str(_meminfo(tmp_path, gib)))
+    assert r.returncode == 0 and r.stdout.strip() == str(want), r.stderr
+
+
+def test_jobs_refuse_a_setup_py_that_states_no_estimate(tmp_path):
+    d = _sdist(tmp_path)  # no NinjaBuildExtension budget
+    r = _cli("jobs", str(d), "--max", "8", "--meminfo", str(_meminfo(tmp_path, 64)))
+    assert r.returncode == 1 and "memory-per-job estimates" in r.stderr and str(d / "setup.py") in r.stderr
+    assert _cli("jobs", str(d), "--max", "eight").returncode != 0
+
+
+def test_the_image_and_the_nix_build_give_flash_attn_its_own_job_budget():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    run = next(r for r in dockerfile.split("\nRUN ") if "fetch-sdist \"${FLASH_ATTN_PACKAGE}\"" in r)
+    assert 'fa_jobs=$(python3 /usr/local/lib/muse-stack/flash_attn_prepare.py jobs /tmp/fa/src --max "${MAX_JOBS}")' in run
+    assert 'MAX_JOBS="${fa_jobs}"' in run and 'MAX_JOBS="${MAX_JOBS}"' not in run
+    stack = (ROOT / "containers" / "nix" / "stack.nix").read_text()
+    assert 'flash_attn_prepare.py} jobs . --max "$NIX_BUILD_CORES")' in stack

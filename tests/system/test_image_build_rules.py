@@ -45,7 +45,8 @@ def test_flash_attn_is_patched_to_torchs_standard_before_it_is_built():
     patch = run.index("flash_attn_prepare.py patch /tmp/fa/src --torch")
     build = run.index("pip-install --no-build-isolation --no-deps /tmp/fa/src")
     assert patch < build
-    assert 'FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS}"' in run and 'MAX_JOBS="${MAX_JOBS}"' in run
+    # its jobs: tests/system/test_flash_attn_prepare.py (its own estimate of a job's memory)
+    assert 'FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS}"' in run and 'MAX_JOBS="${fa_jobs}"' in run
     assert (ROOT / "containers" / "flash_attn_prepare.py").is_file()
 
 
@@ -79,7 +80,7 @@ def test_the_build_ends_in_the_selfcheck():
     assert idx[0] > last_install
     # and the loader sees the set's cuDNN first (TE reads CUDNN_HOME before /usr/local/cuda)
     assert "CUDNN_HOME=/opt/muse-stack/cuda-libs/cudnn" in DOCKERFILE
-    assert re.search(r"ENV LD_LIBRARY_PATH=/opt/muse-stack/cuda-libs/cudnn/lib:", DOCKERFILE)
+    assert re.search(r"LD_LIBRARY_PATH=/opt/muse-stack/cuda-libs/cuda/lib:/opt/muse-stack/cuda-libs/cudnn/lib:", DOCKERFILE)
     # and NVRTC and cuRAND from the set, not from the base's toolkit under CUDA_HOME (TE reads the
     # *_HOME variables first: the earlier replay loaded NVRTC twice without them)
     for var in ("NVRTC_HOME", "CURAND_HOME"):
@@ -231,3 +232,48 @@ def test_make_image_refuses_before_any_download(tmp_path):
     proc = subprocess.run(["bash", "containers/build-image.sh", "b200"], cwd=ROOT, env={**env, "PY": "/nonexistent/python"},
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "run make setup" in proc.stderr
+
+
+def _image_set_library_path() -> str:
+    """The set part of the image's LD_LIBRARY_PATH: the ENV that the install step checks."""
+    return re.search(r"\n\s+LD_LIBRARY_PATH=(/opt/muse-stack/cuda-libs/\S+)\n", DOCKERFILE).group(1)
+
+
+def _lock_env(*args: str, env: dict | None = None):
+    import subprocess
+
+    return subprocess.run(["sh", str(LOCK_ENV), *args], capture_output=True, text=True, env=env)
+
+
+def test_the_images_library_path_is_the_replays(tmp_path):
+    """The image's loader path is the replay's, folder for folder and in the same order, so the replay's
+    proof that every mapped CUDA library is the set's, one file each, holds for the image: both are
+    `lock-env lib-path` (the set's nvidia/ in the replay, link-libs' links to it in the image), and the
+    Dockerfile's ENV is what that gives for the folders the b200 replay mapped (its committed self-check)."""
+    import json
+    import os
+
+    replayed = json.loads((ROOT / "benchmarks/results/replay-b200-isolated/selfcheck.json").read_text())["ld_library_path"]
+    names = [Path(p).parent.name for p in replayed.split(":") if "/site-packages/nvidia/" in p]
+    assert names == sorted(names) and {"cudnn", "nccl"} <= set(names) and any(n.startswith("cu1") for n in names)
+    libs = {"cudnn": "libcudnn.so.9", "nccl": "libnccl.so.2"}
+    cuda = next(n for n in names if n.startswith("cu1"))
+    site = _fake_site(tmp_path, [(n, libs.get(n, "libx.so")) for n in names]
+                      + [(cuda, "libnvrtc.so.13"), (cuda, "libcurand.so.10")])
+    (site / "nvidia" / "__init__.py").write_text("")  # not a library folder
+    assert _link_libs(tmp_path, site).returncode == 0
+    replay = _lock_env("lib-path", str(site / "nvidia"))
+    image = _lock_env("lib-path", str(tmp_path / "cuda-libs"))
+    assert replay.returncode == image.returncode == 0, replay.stderr + image.stderr
+    replay_path, image_path = replay.stdout.strip().split(":"), image.stdout.strip().split(":")
+    assert [Path(p).parent.name for p in replay_path] == names
+    assert [os.path.realpath(p) for p in image_path] == [os.path.realpath(p) for p in replay_path]
+    # the Dockerfile's ENV is that path, and the install step's check passes it and refuses any other
+    env_path = _image_set_library_path().replace("/opt/muse-stack/cuda-libs", str(tmp_path / "cuda-libs"))
+    assert env_path == image.stdout.strip()
+    assert _lock_env("lib-path-check", str(tmp_path / "cuda-libs"), env_path + ":/opt/muse-stack/efa/x").returncode == 0
+    short = ":".join(p for p in env_path.split(":") if "/cudnn/" in p or "/nccl/" in p)
+    bad = _lock_env("lib-path-check", str(tmp_path / "cuda-libs"), short)
+    assert bad.returncode != 0 and "does not start with the set's library folders" in bad.stderr
+    # the replay script takes its path from the same definition
+    assert 'containers/lock-env.sh lib-path "$SP/nvidia"' in (ROOT / "benchmarks/scripts/replay.sh").read_text()

@@ -208,3 +208,19 @@ def test_entrypoint_says_where_a_runs_results_go(tmp_path, runs_line, expect):
         r = subprocess.run(["sh", str(ROOT / "containers/entrypoint.sh"), *args],
                            capture_output=True, text=True, env=env, check=True)
         assert "/workspace/runs" not in r.stderr, (args, r.stderr)
+
+
+def test_every_apt_install_is_of_the_locks_pinned_packages():
+    """apt-get install takes only the lock's NAME=VERSION pins ([apt.base], [apt.build]), never a bare
+    package name whose version the archive chooses on the day of the build."""
+    installs = re.findall(r"apt-get install ((?:[^\\\n&|;]|\\\n)*)", DOCKERFILE)
+    assert len(installs) == 2
+    for args in installs:
+        words = [w for w in args.replace("\\\n", " ").split() if not w.startswith("-")]
+        assert len(words) == 1 and re.fullmatch(r"\$\{APT_(BASE|BUILD)_PACKAGES\}", words[0]), args
+    for target in TARGETS:
+        args = build_args(load(target))
+        pins = args["APT_BASE_PACKAGES"].split() + args["APT_BUILD_PACKAGES"].split()
+        assert pins and all(re.fullmatch(r"[a-z0-9][a-z0-9.+-]+=[0-9:][A-Za-z0-9.+~:-]*", p) for p in pins), pins
+        assert ("python3=" + load(target).lock.apt.base["python3"]) in pins
+        assert bool(args["APT_BUILD_PACKAGES"]) == (load(target).lock.kind == "gpu")

@@ -158,9 +158,10 @@ def test_the_image_finds_the_efa_plugin_in_the_linked_folders_but_does_not_ask_f
     assert len(env_lines) == 1
     block = env_lines[0]
     ld = re.search(r"LD_LIBRARY_PATH=(\S+)", block).group(1).split(":")
-    # the set first, then the EFA folders the build linked; no flat /opt/amazon/ofi-nccl/lib guess
-    assert ld == ["/opt/muse-stack/cuda-libs/cudnn/lib", "/opt/muse-stack/cuda-libs/nccl/lib",
-                  "/opt/muse-stack/efa/ofi-nccl-lib", "/opt/muse-stack/efa/libfabric-lib"]
+    # the set first (its library path, set before: test_image_build_rules.py), then the EFA folders the
+    # build linked; no flat /opt/amazon/ofi-nccl/lib guess
+    assert ld == ["${LD_LIBRARY_PATH}", "/opt/muse-stack/efa/ofi-nccl-lib", "/opt/muse-stack/efa/libfabric-lib"]
+    assert DOCKERFILE.index("LD_LIBRARY_PATH=/opt/muse-stack/cuda-libs/") < DOCKERFILE.index("\nENV " + block)
     efa_run = next(r for r in RUNS if "efa_installer.sh" in r)
     assert "lock-env efa-links /opt/amazon /opt/muse-stack/efa" in efa_run
     # nor does the dynamic linker's cache find the installer's libnccl-net.so (its ld.so.conf.d entry)

@@ -115,3 +115,15 @@ def test_a_source_built_te_stops_a_nix_image_with_the_dockerfile_as_the_way(nix)
     assert "Build this image with the Dockerfile (make image gpu=gb200)" in " ".join(r.stderr.split())
     # its wheel set alone evaluates
     assert _ok(nix, '(stackOf "aarch64-linux" "gb200").wheels.name') == "muse-stack-gb200-wheels"
+
+
+@pytest.mark.parametrize("target", ["b200", "h200"])
+def test_the_compilers_cuda_tree_is_made_of_nixpkgs_cuda_packages(nix, target):
+    # every package of CUDA_HOME is an attribute of nixpkgs' cudaPackages (the stand-in carries the
+    # names of nixpkgs' CUDA 13.0 manifest): a name nixpkgs lacks stops evaluation, never drops out
+    got = _ok(nix, f"""let s = stackOf "x86_64-linux" "{target}"; in map (p: p.name) s.cudaHome.args.paths""")
+    assert {"cuda_nvcc", "cuda_cudart", "cuda_crt", "libcublas"} <= set(got), got
+    r = _eval(nix, f"""let p = pkgsFor "x86_64-linux"; s = import {ROOT}/containers/nix/stack.nix {{
+      pkgs = p; lock = lockOf "{target}"; wheelset = wheelsetOf "{target}";
+      cudaPackages = removeAttrs p.cudaPackages_13_0 [ "cuda_crt" ]; }}; in map (p: p.name) s.cudaHome.args.paths""")
+    assert r.returncode != 0 and "has no cuda_crt" in r.stderr, r.stderr[-2000:]

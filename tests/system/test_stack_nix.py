@@ -243,9 +243,28 @@ def test_nixpkgs_is_pinned_to_a_revision(nix):
     url = inputs["nixpkgs"]["url"]
     m = re.fullmatch(r"github:NixOS/nixpkgs/([0-9a-f]{40})", url)
     assert m, f"nixpkgs follows {url!r}, not a fixed commit"
-    lock = ROOT / "flake.lock"
-    if lock.exists():  # written by `nix flake lock` on a networked machine: it must lock that commit
-        assert json.loads(lock.read_text())["nodes"]["nixpkgs"]["locked"]["rev"] == m.group(1)
+
+
+
+def test_flake_lock_locks_the_flakes_nixpkgs_commit_with_its_nar_hash(nix):
+    """flake.lock is committed (pure evaluation needs it): one input, nixpkgs, locked at the commit
+    flake.nix names, with a sha256 NAR hash of that commit's tree (docs/images.md, Nix, cites where
+    it was read); the flake's inputs and the lock's root inputs are the same set."""
+    import base64
+
+    inputs = _eval(nix, f"(import {ROOT}/flake.nix).inputs")
+    rev = re.fullmatch(r"github:NixOS/nixpkgs/([0-9a-f]{40})", inputs["nixpkgs"]["url"]).group(1)
+    doc = json.loads((ROOT / "flake.lock").read_text())
+    assert doc["version"] == 7 and doc["root"] == "root"
+    assert doc["nodes"]["root"]["inputs"] == {name: name for name in inputs}
+    node = doc["nodes"]["nixpkgs"]
+    assert node["original"] == {"owner": "NixOS", "repo": "nixpkgs", "rev": rev, "type": "github"}
+    locked = node["locked"]
+    assert {k: locked[k] for k in ("owner", "repo", "rev", "type")} == {
+        "owner": "NixOS", "repo": "nixpkgs", "rev": rev, "type": "github"}
+    algo, _, digest = locked["narHash"].partition("-")
+    assert algo == "sha256" and len(base64.b64decode(digest, validate=True)) == 32
+    assert isinstance(locked["lastModified"], int) and locked["lastModified"] > 0
 
 
 @pytest.mark.registry

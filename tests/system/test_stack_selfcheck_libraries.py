@@ -196,3 +196,64 @@ def test_the_fingerprint_records_the_loaded_extensions_machine_code(tmp_path):
     assert list(rec) == [str(so)]
     assert rec[str(so)]["sass"] == ["9.0", "10.0", "10.3"]
     assert "absent" in json.dumps(cudalibs.device_code([str(other)]))
+
+
+def _python_extension(d: Path, module: str, blob: bytes) -> Path:
+    """A real Python extension module `module` (importable, with a PyInit) in folder d whose
+    .nv_fatbin is `blob`: what an import of DeepEP or flash-attn maps into the process."""
+    import sysconfig
+
+    leaf = module.rsplit(".", 1)[-1]
+    so = d / (leaf + sysconfig.get_config_var("EXT_SUFFIX"))
+    src = (f'#include <Python.h>\nstatic struct PyModuleDef m = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, NULL}};\n'
+           f"PyMODINIT_FUNC PyInit_{leaf}(void) {{ return PyModule_Create(&m); }}\n")
+    _cc(src, so, so.name, f"-I{sysconfig.get_paths()['include']}")
+    (d / "fatbin.bin").write_bytes(blob)
+    subprocess.run(["objcopy", "--add-section", f".nv_fatbin={d / 'fatbin.bin'}", str(so)], check=True,
+                   capture_output=True)
+    return so
+
+
+def _cubins(archs: list[str]) -> bytes:
+    return fatbin([(2, int(a.replace(".", ""))) for a in archs])
+
+
+@needs_cc
+@pytest.mark.parametrize("lacking", [None, "flash-attn", "DeepEP"])
+def test_the_selfcheck_fails_an_image_whose_extension_lacks_a_locked_arch(tmp_path, monkeypatch, lacking):
+    """The self-check itself (not only its item builder) reads the machine code of the DeepEP and
+    flash-attn extensions an import loads: built here as real extension modules whose .nv_fatbin
+    carries the lock's archs, or lacks the last of them. Removing either check from
+    `selfcheck.components` fails this test."""
+    lk = load("b200")
+    c = lk.lock.components
+    fa_archs, ep_archs = list(c.flash_attn.cuda_archs), list(c.deepep.cuda_archs)
+    assert len(fa_archs) > 1 and len(ep_archs) > 1
+    if lacking == "flash-attn":
+        fa_archs = fa_archs[:-1]
+    if lacking == "DeepEP":
+        ep_archs = ep_archs[:-1]
+    site = tmp_path / "site"
+    (site / "flash_attn").mkdir(parents=True)
+    (site / "deep_ep").mkdir()
+    # as the real wheels: flash_attn imports its top-level flash_attn_2_cuda; deep_ep its _C
+    fa_so = _python_extension(site, "flash_attn_2_cuda", _cubins(fa_archs))
+    (site / "flash_attn" / "__init__.py").write_text(f'__version__ = "{c.flash_attn.version}"\nimport flash_attn_2_cuda\n')
+    ep_so = _python_extension(site / "deep_ep", "deep_ep._C", _cubins(ep_archs))
+    (site / "deep_ep" / "__init__.py").write_text("from deep_ep import _C\n")
+    monkeypatch.syspath_prepend(str(site))
+    for name in ("flash_attn", "flash_attn_2_cuda", "deep_ep", "deep_ep._C"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(selfcheck, "_installed", lambda: {})
+
+    report = selfcheck.run(lk, image=True)
+    code = {i["what"].split(" machine code")[0]: i for i in report["components"] if "machine code" in i["what"]}
+    assert set(code) == {"flash-attn", "DeepEP"}, report["components"]
+    assert code["flash-attn"]["note"].startswith(str(fa_so)) and code["DeepEP"]["note"].startswith(str(ep_so))
+    assert code["flash-attn"]["got"] == ";".join(fa_archs) and code["DeepEP"]["got"] == ";".join(ep_archs)
+    for what, item in code.items():
+        assert item["ok"] == (what != lacking), item
+    failing = [p for p in report["problems"] if "machine code" in p]
+    assert len(failing) == (lacking is not None) and not report["ok"]
+    if lacking:
+        assert failing[0].startswith(lacking)

@@ -70,7 +70,11 @@ def test_b200_reproduces_the_recorded_stack():
     assert args["NVTE_CUDA_ARCHS"] == "90;100"
     assert args["FLASH_ATTN_CUDA_ARCHS"] == "90;100"
     assert args["DEEPEP_TORCH_CUDA_ARCH_LIST"] == "9.0;10.0;10.3"
-    assert args["EFA_INSTALL_FLAGS"] == "--skip-kmod --skip-limit-conf --no-verify"
+    # as both sources of the installer's checksum run it (the lock's installer_sha256_sources)
+    assert args["EFA_INSTALL_FLAGS"] == "--build-ngc --skip-kmod --skip-limit-conf --skip-mpi --no-verify"
+    assert args["APT_BASE_PACKAGES"] == "ca-certificates=20261130ubuntu0.24.04.1 python3=3.12.3-0ubuntu2.1 python3-venv=3.12.3-0ubuntu2.1"
+    assert args["APT_BUILD_PACKAGES"].split() == [
+        "build-essential=12.10ubuntu1", "curl=8.5.0-2ubuntu10.16", "git=1:2.43.0-1ubuntu7.5", "python3-dev=3.12.3-0ubuntu2.1"]
     # what the image compiles (TE, flash-attn); DeepEP's wheel is checked, not built
     assert cuda_capabilities(lk) == ["9.0", "10.0"]
 
@@ -230,6 +234,22 @@ def test_efa_needs_container_flags():
     e = _broken(lambda d: d["components"]["efa"].__setitem__("install_flags", ["--skip-kmod"]))
     assert e.field == "components.efa.install_flags"
     assert "--no-verify" in e.message and "--skip-limit-conf" in e.message
+
+    # the container mode and MPI left out, as both checksum sources install it
+    e = _broken(lambda d: d["components"]["efa"].__setitem__("install_flags", ["--skip-kmod", "--skip-limit-conf", "--no-verify"]))
+    assert e.field == "components.efa.install_flags"
+    assert "--build-ngc" in e.message and "--skip-mpi" in e.message
+
+
+def test_apt_packages_are_pinned_and_python3_is_the_locks_python():
+    e = _broken(lambda d: d.pop("apt"))
+    assert e.field == "apt"
+    e = _broken(lambda d: d["apt"]["base"].__setitem__("python3", "3.12"))
+    assert e.field.startswith("apt.base") and "3.12" in e.message + str(e.value or "")
+    e = _broken(lambda d: d["apt"]["base"].__setitem__("python3", "3.12.7-1ubuntu1"))
+    assert e.field == "apt.base.python3" and "3.12.3" in e.message
+    e = _broken(lambda d: d["apt"].__setitem__("build", {}))
+    assert e.field == "apt.build"
 
 
 def test_sm100_needs_cuda_12_8():
