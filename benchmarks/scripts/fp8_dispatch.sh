@@ -4,13 +4,13 @@
 # lease of one machine; then a long FP8 run against bf16 on the shipped dispatcher, judged by `compare` (its default
 # preset, Bridge's convergence check). Needs TE 2.20.2 + megatron-core 0.19.2 in /tmp/site
 # (benchmarks/scripts/stage-gpu.sh te-install).
-#   usage: OUT=dir [SHAPE_OVERRIDES="a.b=c ..."] bash benchmarks/results/fp8-on-the-shipped-dispatcher/run.sh speed
-#          OUT=dir [SHAPE_OVERRIDES=...] [STEPS=300] bash benchmarks/results/fp8-on-the-shipped-dispatcher/run.sh converge
+#   usage: OUT=dir [SHAPE_OVERRIDES="a.b=c ..."] bash benchmarks/scripts/fp8_dispatch.sh speed
+#          OUT=dir [SHAPE_OVERRIDES=...] [STEPS=300] bash benchmarks/scripts/fp8_dispatch.sh converge
 # SHAPE_OVERRIDES: a smaller slice for an 80 GB card (each run's recipe.yaml records it).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
-OUT=${OUT:-bench-out}/fp8-on-the-shipped-dispatcher
+OUT=${OUT:-bench-out}/fp8-dispatch
 FP8="precision=fp8 fp8.recipe=tensorwise fp8.format=hybrid"
 mkdir -p "$OUT" runs
 one() {  # name, extra overrides...
