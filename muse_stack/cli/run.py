@@ -115,7 +115,10 @@ def run_cmd(
         if value is not None:
             refuse_secrets(str(value), field=flag, error=UsageError, what="the path")
     if resume is not None and not auto and (name is not None and not name.startswith("-")):
-        overrides = [name, *(overrides or [])] if "=" in name else overrides
+        if "=" in name:  # the first override, not a recipe
+            overrides, name = [name, *(overrides or [])], None
+        # else RECIPE with --resume DIR: the run continues only if RECIPE resolves to the run's own recipe
+        # (or, with --allow-change, with RECIPE, the change recorded)
     if (resume is None or auto) and name is not None:
         # after what the engine refuses in the recipe itself (on any machine), the engine and the
         # device: on a machine without them, that is the error to see, not the process count or
@@ -127,7 +130,7 @@ def run_cmd(
         resolved = resolve(load_recipe(name, overrides or []), values=False)
         check_runnable_here(resolved.recipe, name)
         resolved.validate()  # then the optimizer values neither the recipe nor its fill policy states
-    outcome = run(None if resume is not None and not auto else name, overrides=overrides or [], out=out,
+    outcome = run(name, overrides=overrides or [], out=out,
                   steps=steps, gpus=gpus, resume=resume if auto or resume is None else Path(resume),
                   pretrained_checkpoint=pretrained_checkpoint, progress=not no_progress and not as_json,
                   stop_after=stop_after, allow_change=allow_change, dry_run=dry_run,
