@@ -80,7 +80,8 @@ def run_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="new run directory (default runs/NAME-TIME)"),
     resume: Optional[str] = typer.Option(
         None, "--resume", help="DIR: continue a run directory from its latest checkpoint (after an interrupt, "
-                               "a crash or a kill); auto (with RECIPE and --out): resume --out when it holds a "
+                               "a crash or a kill; a RECIPE given too must resolve to the run's recipe); "
+                               "auto (with RECIPE and --out): resume --out when it holds a "
                                "checkpoint, else start or restart it there (what a cluster job runs on every "
                                "attempt; a folder named auto is ./auto)"),
     allow_change: bool = typer.Option(
@@ -114,8 +115,10 @@ def run_cmd(
     for flag, value in (("--out", out), ("--resume", resume)):  # paths are printed and written
         if value is not None:
             refuse_secrets(str(value), field=flag, error=UsageError, what="the path")
-    if resume is not None and not auto and (name is not None and not name.startswith("-")):
-        if "=" in name:  # the first override, not a recipe
+    if resume is not None and not auto and name is not None:
+        if name.startswith("-"):
+            name = None
+        elif "=" in name:  # the first override, not a recipe
             overrides, name = [name, *(overrides or [])], None
         # else RECIPE with --resume DIR: the run continues only if RECIPE resolves to the run's own recipe
         # (or, with --allow-change, with RECIPE, the change recorded)

@@ -385,8 +385,8 @@ def _make_image_rows(recipe: Recipe, plan: Plan, tokenizer: ChatTokenizer, progr
     convs = []
     for item in records:
         messages = cord_messages(item.record, plan.image["prompt"], item.row)
-        convs.append(tokenize_image_text(tokenizer, messages, [record_image_bytes(item, spec.max_image_bytes)], ids, spec,
-                                            item.row))
+        image = record_image_bytes(item, spec.max_image_bytes)  # read no further than an image can take
+        convs.append(tokenize_image_text(tokenizer, messages, [image], ids, spec, item.row))
         progress.advance(task)
     rows, stats = build_packed(convs, plan.row_tokens, plan.alignment, plan.seed, tokenizer.eos_id,
                                tokenizer.pad_id, plan.overlong, plan.gbs)

@@ -253,8 +253,9 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
                          value=str(out), fix="choose a new directory")
     current = checkpoints.latest(run_dir)
     if current is None:
-        raise InputError("the run has no complete checkpoint (checkpoints/latest is missing)", field="RUN_DIR",
-                         value=str(run_dir), fix="export a run that saved a checkpoint, or --resume it first")
+        raise InputError("the run has no complete checkpoint (neither checkpoints/latest nor a complete step "
+                         "folder)", field="RUN_DIR", value=str(run_dir),
+                         fix="export a run that saved a checkpoint, or --resume it first")
     text = current.recipe_text()
     if text is None:
         raise InputError("the checkpoint does not record its recipe", field="RUN_DIR", value=str(current.path),

@@ -260,6 +260,9 @@ def record_to_recipe(record: dict[str, Any], name: str, source: str, aliases: li
         from muse_stack.recipes.overrides import apply_overrides
 
         recipe = apply_overrides(recipe, carried)
+        if isinstance(recipe.get("data"), dict) and recipe["data"].get("rows_sha256") is None:
+            # the rows the run trained on, as its fingerprint recorded them: the import pins them
+            recipe["data"]["rows_sha256"] = data["rows_sha256"]
     from muse_stack.recipes import fill
 
     return parse_recipe(fill.apply(recipe), source)  # resolved as the catalogue loads it: unstated values filled

@@ -373,8 +373,10 @@ class CheckpointManager:
         self.discard_staging()
         current = latest(self.run_dir)
         if current is not None and not current.named:  # the pointer written again before anything else
-            log.warning("checkpoints/latest is missing: resuming from %s, the newest complete checkpoint", current.path)
-            atomic.write_text(self.root / LATEST, json.dumps({"step": current.step, "folder": current.path.name}) + "\n")
+            log.warning("checkpoints/latest is missing: resuming from %s, the newest complete checkpoint",
+                        current.path)
+            pointer = {"step": current.step, "folder": current.path.name}
+            atomic.write_text(self.root / LATEST, json.dumps(pointer) + "\n")
             _fsync_dir(self.root)
         for entry in self.root.iterdir():
             m = _STEP.match(entry.name)

@@ -29,7 +29,8 @@ def test_a_users_recipe_in_the_out_folder_is_never_replaced(tmp_path, cli, one_t
     --resume auto, which is that same trap; --resume exp is refused the same way."""
     exp = tmp_path / "exp"
     exp.mkdir()
-    (exp / "recipe.yaml").write_text("# my experiment: keep these words\n" + (ROOT / "recipes/tiny-cpu.yaml").read_text())
+    own = "# my experiment: keep these words\n" + (ROOT / "recipes" / "tiny-cpu.yaml").read_text()
+    (exp / "recipe.yaml").write_text(own)
     before = _snapshot(exp)
     rc, _, err = cli("run", exp / "recipe.yaml", "--out", exp, "--resume", "auto", "--steps", "2", "--no-progress",
                      *QUICK)

@@ -238,7 +238,8 @@ def test_a_runs_record_imports_to_the_recipe_the_run_resolved_and_trains_alike(c
                                                                               one_thread):
     """record export then record import: every field that the run computes with (data, seeds, batch,
     layout, training, ...) comes back; what differs is its name, description, notes and recorded
-    results; the imported recipe's run gives the same losses bit for bit."""
+    results, and the rows' hash, which the import pins to the rows the run trained on; the imported
+    recipe's run gives the same losses bit for bit."""
     from muse_stack.compare.classify import INFORMATIONAL, classify
     from muse_stack.run.pipeline import prepare, run
     from muse_stack.run.resume import changed_fields
@@ -251,6 +252,9 @@ def test_a_runs_record_imports_to_the_recipe_the_run_resolved_and_trains_alike(c
     original = read_run(tmp_path / "run").recipe
     imported = prepare(str(tmp_path / "back.yaml"), [], None, None).recipe
     differ = {k: classify(f"recipe.{k}") for k in changed_fields(original, imported)}
+    rows = json.loads((tmp_path / "run" / "fingerprint.json").read_text())["run_inputs"]["rows_sha256"]
+    assert original.data.rows_sha256 is None and imported.data.rows_sha256 == rows
+    del differ["data.rows_sha256"]
     assert differ and set(differ.values()) == {INFORMATIONAL}, differ
     again = run(str(tmp_path / "back.yaml"), out=tmp_path / "again", progress=False)
     assert again.status == "completed" and _losses(again.path) == _losses(done.path)
