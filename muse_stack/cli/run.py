@@ -82,7 +82,8 @@ def run_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="new run directory (default runs/NAME-TIME)"),
     resume: Optional[str] = typer.Option(
         None, "--resume", help="DIR: continue a run directory from its latest checkpoint (after an interrupt, "
-                               "a crash or a kill); auto (with RECIPE and --out): resume --out when it holds a "
+                               "a crash or a kill; a RECIPE given too must resolve to the run's recipe); "
+                               "auto (with RECIPE and --out): resume --out when it holds a "
                                "checkpoint, else start or restart it there (what a cluster job runs on every "
                                "attempt; a folder named auto is ./auto)"),
     allow_change: bool = typer.Option(
@@ -116,8 +117,13 @@ def run_cmd(
     for flag, value in (("--out", out), ("--resume", resume)):  # paths are printed and written
         if value is not None:
             refuse_secrets(str(value), field=flag, error=UsageError, what="the path")
-    if resume is not None and not auto and (name is not None and not name.startswith("-")):
-        overrides = [name, *(overrides or [])] if "=" in name else overrides
+    if resume is not None and not auto and name is not None:
+        if name.startswith("-"):
+            name = None
+        elif "=" in name:  # the first override, not a recipe
+            overrides, name = [name, *(overrides or [])], None
+        # else RECIPE with --resume DIR: the run continues only if RECIPE resolves to the run's own recipe
+        # (or, with --allow-change, with RECIPE, the change recorded)
     if (resume is None or auto) and name is not None:
         # after what the engine refuses in the recipe itself (on any machine), the engine and the
         # device: on a machine without them, that is the error to see, not the process count or
@@ -129,7 +135,7 @@ def run_cmd(
         resolved = resolve(load_recipe(name, overrides or []), values=False)
         check_runnable_here(resolved.recipe, name)
         resolved.validate()  # then the optimizer values neither the recipe nor its fill policy states
-    outcome = run(None if resume is not None and not auto else name, overrides=overrides or [], out=out,
+    outcome = run(name, overrides=overrides or [], out=out,
                   steps=steps, gpus=gpus, resume=resume if auto or resume is None else Path(resume),
                   pretrained_checkpoint=pretrained_checkpoint, progress=not no_progress and not as_json,
                   stop_after=stop_after, allow_change=allow_change, dry_run=dry_run,

@@ -4,11 +4,12 @@ the recipe fields that differ, not only the recipe's hash."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from muse_stack.compare.classify import CLASSES, NUMERICS, PERFORMANCE, VOLATILE, classify
+from muse_stack.compare.classify import CLASSES, INFORMATIONAL, NUMERICS, PERFORMANCE, VOLATILE, classify
 from muse_stack.fingerprint.tree import MISSING, Change, changes, dotted, summarize
 
 
@@ -125,6 +126,26 @@ def diff_inputs(a: str | Path, b: str | Path, *, complete: bool = True) -> DiffR
 
     doc_a, doc_b = load_fingerprint(a, complete=complete), load_fingerprint(b, complete=complete)
     recipe_a, recipe_b = _run_recipe(a), _run_recipe(b)
-    if recipe_a is not None and recipe_b is not None:
-        doc_a, doc_b = {**doc_a, "recipe": recipe_a}, {**doc_b, "recipe": recipe_b}
-    return diff_documents(doc_a, doc_b, str(a), str(b))
+    if recipe_a is None or recipe_b is None:
+        return diff_documents(doc_a, doc_b, str(a), str(b))
+    report = diff_documents({**doc_a, "recipe": recipe_a}, {**doc_b, "recipe": recipe_b}, str(a), str(b))
+    return _recipe_hash_as_its_fields(report)
+
+
+#: the fingerprint's hash of the whole resolved recipe (and of each recorded change's two recipes)
+RECIPE_HASHES = ("run_inputs.recipe_sha256", "run_inputs.changes.*.recipe_sha256_before",
+                 "run_inputs.changes.*.recipe_sha256_after")
+
+
+def _recipe_hash_as_its_fields(report: DiffReport) -> DiffReport:
+    """With both resolved recipes compared field by field, a differing recipe hash says nothing more: it
+    takes the class of the most severe recipe field that differs (informational when only a field's record
+    differs, e.g. a value stated in one run and filled in the other, or a bookkeeping field such as
+    ``training.keep_checkpoints`` that is not numerics), rather than numerics for any change at all."""
+    from fnmatch import fnmatchcase
+
+    classes = {d.cls for d in report.differences if d.section == "recipe"}
+    worst = next((c for c in (NUMERICS, PERFORMANCE) if c in classes), INFORMATIONAL)
+    report.differences = [dataclasses.replace(d, cls=worst)
+                          if any(fnmatchcase(d.path, p) for p in RECIPE_HASHES) else d for d in report.differences]
+    return report

@@ -17,6 +17,7 @@ cache directory is ``--cache``, else ``$MUSE_STACK_CACHE/data``, else ``~/.cache
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -389,7 +390,8 @@ def _make_image_rows(recipe: Recipe, plan: Plan, tokenizer: ChatTokenizer, progr
     convs = []
     for item in records:
         messages = cord_messages(item.record, plan.image["prompt"], item.row)
-        convs.append(tokenize_image_text(tokenizer, messages, [record_image_bytes(item)], ids, spec, item.row))
+        image = record_image_bytes(item, spec.max_image_bytes)  # read no further than an image can take
+        convs.append(tokenize_image_text(tokenizer, messages, [image], ids, spec, item.row))
         progress.advance(task)
     rows, stats = build_packed(convs, plan.row_tokens, plan.alignment, plan.seed, tokenizer.eos_id,
                                tokenizer.pad_id, plan.overlong, plan.gbs)
@@ -398,6 +400,34 @@ def _make_image_rows(recipe: Recipe, plan: Plan, tokenizer: ChatTokenizer, progr
     stats["media_ids"] = ids.describe()
     stats["source"] = description
     return rows, stats
+
+
+def _cache_write_failed(exc: Exception, root: Path) -> bool:
+    """Whether a build failed because the cache's file system refused a write: full or over quota (however
+    a writer, pyarrow's included, wraps it), read-only or not permitted on a path of the cache."""
+    from muse_stack.util.atomic import disk_full
+
+    if disk_full(exc):
+        return True
+    if not isinstance(exc, OSError) or exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return False
+    return exc.filename is None or root in Path(os.fsdecode(exc.filename)).parents
+
+
+def _cache_error(root: Path, exc: Exception) -> InputError:
+    from muse_stack.util.atomic import disk_full
+
+    cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+    if disk_full(exc):
+        try:
+            room = f"; {shutil.disk_usage(root).free / 2**20:.1f} MiB free there"
+        except OSError:
+            room = ""
+        return InputError(f"the data cache's file system is full: writing the built rows failed ({cause}{room}); "
+                          "nothing half-built is left", field="--cache", value=str(root),
+                          fix="free space there, or give a --cache (or MUSE_STACK_CACHE) on a file system with room")
+    return InputError(f"cannot write the built rows into the data cache: {cause}; nothing half-built is left",
+                      field="--cache", value=str(root), fix="give a writable --cache (or set MUSE_STACK_CACHE)")
 
 
 def build_for_recipe(recipe: Recipe, cache_dir: str | Path | None = None, progress: bool = True,
@@ -454,8 +484,10 @@ def build_for_recipe(recipe: Recipe, cache_dir: str | Path | None = None, progre
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, Exception) and not isinstance(exc, InputError) and _cache_write_failed(exc, root):
+            raise _cache_error(root, exc) from exc
         raise
     built = BuiltData.open(final)
     built._rows = rows

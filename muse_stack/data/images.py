@@ -43,6 +43,16 @@ IMAGE_STD = 0.5
 RESCALE_FACTOR = 1 / 255
 #: pixels beyond which an image is refused as oversized: PIL's own decompression-bomb limit
 MAX_IMAGE_PIXELS = 89_478_485
+#: the widest pixel an encoded image stores uncompressed (RGBA at 16 bits a channel) and room for the
+#: metadata blocks beside the pixels (EXIF segments, ICC profiles, text chunks): an image file larger than
+#: ``max_image_bytes`` of the pixel limit cannot be one the build would accept, and is not read past it
+WIDEST_PIXEL_BYTES = 8
+METADATA_BYTES = 16 << 20
+
+
+def max_image_bytes(max_image_pixels: int = MAX_IMAGE_PIXELS) -> int:
+    """The most bytes an encoded image of at most ``max_image_pixels`` pixels can take."""
+    return WIDEST_PIXEL_BYTES * max_image_pixels + METADATA_BYTES
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,10 @@ class ImageSpec:
     merge_size: int = MERGE_SIZE
     max_image_tokens: int = MAX_IMAGE_TOKENS
     max_image_pixels: int = MAX_IMAGE_PIXELS
+
+    @property
+    def max_image_bytes(self) -> int:
+        return max_image_bytes(self.max_image_pixels)
 
     @property
     def patch_dim(self) -> int:
@@ -87,27 +101,47 @@ def smart_resize(height: int, width: int, patch_size: int, max_tokens: int) -> t
     return best[0] * patch_size, best[1] * patch_size
 
 
-def image_bytes_of(value, *, row: str) -> bytes:
+def image_bytes_of(value, *, row: str, limit: int | None = None) -> bytes:
     """The encoded bytes of an ``image`` column value: a ``datasets`` Image dict (``bytes`` or
-    ``path``), a path string, or raw bytes. A missing file is an InputError naming ``row``."""
-    from pathlib import Path
+    ``path``), a path string, or raw bytes. A missing file, ``bytes`` that are not bytes (text, a
+    number) and an image larger than ``limit`` bytes (default: :func:`max_image_bytes`; a file is not
+    read past it) are InputErrors naming ``row``."""
+    from muse_stack.util.safeio import read_bytes
 
-    path = None
+    limit = max_image_bytes() if limit is None else limit
+    path, data = None, None
     if isinstance(value, dict):
-        if value.get("bytes"):
-            return bytes(value["bytes"])
-        path = value.get("path")
+        raw = value.get("bytes")
+        if raw is not None and not isinstance(raw, (bytes, bytearray, memoryview)):
+            raise InputError(f"{row}: the image column's bytes hold a {type(raw).__name__}, not the encoded image's "
+                             "bytes", field="data image", value=row,
+                             fix="store the encoded image (PNG, JPEG, ...) as binary bytes, as datasets' Image "
+                                 "feature does, or give the image file under path")
+        if raw:
+            data = bytes(raw)
+        else:
+            path = value.get("path")
     elif isinstance(value, (bytes, bytearray)):
-        return bytes(value)
+        data = bytes(value)
     elif isinstance(value, str):
         path = value
-    if not path:
+    if data is not None:
+        if len(data) > limit:
+            raise InputError(f"{row}: the image is {len(data):,} bytes, more than an image within the pixel limit "
+                             f"can take ({limit:,})", field="data image", value=row,
+                             fix="downscale or drop the image, or raise data.details.max_image_pixels")
+        return data
+    if not path or not isinstance(path, str):
         raise InputError(f"{row}: the image column holds no image (neither bytes nor a path)", field="data image",
                          value=row, fix="give each row an image: encoded bytes or the path of an image file")
     try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise InputError(f"{row}: the image file {path} cannot be read ({exc.strerror or exc})", field="data image",
+        return read_bytes(path, field="data image", what="image file", limit=limit,
+                          fix="downscale or drop the image, or raise data.details.max_image_pixels")
+    except InputError as exc:
+        if exc.rule is not None:  # too large: a file is read no further than the limit
+            raise InputError(f"{row}: the image file {path} {exc.message.split(' ', 1)[1]}", field="data image",
+                             value=str(path), rule=exc.rule, fix=exc.fix) from exc
+        raise InputError(f"{row}: the image file {path} cannot be read ({exc.message})", field="data image",
                          value=str(path), fix="restore the file, or drop the row from the data") from exc
 
 

@@ -205,7 +205,8 @@ def load_image_records(data) -> tuple[list[ImageRecord], str]:
     return out, source.description
 
 
-def record_image_bytes(item: ImageRecord) -> bytes:
+def record_image_bytes(item: ImageRecord, limit: int | None = None) -> bytes:
+    """The encoded bytes of a row's image, read no further than ``limit`` (:func:`image_bytes_of`)."""
     value = item.record.get("image")
     if isinstance(value, str) and item.base is not None and not Path(value).is_absolute():
         value = str(item.base / value)
@@ -215,17 +216,22 @@ def record_image_bytes(item: ImageRecord) -> bytes:
     if value is None:
         raise InputError(f"{item.row}: there is no image column", field="data image", value=item.row,
                          fix="give rows with CORD-v2's columns: image and ground_truth")
-    return image_bytes_of(value, row=item.row)
+    return image_bytes_of(value, row=item.row, limit=limit)
 
 
 def image_files_fingerprint(data) -> list[dict[str, str]]:
     """sha256 of every image a local file's rows name by path (their bytes key the build cache)."""
+    from muse_stack.data.images import MAX_IMAGE_PIXELS, max_image_bytes
+
+    pixels = (data.details or {}).get("max_image_pixels", MAX_IMAGE_PIXELS)  # its range: the data plan's check
+    limit = max_image_bytes(pixels if isinstance(pixels, int) and not isinstance(pixels, bool) and pixels > 0
+                            else MAX_IMAGE_PIXELS)
     records, _ = load_image_records(data)
     out = []
     for item in records:
         value = item.record.get("image")
         if isinstance(value, str) or (isinstance(value, dict) and not value.get("bytes")):
-            out.append({"row": item.row, "sha256": hashlib.sha256(record_image_bytes(item)).hexdigest()})
+            out.append({"row": item.row, "sha256": hashlib.sha256(record_image_bytes(item, limit)).hexdigest()})
     return out
 
 

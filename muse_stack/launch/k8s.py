@@ -58,8 +58,11 @@ def object_names(spec: LaunchSpec) -> dict[str, str]:
 
 
 def _k8s_value(value: str) -> str:
-    """Shell-style $VAR / ${VAR} references as Kubernetes' $(VAR) dependent variables."""
-    return re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)", lambda m: f"$({m.group(1) or m.group(2)})", value)
+    """Shell-style $VAR / ${VAR} references as Kubernetes' $(VAR) dependent variables, and every other
+    ``$`` escaped as ``$$``: Kubernetes expands ``$(NAME)`` in an env value and reads ``$$`` as one ``$``,
+    so a literal ``$(NAME)`` (or ``$$``) reaches the container as written, as the sbatch writes it."""
+    return re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)|\$",
+                  lambda m: f"$({m.group(1) or m.group(2)})" if m.group(1) or m.group(2) else "$$", value)
 
 
 def _env(spec: LaunchSpec, secret: str) -> list[dict[str, Any]]:

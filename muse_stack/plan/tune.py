@@ -158,6 +158,25 @@ def apply(recipe: Recipe, overrides: list[str]) -> Recipe:
     return parse_recipe(apply_overrides(recipe.model_dump(mode="json"), overrides), recipe.name)
 
 
+def _check_predictable(recipe: Recipe) -> None:
+    """Tune ranks layouts by the planner's predicted step time, which needs the GPU's figures in the
+    machine table and the engine the step-time model is of; a recipe without either has no layout to
+    rank, whatever its memory or rules (a CPU recipe: the reference engine on ``hardware.gpu: cpu``)."""
+    from muse_stack.machine.hardware import gpu_spec, gpus
+    from muse_stack.recipes.engines import traits
+
+    if gpu_spec(recipe.hardware.gpu) is None:
+        raise LayoutError(f"tune ranks layouts by their predicted step time, and the machine table has no GPU "
+                          f"figures for {recipe.hardware.gpu} to predict one (muse_stack/machine/machines.yaml)",
+                          field="hardware.gpu", value=recipe.hardware.gpu,
+                          fix=f"tune a GPU recipe, or this one on a GPU type: --gpu {next(iter(gpus()))} "
+                              f"engine=megatron (one of {', '.join(gpus())})")
+    if not traits(recipe.engine).step_time_model:
+        raise LayoutError(f"tune ranks layouts by their predicted step time, whose model is of megatron-core; the "
+                          f"{recipe.engine} engine has none (and runs every layout size 1)", field="engine",
+                          value=recipe.engine, fix="tune the recipe with engine=megatron")
+
+
 def search(recipe: Recipe, world: int | None = None, progress: Callable[[int, int], None] | None = None,
            top: int = 5) -> tuple[list[Candidate], int]:
     """(the ``top`` candidates that fit, fastest first; how many layouts were planned)."""
@@ -165,6 +184,7 @@ def search(recipe: Recipe, world: int | None = None, progress: Callable[[int, in
     if recipe.batch.gbs is None or recipe.batch.seq_length is None:
         raise LayoutError("tune needs the global batch and the sequence length", field="batch.gbs",
                           value=recipe.batch.gbs, fix="state batch.gbs and batch.seq_length in the recipe")
+    _check_predictable(recipe)
     resolved = finalize(recipe, gpus=world)
     todo = list(candidates(recipe, world, resolved.model))
     found: list[Candidate] = []

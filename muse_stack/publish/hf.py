@@ -28,6 +28,7 @@ refused.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from collections.abc import Callable
@@ -105,8 +106,11 @@ def write_hf(out: Path, config: ModelConfig, specs: list[Spec], get: Getter, *,
     sources = {**{s.name: get for s in ordered}, **{s.name: towers.get for s in tower_specs}}
     ordered += tower_specs
     shards = plan_shards(ordered, max_shard_bytes)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = atomic.make_temp_dir(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = atomic.make_temp_dir(out)
+    except OSError as exc:
+        raise _write_error(out, exc) from exc
     try:
         weight_map: dict[str, str] = {}
         for i, shard in enumerate(shards, start=1):
@@ -125,10 +129,45 @@ def write_hf(out: Path, config: ModelConfig, specs: list[Spec], get: Getter, *,
             extras(staging)
         atomic.follow_umask(staging)  # safetensors writes its files 0600
         os.rename(staging, out)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        if _refused_write(exc, staging, out):
+            raise _write_error(out, exc) from exc
         raise
     return out
+
+
+def _refused_write(exc: BaseException, staging: Path, out: Path) -> bool:
+    """Whether ``exc`` is the file system refusing the export's own writes (into ``staging``, or its rename
+    to ``out``), not a checkpoint file that could not be read: a full disk however a writer wraps it, or an
+    OSError on a path of the export."""
+    if not isinstance(exc, Exception):
+        return False
+    if atomic.disk_full(exc):
+        return True
+    if not isinstance(exc, OSError):
+        return False
+    if exc.filename is None:
+        return exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+    path = Path(os.fsdecode(exc.filename))
+    return path == out or path == staging or staging in path.parents
+
+
+def _write_error(out: Path, exc: BaseException) -> InputError:
+    """An export that the file system refused (full, read-only, not permitted): the path, the cause, and
+    that nothing was left behind."""
+    cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+    if atomic.disk_full(exc):
+        try:
+            room = f"; {shutil.disk_usage(next(p for p in out.parents if p.exists())).free / 2**30:.1f} GiB free"
+        except (OSError, StopIteration):
+            room = ""
+        return InputError(f"the export's file system is full ({cause}{room}); nothing was left at {out}",
+                          field="--hf", value=str(out),
+                          fix="free space there, or export to a file system with room for the checkpoint "
+                              "(about the size of its step folder)")
+    return InputError(f"cannot write the export at {out}: {cause}; nothing was left", field="--hf", value=str(out),
+                      fix="choose a --hf path on a file system and under a folder you can write to")
 
 
 # ---- adapter checkpoints (LoRA / DoRA) ---------------------------------------------------
@@ -231,13 +270,18 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     if merge and adapters_only:
         raise InputError("--merge and --adapters-only exclude each other", field="--merge", value=True,
                          fix="pass one: --merge (a plain HF checkpoint) or --adapters-only (the peft layout)")
+    if out.is_symlink() and not out.exists():
+        raise InputError(f"the export path is a symbolic link to {os.readlink(out)}, which does not exist; an "
+                         "export never writes through a link", field="--hf", value=str(out),
+                         fix="choose a new directory (or remove the link)")
     if out.exists():
         raise InputError("the export directory already exists; an export never overwrites", field="--hf",
                          value=str(out), fix="choose a new directory")
     current = checkpoints.latest(run_dir)
     if current is None:
-        raise InputError("the run has no complete checkpoint (checkpoints/latest is missing)", field="RUN_DIR",
-                         value=str(run_dir), fix="export a run that saved a checkpoint, or --resume it first")
+        raise InputError("the run has no complete checkpoint (neither checkpoints/latest nor a complete step "
+                         "folder)", field="RUN_DIR", value=str(run_dir),
+                         fix="export a run that saved a checkpoint, or --resume it first")
     text = current.recipe_text()
     if text is None:
         raise InputError("the checkpoint does not record its recipe", field="RUN_DIR", value=str(current.path),

@@ -24,9 +24,13 @@ SCHEMA_VERSION = 1
 RECORD_FIELDS = ("schema_version", "model", "gpu", "author", "status", "stack", "workload", "layout", "result",
                  "correctness", "env", "patches", "run", "notes")
 _HF_MODEL_URL = re.compile(r"huggingface\.co/([^/\s]+/[^/\s?#]+)")
-#: the recipe fields a record has no place for, carried as overrides of the ``muse-stack run``
-#: command a record of a muse-stack run names in its ``run`` field
-CARRIED = ("engine", "task", "model.config_path", "model.overrides", "optimizer", "peft")
+#: the recipe fields a record has no place for, or holds only in part, carried as overrides of the
+#: ``muse-stack run`` command a record of a muse-stack run names in its ``run`` field: with them, a run's
+#: record imports to the recipe the run resolved (every field but its name, description, provenance,
+#: notes and recorded results), so it trains the same rows with the same seeds and settings
+CARRIED = ("engine", "task", "model.config_path", "model.pretrained_checkpoint", "model.overrides", "model.towers",
+           "layout", "batch", "recompute", "offload", "engine_options", "numerics", "fp8", "optimizer", "training",
+           "data", "validation", "logging", "frozen", "peft", "fill_policy", "filled")
 _PEAK_MEMORY = re.compile(r"peaked at ([0-9.]+) GiB used per GPU of ([0-9.]+) GiB")
 
 
@@ -256,6 +260,9 @@ def record_to_recipe(record: dict[str, Any], name: str, source: str, aliases: li
         from muse_stack.recipes.overrides import apply_overrides
 
         recipe = apply_overrides(recipe, carried)
+        if isinstance(recipe.get("data"), dict) and recipe["data"].get("rows_sha256") is None:
+            # the rows the run trained on, as its fingerprint recorded them: the import pins them
+            recipe["data"]["rows_sha256"] = data["rows_sha256"]
     from muse_stack.recipes import fill
 
     return parse_recipe(fill.apply(recipe), source)  # resolved as the catalogue loads it: unstated values filled

@@ -126,6 +126,8 @@ def _validate(r: ResolvedRecipe, *, values: bool) -> None:
             raise RecipeError(f"neither engine offloads: the {part} stays on the device", field=f"offload.{part}",
                               value=True,
                               fix=f"set offload.{part}=false (`muse-stack plan` then counts it on the device)")
+    _check_warmup(recipe)
+    _check_token_ids(r)
     engine_spec(recipe.engine).check(r)
     _check_stated(r)
     _check_layout(r)
@@ -163,6 +165,36 @@ def _check_fp8(recipe: Recipe) -> None:
         raise RecipeError(f"fp8.recipe {settings.recipe} needs a GPU of {' or '.join(allowed)}; "
                           f"{recipe.hardware.gpu} is {arch}", field="fp8.recipe", value=settings.recipe,
                           fix="mxfp8 on Blackwell (B200, GB200); tensorwise, delayed or blockwise on Hopper")
+
+
+def _check_warmup(recipe: Recipe) -> None:
+    """One warm-up: a stated ``warmup_steps`` would silently win over a stated ``warmup_fraction``
+    (Bridge's ``scheduler.lr_warmup_iters`` and ``scheduler.lr_warmup_fraction``). The fill policy never
+    joins a stated fraction with steps, so both set is what the recipe and its overrides say."""
+    opt = recipe.optimizer
+    if opt.warmup_steps is not None and opt.warmup_fraction is not None:
+        raise RecipeError(f"the warm-up is stated twice: optimizer.warmup_steps = {opt.warmup_steps} and "
+                          f"optimizer.warmup_fraction = {opt.warmup_fraction} (scheduler.lr_warmup_fraction); "
+                          "only one can apply", field="optimizer.warmup_fraction", value=opt.warmup_fraction,
+                          rule="a warm-up is stated as steps or as a fraction of training.steps, not both",
+                          fix="keep one: drop the other from the recipe, or pass optimizer.warmup_steps=null with "
+                              "the fraction (optimizer.warmup_fraction=null with the steps)")
+
+
+def _check_token_ids(r: ResolvedRecipe) -> None:
+    """The special-token ids index the model's embedding: an id at or above ``vocab_size`` (or below 0)
+    names a row the embedding does not have."""
+    model = r.model
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(model, name)
+        ids = value if isinstance(value, list) else [value]
+        bad = [i for i in ids if i is not None and not 0 <= i < model.vocab_size]
+        if bad:
+            raise RecipeError(f"{name} {bad[0]} is not an id of the model's vocabulary (0 to {model.vocab_size - 1})",
+                              field=f"model.overrides.{name}", value=value,
+                              rule="a special token's id below model.overrides.vocab_size",
+                              fix=f"give the tokenizer's {name.split('_')[0]} id, below {model.vocab_size}, or raise "
+                                  "model.overrides.vocab_size to the tokenizer's size")
 
 
 def _value(recipe: Recipe, path: str) -> Any:

@@ -29,18 +29,18 @@ moved when that reports the write done, at a step boundary or before the next sa
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
 import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from muse_stack.util import atomic
+from muse_stack.util.atomic import disk_full  # noqa: F401 - the trainer reads it here
 from muse_stack.util.errors import InputError, MuseStackError
 from muse_stack.run import dist
 from muse_stack.run import faults
@@ -93,6 +93,9 @@ def _fsync_dir(path: Path) -> None:
 class Checkpoint:
     step: int
     path: Path
+    #: False when ``checkpoints/latest`` is missing and this is the newest complete step folder found
+    #: by scanning (:func:`latest`)
+    named: bool = field(default=True, compare=False)
 
     def recipe_text(self) -> str | None:
         from muse_stack.util.safeio import read_text
@@ -112,15 +115,19 @@ class Checkpoint:
 
 
 def latest(run_dir: Path) -> Checkpoint | None:
-    """The checkpoint ``latest`` names, checked whole; None when the run has none yet."""
+    """The checkpoint ``latest`` names, checked whole; None when the run has none yet. Without
+    ``latest`` (a save killed between its folder's rename and the pointer's first write, or a
+    pointer lost by hand or by a copy), the newest complete step folder (:func:`newest_complete`),
+    marked ``named=False``: a step folder is renamed into place only once complete, so it is
+    never discarded for want of a pointer. A damaged ``latest`` is refused."""
     root = Path(run_dir) / ROOT
     pointer = root / LATEST
-    if not pointer.is_file():
-        return None
+    if not pointer.is_file() and not pointer.is_symlink():
+        return newest_complete(run_dir)
     try:
         doc = json.loads(pointer.read_text())
         step, folder = int(doc["step"]), str(doc["folder"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"{pointer} is not a checkpoint pointer ({exc})", field="checkpoints/latest",
                          value=str(pointer), fix="restore the file, or point it at a complete step folder: "
                                                  '{"step": N, "folder": "step-0000000N"}') from exc
@@ -141,28 +148,32 @@ def latest(run_dir: Path) -> Checkpoint | None:
     return Checkpoint(step, path)
 
 
+def newest_complete(run_dir: Path) -> Checkpoint | None:
+    """The newest ``step-N`` folder holding its ``trainer_state.json`` (written last, before the
+    folder's rename), checked as ``latest`` checks the folder it names; None when there is none."""
+    for candidate in reversed(step_folders(run_dir)):
+        state = candidate.path / TRAINER_STATE
+        if not state.is_file():
+            continue
+        from muse_stack.util.safeio import read_json
+
+        saved = read_json(state, field="--resume", what="trainer state",
+                          fix="the checkpoint is damaged; restore it, or remove its step folder to resume from "
+                              "an earlier one")
+        if saved.get("step") != candidate.step:
+            raise InputError(f"{state} says step {saved.get('step')!r}, not step {candidate.step} that its folder "
+                             "names: not a step of this run's checkpoint", field="--resume", value=str(state),
+                             fix="restore the step folder, or remove it to resume from an earlier one")
+        return Checkpoint(candidate.step, candidate.path, named=False)
+    return None
+
+
 def step_folders(run_dir: Path) -> list[Checkpoint]:
     root = Path(run_dir) / ROOT
     if not root.is_dir():
         return []
     found = [Checkpoint(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP.match(p.name)) and p.is_dir()]
     return sorted(found, key=lambda c: c.step)
-
-
-def disk_full(exc: BaseException) -> bool:
-    """Whether a failed write failed because its file system is full or over quota (an OSError
-    with ENOSPC / EDQUOT, or a writer library's error that wraps one), anywhere in its causes."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        text = str(cur)
-        if f"os error {errno.ENOSPC})" in text or os.strerror(errno.ENOSPC) in text:
-            return True
-        cur = cur.__cause__ or cur.__context__
-    return False
 
 
 def out_of_space(run_dir: Path, exc: BaseException, last_step: int | None) -> CheckpointError:
@@ -360,6 +371,13 @@ class CheckpointManager:
         if not self.rank0 or not self.root.is_dir():
             return
         self.discard_staging()
+        current = latest(self.run_dir)
+        if current is not None and not current.named:  # the pointer written again before anything else
+            log.warning("checkpoints/latest is missing: resuming from %s, the newest complete checkpoint",
+                        current.path)
+            pointer = {"step": current.step, "folder": current.path.name}
+            atomic.write_text(self.root / LATEST, json.dumps(pointer) + "\n")
+            _fsync_dir(self.root)
         for entry in self.root.iterdir():
             m = _STEP.match(entry.name)
             stale = entry.name.endswith(".partial") or (m is not None and (self.last_step is None

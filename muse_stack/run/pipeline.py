@@ -204,14 +204,17 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
             else:
                 check_inputs(wanted.recipe)  # the checkpoint it starts from is readable
                 resume, restart = None, found.action == "restart"
+        elif resume is not None and name is not None:
+            # RECIPE with --resume DIR: compared with the run's recipe as --resume auto compares it, so a
+            # RECIPE that differs is refused (or, with --allow-change, continued with and recorded)
+            wanted = _new_recipe(name, overrides, steps, gpus, pretrained_checkpoint, env)
         if resume is not None:
             from muse_stack.run.resume import plan_resume
 
             path = Path(resume)
             if env.rank == 0:
-                if not (path / rundir.RECIPE).is_file():
-                    raise InputError("not a run directory (no recipe.yaml)", field="--resume", value=str(path),
-                                     fix="give a directory written by `muse-stack run`")
+                if not rundir.is_run_dir(path):
+                    raise rundir.not_a_run(path, "--resume")
                 if dry_run:
                     holder = _locked_by_another(path)
                     if holder is not None:
@@ -219,13 +222,21 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
                                          field="--resume", value=str(path),
                                          fix="wait for that process to finish (or stop it) before resuming this run")
                 else:
-                    lock = RunLock(path).acquire()
+                    lock = RunLock(path, "--out" if auto else "--resume").acquire()
             try:
-                extra = [] if auto else _extra(overrides, steps, gpus)
-                if pretrained_checkpoint is not None and not auto:
+                extra = [] if wanted is not None else _extra(overrides, steps, gpus)
+                if pretrained_checkpoint is not None and wanted is None:
                     extra.append(f"model.pretrained_checkpoint={json.dumps(str(pretrained_checkpoint))}")
                 plan = plan_resume(path, extra, allow_change, wanted=wanted.recipe if wanted else None)
                 recipe, change = plan.recipe, plan.change
+                if plan.checkpoint is not None and not plan.checkpoint.named and env.rank == 0:
+                    from muse_stack.run.trainer import console
+
+                    console.print(f"checkpoints/latest is missing in {path}: "
+                                  f"{'would resume' if dry_run else 'resuming'} from step {plan.checkpoint.step}, "
+                                  f"the newest complete checkpoint ({plan.checkpoint.path.name})"
+                                  + ("" if dry_run else "; the pointer is written again"),
+                                  markup=False, highlight=False)
                 if env.world_size != recipe.hardware.count:
                     raise LayoutError("the processes launched do not match the run's GPUs", field="hardware.count",
                                       value=recipe.hardware.count,
@@ -269,7 +280,7 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
             if resume is None:
                 if env.rank == 0:
                     if restart:  # an attempt without a checkpoint: start again in the same folder
-                        lock = RunLock(path).acquire()
+                        lock = RunLock(path, "--out").acquire()
                         resuming.clear_outputs(path)
                         from muse_stack.util import atomic
                         from muse_stack.recipes.catalogue import recipe_yaml
@@ -281,7 +292,7 @@ def run(name: str | None = None, *, overrides: list[str] | None = None, out: str
                                       highlight=False)
                     else:
                         path = rundir.create(path or rundir.default_run_dir(recipe.name, base_dir), recipe)
-                        lock = RunLock(path).acquire()
+                        lock = RunLock(path, "--out").acquire()
                 path = Path(dist.broadcast(str(path) if path else None))
             trainer = Trainer(resolved, path, env, stop, resuming=resume is not None, change=change, progress=progress,
                               stop_after=stop_after, step_stream=step_stream)

@@ -53,9 +53,8 @@ _DAMAGED = "the run directory's recipe.yaml is damaged: restore it (its checkpoi
 def plan_resume(path: Path, extra: list[str], allow_change: bool, wanted: Recipe | None = None) -> ResumePlan:
     """``wanted``: the recipe a ``--resume auto`` command resolved (its name, overrides and
     flags), compared with the checkpoint's as the run's own recipe.yaml plus ``extra`` is."""
-    if not (path / rundir.RECIPE).is_file():
-        raise InputError("not a run directory (no recipe.yaml)", field="--resume", value=str(path),
-                         fix="give a directory written by `muse-stack run`")
+    if not rundir.is_run_dir(path):
+        raise rundir.not_a_run(path, "--resume")
     current = checkpoints.latest(path)
     on_disk = read_yaml(path / rundir.RECIPE, field="--resume", what="recipe", fix=_DAMAGED)
     if wanted is None:
@@ -88,8 +87,9 @@ def plan_resume(path: Path, extra: list[str], allow_change: bool, wanted: Recipe
                          value=str(path), rule="a resumed run continues with the recipe its checkpoint was "
                                                "trained with",
                          fix="restore recipe.yaml and drop the new overrides / --steps / --gpus (with --resume "
-                             "auto: give the command the run was started with), or continue it with `--resume "
-                             "DIR --allow-change` to record the change in the run")
+                             "auto, or a RECIPE with --resume DIR: give the command the run was started with, or "
+                             "leave RECIPE out: --resume DIR continues with the run's own recipe), or continue it "
+                             "with `--resume DIR --allow-change` to record the change in the run")
     change = None
     if fields:
         change = {"at_step": done, "fields": fields,
@@ -158,15 +158,15 @@ def inspect_out(path: Path, wanted: Recipe, *, auto: bool) -> Found:
                          fix="choose a directory path")
     if not any(path.iterdir()):
         return Found("new", path, {})
+    if not rundir.is_run_dir(path):  # a user's own files (a recipe.yaml among them): never written over
+        if auto:
+            raise rundir.not_a_run(path, "--out")
+        raise InputError("the --out directory already exists and is not a run directory; a run never "
+                         "writes into another folder's files", field="--out", value=str(path),
+                         fix="choose a new --out path (or omit it for a fresh one), or an empty one")
     exists = InputError("the run directory already exists; a run never overwrites another", field="--out",
                         value=str(path), fix="choose a new --out path (or omit it for a fresh one); continue the "
                                              "run with `--resume auto` (a cluster job's command) or --resume DIR")
-    if not (path / rundir.RECIPE).is_file():
-        if auto:
-            raise InputError("the --out directory holds files but is not a run directory (no recipe.yaml); "
-                             "nothing there is removed", field="--out", value=str(path),
-                             fix="choose a new --out path, or an empty or missing one")
-        raise exists
     results = _results(path)
     current = checkpoints.latest(path)
     status = results.get("status")

@@ -23,6 +23,28 @@ LOG = "run.log"
 RANKS = "fingerprints"
 
 
+#: what a run writes beside recipe.yaml (the lock first, before recipe.yaml: :func:`create`); a folder holding
+#: a recipe.yaml and none of these is not a run (a user's own recipe file, say) and is never written over
+MARKS = (".lock", FINGERPRINT, METRICS, RESULTS, LOG, "checkpoints")
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` is a run directory: its recipe.yaml and at least one of :data:`MARKS`."""
+    path = Path(path)
+    return (path / RECIPE).is_file() and any((path / mark).exists() or (path / mark).is_symlink() for mark in MARKS)
+
+
+def not_a_run(path: Path, field: str) -> InputError:
+    """The refusal of a folder that is not a run directory, as ``field`` names it; nothing in it is touched."""
+    why = ("its recipe.yaml is no run's: a run directory also holds what the run wrote (.lock, fingerprint.json, "
+           "metrics.jsonl, results.json, run.log or checkpoints/)" if (Path(path) / RECIPE).is_file()
+           else "no recipe.yaml")
+    return InputError(f"not a run directory ({why}); nothing there is changed", field=field, value=str(path),
+                      fix="give a directory written by `muse-stack run`" if field == "--resume" else
+                      "choose a new --out path, or an empty or missing one (a recipe file is given as RECIPE, "
+                      "e.g. `muse-stack run exp/recipe.yaml --out exp/run-1`)")
+
+
 def default_run_dir(recipe_name: str, base: str | os.PathLike[str] = "runs") -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = Path(base) / f"{recipe_name}-{stamp}"
@@ -37,15 +59,29 @@ def create(path: Path, recipe: Recipe) -> Path:
     """Make a new run directory and write the resolved recipe; refuse an existing path (an empty
     directory aside: a job's mounted or pre-made output folder)."""
     if path.is_dir() and not any(path.iterdir()):
+        _mark(path)
         atomic.write_text(path / RECIPE, recipe_yaml(recipe))
         return path
     if path.exists():
         raise InputError("the run directory already exists; a run never overwrites another",
                          field="--out", value=str(path),
-                         fix="choose a new --out path (or omit it for a fresh one), or continue it with --resume")
+                         fix="choose a new --out path (or omit it for a fresh one), or continue it with --resume"
+                         if is_run_dir(path) else "choose a new --out path (or omit it for a fresh one)")
     make_dir(path, "--out")
+    _mark(path)
     atomic.write_text(path / RECIPE, recipe_yaml(recipe))
     return path
+
+
+def _mark(path: Path) -> None:
+    """The lock file made before recipe.yaml, so a run killed at once is still a run (:func:`is_run_dir`)."""
+    from muse_stack.run.dirlock import LOCK
+
+    try:
+        (path / LOCK).touch()
+    except OSError as exc:
+        raise InputError(f"cannot write in the run directory: {exc.strerror or exc}", field="--out",
+                         value=str(path), fix="choose a path under a directory you can write to") from exc
 
 
 def make_dir(path: Path, field: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -101,3 +102,19 @@ def append_line(path: str | os.PathLike[str], line: str) -> None:
         fh.write(redact_urls(line.rstrip("\n")) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether a failed write failed because its file system is full or over quota (an OSError
+    with ENOSPC / EDQUOT, or a writer library's error that wraps one), anywhere in its causes."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(cur)
+        if f"os error {errno.ENOSPC})" in text or os.strerror(errno.ENOSPC) in text:
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False

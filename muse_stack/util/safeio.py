@@ -10,6 +10,8 @@ memoisation, so counting is linear in the graph) before any Python object is bui
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,9 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from muse_stack.util.credentials import FIX, REDACTED, URL_CREDENTIALS, findings, redact_text, shape, short_repr
 from muse_stack.util.errors import InputError, MuseStackError, RecipeError, UsageError
 
-__all__ = ["MAX_TEXT_BYTES", "MAX_YAML_NODES", "REDACTED", "URL_CREDENTIALS", "load_json", "load_yaml", "read_json",
-           "read_text", "read_yaml", "redact_urls", "refuse_rewrite", "refuse_secrets", "short_repr"]
+__all__ = ["MAX_TEXT_BYTES", "MAX_YAML_NODES", "REDACTED", "URL_CREDENTIALS", "load_json", "load_yaml", "read_bytes",
+           "read_json", "read_text", "read_yaml", "redact_urls", "refuse_rewrite", "refuse_secrets", "sha256_file",
+           "short_repr"]
 
 #: nodes a document may hold once its aliases are expanded (the largest recipe holds ~600)
 MAX_YAML_NODES = 200_000
@@ -68,25 +71,82 @@ def read_text(path: str | Path, *, field: str, what: str = "file", missing: type
     with a run (metrics)."""
     path = Path(path)
     fix = fix or f"give the path of a UTF-8 {what}"
-    try:
-        if path.is_dir():
-            raise InputError(f"{path} is a directory, not a {what}", field=field, value=str(path), fix=fix)
-        size = path.stat().st_size
-        if limit is not None and size > limit:
-            raise InputError(f"{path} is {size:,} bytes, too large for a {what}", field=field, value=str(path),
-                             rule=f"at most {limit:,} bytes", fix=fix)
-        data = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise missing(f"{what} not found", field=field, value=str(path), fix=fix) from exc
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}", field=field, value=str(path),
-                         fix="check the path and its permissions") from exc
+    data = read_bytes(path, field=field, what=what, missing=missing, fix=fix, limit=limit)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"{path} is not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); "
                          f"it is binary or in another encoding", field=field, value=str(path),
                          fix=f"give a UTF-8 {what} (convert it with iconv -t UTF-8)") from exc
+
+
+#: bytes read at a time from a file whose size is not known in advance
+_CHUNK = 1 << 20
+
+
+def read_bytes(path: str | Path, *, field: str, what: str = "file", missing: type[Exception] = InputError,
+               fix: str | None = None, limit: int | None = MAX_TEXT_BYTES) -> bytes:
+    """A file's bytes, reading at most ``limit`` + 1 of them whatever the file claims to be (a
+    device such as /dev/zero or a FIFO reports size 0 and never ends; a file can grow while it is
+    read), so no input is read whole before its size is checked; every failure is an
+    :class:`InputError` naming ``field``. ``limit`` None: a regular file only (its size is known)."""
+    path = Path(path)
+    fix = fix or f"give the path of a {what}"
+    too_large = f"too large for {'an' if what[:1] in 'aeiou' else 'a'} {what}"
+    try:
+        if path.is_dir():
+            raise InputError(f"{path} is a directory, not a {what}", field=field, value=str(path), fix=fix)
+        with open(path, "rb") as fh:
+            info = os.fstat(fh.fileno())
+            if limit is None and not stat.S_ISREG(info.st_mode):
+                raise InputError(f"{path} is not a regular file (a device, socket or pipe has no end to read to)",
+                                 field=field, value=str(path), fix=fix)
+            if limit is not None and stat.S_ISREG(info.st_mode) and info.st_size > limit:
+                raise InputError(f"{path} is {info.st_size:,} bytes, {too_large}", field=field, value=str(path),
+                                 rule=f"at most {limit:,} bytes", fix=fix)
+            if limit is None:
+                return fh.read()
+            chunks, got = [], 0
+            while got <= limit:
+                chunk = fh.read(min(_CHUNK, limit + 1 - got))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+            if got > limit:
+                raise InputError(f"{path} holds more than {limit:,} bytes, {too_large}", field=field,
+                                 value=str(path), rule=f"at most {limit:,} bytes", fix=fix)
+            return b"".join(chunks)
+    except FileNotFoundError as exc:
+        raise missing(f"{what} not found", field=field, value=str(path), fix=fix) from exc
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}", field=field, value=str(path),
+                         fix="check the path and its permissions") from exc
+
+
+def sha256_file(path: str | Path, *, field: str, what: str = "file", fix: str | None = None) -> str:
+    """The sha256 of a regular file, read a chunk at a time (a data file may be larger than memory);
+    a device, socket or pipe, which has no end, is refused as :func:`read_bytes` refuses it."""
+    import hashlib
+
+    path = Path(path)
+    fix = fix or f"give the path of a {what}"
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise InputError(f"{path} is not a regular file (a device, socket or pipe has no end to read to)",
+                                 field=field, value=str(path), fix=fix)
+            for chunk in iter(lambda: fh.read(_CHUNK), b""):
+                digest.update(chunk)
+    except FileNotFoundError as exc:
+        raise InputError(f"{what} not found", field=field, value=str(path), fix=fix) from exc
+    except IsADirectoryError as exc:
+        raise InputError(f"{path} is a directory, not a {what}", field=field, value=str(path), fix=fix) from exc
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}", field=field, value=str(path),
+                         fix="check the path and its permissions") from exc
+    return digest.hexdigest()
 
 
 class _BoundedLoader(yaml.SafeLoader):

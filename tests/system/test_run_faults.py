@@ -158,10 +158,12 @@ def test_sigkill_at_every_point_then_resume_reproduces_the_run(tmp_path, baselin
         z.kill_at(resume, "save-engine@3")  # inside the save: a partial folder, no latest
         assert (out / "checkpoints" / "step-00000003.partial").is_dir()
         assert checkpoints.latest(out) is None
-        z.kill_at(resume, "save-renamed@3")  # step-3 complete, but latest never named it
-        assert (out / "checkpoints" / "step-00000003").is_dir() and checkpoints.latest(out) is None
-        z.kill_at(resume, "save-pointed@3")  # latest names step 3
-        assert checkpoints.latest(out).step == 3
+        z.kill_at(resume, "save-renamed@3")  # step-3 complete, but latest never named it: resumed from, found
+        assert (out / "checkpoints" / "step-00000003").is_dir() and not (out / "checkpoints" / "latest").exists()
+        assert checkpoints.latest(out).step == 3 and not checkpoints.latest(out).named
+        z.kill_at(resume, "save-renamed@6")  # the resume wrote latest (step 3) again; step-6 never named
+        assert checkpoints.latest(out).step == 3 and checkpoints.latest(out).named
+        assert (out / "checkpoints" / "step-00000006").is_dir()
         z.kill_at(resume, "save-pointed@6")  # latest names step 6; step 3 not yet pruned
         assert checkpoints.latest(out).step == 6 and (out / "checkpoints" / "step-00000003").is_dir()
         z.kill_at(resume, "after-step@7")  # metrics run ahead of the checkpoint

@@ -195,6 +195,36 @@ def test_a_bad_image_is_an_input_error_naming_its_row(tmp_path, damage, words):
     assert not any((tmp_path / "cache").glob("*/rows.parquet"))  # nothing half-built is left
 
 
+@pytest.mark.parametrize("image, words", [
+    ("/dev/zero", "holds more than"),  # a device: size 0 to stat, and no end
+    ({"path": "/dev/zero"}, "holds more than"),
+    ({"bytes": "iVBORw0KGgo=", "path": None}, "bytes hold a str"),  # base64 text, not the image's bytes
+    ({"bytes": 12}, "bytes hold a int"),
+])
+def test_an_unbounded_or_mistyped_image_is_an_input_error_naming_its_row(tmp_path, image, words):
+    """An image is read no further than the most an image within the pixel limit can take
+    (data.details.max_image_pixels=30000: 8 bytes a pixel and 16 MiB of metadata, about 16.2 MB),
+    and image bytes that are not bytes are refused by row; neither is an internal error."""
+    rows = _fixture(tmp_path, 3)
+    lines = rows.read_text().splitlines()
+    record = json.loads(lines[1])
+    record["image"] = image
+    lines[1] = json.dumps(record)
+    rows.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError) as exc:
+        build_for_recipe(_recipe(rows, "data.details.max_image_pixels=30000"), cache_dir=tmp_path / "cache",
+                         progress=False)
+    assert f"row 1 (id {record['id']})" in exc.value.message and words in exc.value.message and exc.value.fix
+
+
+def test_an_image_file_is_read_no_further_than_its_limit():
+    from muse_stack.data.images import image_bytes_of, max_image_bytes
+
+    with pytest.raises(InputError, match="more than 1,000 bytes"):
+        image_bytes_of("/dev/zero", row="row 1", limit=1000)
+    assert ImageSpec(max_image_pixels=30_000).max_image_bytes == max_image_bytes(30_000) == 8 * 30_000 + (16 << 20)
+
+
 def test_the_builds_pixel_limit_governs_not_pils_global_one(monkeypatch):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # PIL's process-wide limit, lowered
     buf = io.BytesIO()
