@@ -1645,6 +1645,23 @@ def bridge_moe_folder() -> dict:
            "bridge.within": str(v["validation"]["within_max"]), "bridge.rows": str(v["validation"]["rows"])}
     for gen, g in v["by_generation"].items():
         out[f"bridge.{gen}"] = pct(g["median_abs_error"], 1)
+    for name in ("tuned", "untuned"):
+        r = v["record"][name]
+        host = r["host_sync_at_scale"]
+        out |= {f"record.{name}.predicted": n0(r["predicted_tokens_per_s_per_gpu"]),
+                f"record.{name}.measured": n0(r["measured_tokens_per_s_per_gpu"]),
+                f"record.{name}.host": f(host["added_s"], 2),
+                f"record.{name}.fwd_ms": f(1e3 * host["moe_layer_forward_gpu_s"], 1),
+                f"record.{name}.gap": f(r["gap_s"], 2)}
+    tuned = v["record"]["tuned"]
+    out |= {"record.tuned.step": f(tuned["predicted_step_s"], 2),
+            "record.tuned.measured_step": f(tuned["measured_step_s"], 2),
+            "record.tuned.bubble": f(tuned["terms_s"]["pp_bubble"], 2),
+            "record.tuned.predicted2": n0(tuned["predicted_tokens_per_s_per_gpu"])}
+    b200 = [r["error"] for r in v["rows"] if r["gpu"] == "B200" and r["role"] == "validation"]
+    gb200 = [abs(r["error"]) for r in v["rows"] if r["gpu"] == "GB200" and r["role"] == "validation"]
+    out |= {"record.b200_min": spct(min(b200), 1), "record.b200_max": spct(max(b200), 1),
+            "record.gb200_max": pct(max(gb200), 1)}
     return out
 
 
