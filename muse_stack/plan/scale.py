@@ -368,6 +368,8 @@ def estimate(published: Published, row: Row, *, cal: ScaleCalibration | None = N
     local, remote = alltoall_split(ep, ep * etp, links.domain)
     assumptions += [
         "balanced routing (the runs force-balance the token distribution among experts)",
+        f"host time of a MoE layer's forward {cal.moe_sync_gap_s * 1e3:.2f} ms (scale.moe_sync_gap_s, fitted to the "
+        "GB300 rows): one figure for every host; a layer's forward takes at least that long",
         f"expert all-to-all over {ep} ranks: {local} peers over {links.intra.name}, {remote} over "
         f"{links.inter.name} ({system.note})",
         "the dispatcher's specifics (alltoall, DeepEP or HybridEP) are not expressed: every dispatcher is priced as "

@@ -8,7 +8,6 @@ import json
 import pytest
 import yaml
 
-from muse_stack.plan import published as published_module
 from muse_stack.plan.published import FILE, load, parse
 from muse_stack.plan.scale import ScaleCalibration, estimate, split_layers
 from muse_stack.util.errors import InputError
@@ -230,5 +229,20 @@ def test_plan_published_refuses_an_unknown_row(cli):
     assert rc != 0 and "gb200-deepseek-v3-bf16" in err
 
 
+def test_tune_published_ranks_the_published_layout(cli):
+    rc, out, _ = cli("tune", "gb200-qwen3-30b-a3b-fp8-mx", "--published", "--json", "--top", "3")
+    assert rc == 0
+    found = json.loads(out)
+    assert 1 <= found["published_rank"] <= found["layouts"]
+    speeds = [c["tokens_per_s_per_gpu"] for c in found["best"]]
+    assert speeds == sorted(speeds, reverse=True) and len(speeds) == 3
+
+
 def test_the_file_is_package_data():
-    assert FILE.parent == published_module.FILE.parent and FILE.name == "bridge-moe.yaml"
+    """The product reads the file at run time: an installed package must carry it."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["muse_stack"]
+    assert FILE.relative_to(root / "muse_stack").as_posix() in data
