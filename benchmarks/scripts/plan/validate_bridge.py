@@ -112,8 +112,7 @@ def why(published, row, top, cal, hopper) -> str:
                                                        "mbs": top.mbs}), cal=cal, hopper=hopper)
     keys = set(mine.terms_s) | set(pick.terms_s)
     diffs = sorted(((mine.terms_s.get(k, 0.0) - pick.terms_s.get(k, 0.0), k) for k in keys), reverse=True)
-    # terms per token: steps differ in micro-batches only through the batch, which both share
-    parts = [f"{k} {d:+.3f} s" for d, k in diffs[:3] if d > 0]
+    parts = [f"{k} {d:+.3f} s" for d, k in diffs[:3] if d >= 5e-4] or ["no term by more than 0.5 ms"]
     return (f"{top.label()} saves {mine.step_s - pick.step_s:.3f} s of {mine.step_s:.3f} s per step: "
             + ", ".join(parts) + f" (published layout's terms minus the pick's); its memory {pick.memory_gib:.0f} "
             f"of {pick.capacity_gib:.0f} GiB")
