@@ -53,6 +53,7 @@ from muse_stack.plan.cost import (ADAM_BYTES_PER_PARAM, BACKWARD, DDP_BUCKET_PAR
 from muse_stack.plan.fabrics import Links
 from muse_stack.plan.memory import Calibration as MemoryCalibration
 from muse_stack.plan.published import MoeShape, Published, Row
+from muse_stack.util.errors import InputError
 
 BF16 = 2
 #: each activation tensor written once by its producer and read once by its consumer: the least HBM traffic
@@ -134,6 +135,10 @@ def estimate(published: Published, row: Row, *, cal: ScaleCalibration | None = N
     spec, links = system_links(published, row)
     eff = efficiency(spec, cal, hopper)
     fp8 = row.precision != "bf16"
+    if fp8 and spec.peak_fp8_tflops is None:
+        raise InputError(f"{row.id} runs FP8 GEMMs but the machine row {spec.name} states no FP8 peak",
+                         field=f"machines.{spec.name}.gpu.peak_fp8_tflops", value=None,
+                         fix="add the datasheet's dense FP8 figure and its source to muse_stack/machine/machines.yaml")
     peak = (spec.peak_fp8_tflops if fp8 else spec.peak_bf16_tflops) * 1e12
     bf16_peak = spec.peak_bf16_tflops * 1e12
     hbm = spec.hbm_gbps * 1e9
