@@ -97,9 +97,11 @@ def _section_models() -> dict[str, type[BaseModel]]:
     from muse_stack.plan.cost import TimeCalibration
     from muse_stack.plan.memory import Calibration
     from muse_stack.plan.save import SaveCalibration
+    from muse_stack.plan.scale import ScaleCalibration
     from muse_stack.plan.used import UsedCalibration
 
-    return {"time": TimeCalibration, "memory": Calibration, "used": UsedCalibration, "checkpoint": SaveCalibration}
+    return {"time": TimeCalibration, "memory": Calibration, "used": UsedCalibration, "checkpoint": SaveCalibration,
+            "scale": ScaleCalibration}
 
 
 def calibration_text(entries: dict[str, dict[str, dict]], path: Path = CALIBRATION) -> str:

@@ -1430,6 +1430,7 @@ def project_readme() -> dict:
     out |= {"demo.reference": demo["reference.final"], "demo.avx2": demo["cpu-avx2.final"],
             "demo.default": demo["cpu-default.final"], "demo.max": demo["cpu-default.max"],
             "demo.compare": demo_transcript()}
+    out["bridge-moe.table"] = bridge_moe_table()
     return out
 
 
@@ -1743,6 +1744,58 @@ def index() -> dict:
     return {"results": index_results()}
 
 
+# ---- the planner at scale against Megatron-Bridge's published MoE runs (results/bridge-moe-validation) ----------
+
+
+def bridge_moe_folder() -> dict:
+    v = data("bridge-moe-validation/validation.json")
+    out = {"bridge.median": pct(v["validation"]["median_abs_error"], 1),
+           "bridge.max": pct(v["validation"]["max_abs_error"], 1),
+           "bridge.within": str(v["validation"]["within_max"]), "bridge.rows": str(v["validation"]["rows"])}
+    for gen, g in v["by_generation"].items():
+        out[f"bridge.{gen}"] = pct(g["median_abs_error"], 1)
+    for name in ("tuned", "untuned"):
+        r = v["record"][name]
+        host = r["host_sync_at_scale"]
+        out |= {f"record.{name}.predicted": n0(r["predicted_tokens_per_s_per_gpu"]),
+                f"record.{name}.measured": n0(r["measured_tokens_per_s_per_gpu"]),
+                f"record.{name}.host": f(host["added_s"], 2),
+                f"record.{name}.fwd_ms": f(1e3 * host["moe_layer_forward_gpu_s"], 1),
+                f"record.{name}.gap": f(r["gap_s"], 2)}
+    tuned = v["record"]["tuned"]
+    out |= {"record.tuned.step": f(tuned["predicted_step_s"], 2),
+            "record.tuned.measured_step": f(tuned["measured_step_s"], 2),
+            "record.tuned.bubble": f(tuned["terms_s"]["pp_bubble"], 2),
+            "record.tuned.predicted2": n0(tuned["predicted_tokens_per_s_per_gpu"])}
+    b200 = [r["error"] for r in v["rows"] if r["gpu"] == "B200" and r["role"] == "validation"]
+    gb200 = [abs(r["error"]) for r in v["rows"] if r["gpu"] == "GB200" and r["role"] == "validation"]
+    out |= {"record.b200_min": spct(min(b200), 1), "record.b200_max": spct(max(b200), 1),
+            "record.gb200_max": pct(max(gb200), 1)}
+    return out
+
+
+def bridge_moe_table() -> str:
+    """The README's one-screen table: every published row, its prediction, error and role; the summary line."""
+    v = data("bridge-moe-validation/validation.json")
+    head = ("| run | GPUs | layout | published | predicted | error | role | published layout's rank in tune |\n"
+            "|---|---:|---|---:|---:|---:|---|---|\n")
+    body = []
+    for r in v["rows"]:
+        lay = r["layout"]
+        layout = (f"{r['precision']} TP{lay['tp']} PP{lay['pp']} VP{lay['vp']} EP{lay['ep']} MBS{lay['mbs']}")
+        t = r.get("tune")
+        rank = f"{t['published_rank']} of {t['layouts']}" if t else "-"
+        body.append(f"| {r['id']} | {lay['gpus']} | {layout} | {n0(r['published_tokens_per_s_per_gpu'])} | "
+                    f"{n0(r['predicted_tokens_per_s_per_gpu'])} | {spct(r['error'], 1)} | {r['role']} | {rank} |")
+    val = v["validation"]
+    gens = ", ".join(f"{g} {pct(x['median_abs_error'], 1)}" for g, x in v["by_generation"].items())
+    tail = (f"\nValidation ({val['rows']} rows): median |error| {pct(val['median_abs_error'], 1)} (goal "
+            f"{pct(val['goal_median'], 0)}), max {pct(val['max_abs_error'], 1)} (goal {pct(val['goal_max'], 0)}); "
+            f"median by generation: {gens}; every published layout predicted to fit: "
+            f"{'yes' if val['all_fit_in_memory'] else 'no'}.\n")
+    return "\n\n" + head + "\n".join(body) + "\n" + tail + "\n"
+
+
 DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/index.yaml": index,
     "benchmarks/results/engine-options-each-alone/README.md": engine_options,
@@ -1773,6 +1826,8 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/normbwd/README.md": normbwd,
     "benchmarks/results/embedgrad/README.md": embedgrad,
     "benchmarks/results/plan/README.md": plan_folder,
+    "benchmarks/results/bridge-moe-validation/README.md": bridge_moe_folder,
+    "docs/planning.md": lambda: {k: v for k, v in bridge_moe_folder().items() if k in ("bridge.median", "bridge.max")},
     "benchmarks/results/plan-sweep/README.md": plan_sweep,
     "benchmarks/results/plan-sweep/2026-12-03/README.md": plan_sweep_earlier("2026-12-03", partial=True),
     "benchmarks/results/plan-sweep/2026-12-02/README.md": plan_sweep_earlier("2026-12-02"),

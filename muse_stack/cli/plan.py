@@ -175,11 +175,64 @@ def _gpu_overrides(gpu: str) -> list[str]:
             "hardware.price_per_gpu_hour=null", "hardware.nominal_memory_gb=null"]
 
 
-def plan_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file", autocompletion=recipe_names),
+def print_published(step) -> None:
+    """A published run's predicted step (muse_stack.plan.scale.ScaleStep)."""
+    from muse_stack.plan.published import load
+
+    published = load()
+    row = published.row(step.row)
+    t = Table(title=f"plan: {row.id} ({row.label}, {row.system}, {published.source.container})", show_header=False,
+              title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("GPUs", f"{row.gpus} x {step.gpu}; {step.links}")
+    t.add_row("layout", f"{row.precision}  GBS {row.gbs}  MBS {row.mbs}  seq {row.seq}  TP {row.tp}  PP {row.pp}  "
+                        f"VP {row.vp}  CP {row.cp}  EP {row.ep}  ETP {row.etp}  DP {row.dp}")
+    t.add_row("virtual stages", f"{'/'.join(map(str, step.chunk_layers))} layers; {step.microbatches} micro-batches")
+    t.add_row("tokens/s/GPU", f"{step.tokens_per_s_per_gpu:,.0f} predicted, {row.published_tokens_per_s_per_gpu:,.0f} "
+                              f"published ({step.tokens_per_s_per_gpu / row.published_tokens_per_s_per_gpu - 1:+.1%}); "
+                              f"role in the protocol: {published.role(row.id)}")
+    t.add_row("step", f"{step.step_s:.3f} s; MFU {step.mfu:.1%} (BF16 peak)")
+    t.add_row("memory", f"{step.memory_gib:.1f} of {step.capacity_gib:.1f} GiB "
+                        f"({'fits' if step.fits else 'does not fit'}): "
+                        + ", ".join(f"{k} {v:.1f}" for k, v in step.memory_parts_gib.items()))
+    console.print(t)
+    terms = Table(title="step time by term (s per step, the slowest stage)", title_justify="left", box=box.SIMPLE_HEAD)
+    terms.add_column("term")
+    terms.add_column("s", justify="right")
+    terms.add_column("share", justify="right")
+    for k, v in sorted(step.terms_s.items(), key=lambda kv: -kv[1]):
+        if v > 0:
+            terms.add_row(k, f"{v:.3f}", f"{v / step.step_s:.1%}")
+    console.print(terms)
+    console.print("assumptions:", highlight=False)
+    for a in step.assumptions:
+        console.print(f"  - {escape(a)}", highlight=False)
+
+
+def plan_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML file (a published run's id with "
+                                                  "--published)", autocompletion=recipe_names),
              overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
              gpus: Optional[int] = typer.Option(None, "--gpus", help="plan for this many GPUs"),
+             published: bool = typer.Option(False, "--published", help="NAME is a published run "
+                                            "(muse_stack/plan/published/bridge-moe.yaml): its model, system and layout"),
              json_out: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Validate the layout and estimate memory per GPU, before it costs a GPU-hour."""
+    if published:
+        from muse_stack.plan.published import load
+        from muse_stack.plan.scale import estimate
+
+        if overrides or gpus is not None:
+            raise InputError("a published run is planned as published", field="--published", value=name,
+                             fix="drop the overrides and --gpus (tune --published searches other layouts)")
+        step = estimate(load(), load().row(name))
+        if json_out:
+            typer.echo(json.dumps(step.model_dump(), indent=2))
+        else:
+            print_published(step)
+        if not step.fits:
+            raise typer.Exit(1)
+        return
     recipe = load_recipe(name, overrides or [])
     resolved = finalize(recipe, gpus=gpus)
     plan, _ = make_plan(resolved)
@@ -207,9 +260,36 @@ def tune_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML fi
              out: Optional[Path] = typer.Option(None, "--out", help="write the best layout's overrides here, one a line"),
              force: bool = typer.Option(False, "--force", help="replace the --out file if it exists"),
              json_out: bool = typer.Option(False, "--json", help="print JSON"),
+             published: bool = typer.Option(False, "--published", help="NAME is a published run: rank its layout "
+                                            "among those that fit its GPU count"),
              no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar")) -> None:
     """Search layouts that fit for the fastest predicted step; write the best as overrides."""
     import shlex
+
+    if published:
+        from muse_stack.plan.published import load
+        from muse_stack.plan.scale import tune
+
+        if overrides or gpus is not None or gpu is not None or out is not None:
+            raise InputError("a published run is tuned on its own GPUs", field="--published", value=name,
+                             fix="drop the overrides, --gpus, --gpu and --out")
+        found = tune(load(), load().row(name))
+        rank = next(i for i, c in enumerate(found) if c.published) + 1
+        if json_out:
+            typer.echo(json.dumps({"layouts": len(found), "published_rank": rank,
+                                   "best": [c.model_dump() for c in found[:top]]}, indent=2))
+            return
+        t = Table(title=f"tune: {name}: the published layout ranks {rank} of {len(found)} that fit",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+        for col in ("rank", "layout", "tokens/s/GPU", "GiB", "largest term"):
+            t.add_column(col, justify="right" if col in ("rank", "tokens/s/GPU", "GiB") else "left")
+        shown = found[:top] + ([found[rank - 1]] if rank > top else [])
+        for c in shown:
+            i = found.index(c) + 1
+            t.add_row(str(i), c.label() + (" (published)" if c.published else ""), f"{c.tokens_per_s_per_gpu:,.0f}",
+                      f"{c.memory_gib:.0f}", c.dominant)
+        console.print(t)
+        return
 
     from rich.progress import Progress
 

@@ -116,6 +116,9 @@ class Gpu(_Strict):
     memory: Memory
     peak_bf16_tflops: float = Field(gt=0)
     peak_source: str = Field(min_length=1)
+    #: dense FP8 tensor-core peak (the rate of FP8 GEMMs, current or MX scaling); None where not stated
+    peak_fp8_tflops: float | None = Field(None, gt=0)
+    peak_fp8_source: str | None = None
     hbm_gbps: float = Field(gt=0)
     hbm_source: str = Field(min_length=1)
     nvlink_gbps: float = Field(gt=0)
@@ -157,6 +160,8 @@ class GpuSpec(_Strict):
     peak_bf16_tflops: float
     peak_source: str
     arch: str
+    peak_fp8_tflops: float | None = None  #: dense FP8 peak (None: not stated)
+    peak_fp8_source: str | None = None
     per_node_default: int
     hbm_gbps: float
     hbm_source: str
@@ -255,6 +260,7 @@ class Table(_Strict):
             out[name] = GpuSpec(
                 name=name, memory_gib=g.memory.gib, memory_source=g.memory.source,
                 peak_bf16_tflops=g.peak_bf16_tflops, peak_source=g.peak_source, arch=g.arch,
+                peak_fp8_tflops=g.peak_fp8_tflops, peak_fp8_source=g.peak_fp8_source,
                 per_node_default=m.gpus_per_node, hbm_gbps=g.hbm_gbps, hbm_source=g.hbm_source,
                 nvlink_gbps=g.nvlink_gbps, nvlink_domain=m.nvlink_domain, nvlink_source=g.nvlink_source,
                 scaleout_gbps=g.scaleout_gbps, scaleout_source=g.scaleout_source,

@@ -21,6 +21,10 @@ to the runs' peak allocated memory (``benchmarks/scripts/plan/fit.py --write``).
 ``used``: :class:`muse_stack.plan.used.UsedCalibration`, the allocator's reserve and the memory outside the
 allocator measured on the runs that recorded device memory (``benchmarks/scripts/plan/fit_used.py --write``).
 
+``scale``: :class:`muse_stack.plan.scale.ScaleCalibration`, the at-scale terms' Blackwell kernel efficiency and the
+host gap per MoE layer's token-count sync, fitted to the published runs' fit rows only
+(``benchmarks/scripts/plan/validate_bridge.py --fit --write``; muse_stack/plan/published/bridge-moe.yaml).
+
 ``checkpoint``: :class:`muse_stack.plan.save.SaveCalibration`, the rate one rank writes a synchronous checkpoint
 save at, from the measured save of benchmarks/results/ckpt-save (``benchmarks/scripts/plan/fit_save.py --write``).
 
@@ -42,7 +46,8 @@ from muse_stack.util.errors import InputError
 FILE = Path(__file__).with_name("calibration.json")
 #: the sections of numbers, and the calibration whose defaults each holds
 SECTIONS = {"time": "TimeCalibration (plan/cost.py)", "memory": "Calibration (plan/memory.py)",
-            "used": "UsedCalibration (plan/used.py)", "checkpoint": "SaveCalibration (plan/save.py)"}
+            "used": "UsedCalibration (plan/used.py)", "checkpoint": "SaveCalibration (plan/save.py)",
+            "scale": "ScaleCalibration (plan/scale.py)"}
 #: section -> the fields that take their default from it (each registered by :func:`calibrated`)
 _FIELDS: dict[str, set[str]] = {s: set() for s in SECTIONS}
 
@@ -64,6 +69,7 @@ class CalibrationFile(BaseModel):
     memory: dict[str, Number]
     used: dict[str, Number]
     checkpoint: dict[str, Number]
+    scale: dict[str, Number]
 
     @field_validator("time")
     @classmethod

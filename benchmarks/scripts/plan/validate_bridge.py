@@ -1,0 +1,196 @@
+"""The planner's step time at scale checked on Megatron-Bridge's published MoE runs (CPU only).
+
+    python benchmarks/scripts/plan/validate_bridge.py --fit [--write]    # fit rows only
+    python benchmarks/scripts/plan/validate_bridge.py [--json FILE]      # every row, tune, the record
+
+The rows, the models' shapes and the protocol are muse_stack/plan/published/bridge-moe.yaml. ``--fit`` reads the
+protocol's fit rows and nothing else: it fits the two constants the protocol names (the Blackwell kernel
+efficiency and the GPU's idle time per MoE layer's token-count sync) by least squares on the log of tokens/s/GPU,
+over a grid (efficiency 0.30 to 0.70 by 0.005, host time 0 to 10 ms by 0.1 ms), and ``--write`` writes them into
+muse_stack/plan/calibration.json (``scale``). Without ``--fit`` it predicts every row with the calibration as it
+stands: the error, the role, the per-generation summary (validation rows only), where each published layout
+ranks among the layouts ``tune`` finds for its GPU count, and the B200 record's two layouts with the model's
+step split into named terms (nothing here is fitted to the record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from muse_stack.plan.cost import TimeCalibration
+from muse_stack.plan.published import load
+from muse_stack.plan.scale import ScaleCalibration, estimate, tune
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))
+import datafiles  # noqa: E402
+
+RESULT = HERE.parents[3] / "benchmarks" / "results" / "bridge-moe-validation"
+EFFICIENCIES = [round(0.30 + 0.005 * i, 4) for i in range(81)]
+GAPS = [round(1e-4 * i, 6) for i in range(101)]
+
+
+def fit() -> dict:
+    published = load()
+    rows = [r for r in published.rows if published.role(r.id) == "fit"]
+    hopper = TimeCalibration()
+    best = None
+    for e in EFFICIENCIES:
+        for g in GAPS:
+            cal = ScaleCalibration(gemm_efficiency_sm100=e, moe_sync_gap_s=g)
+            loss = sum(math.log(estimate(published, r, cal=cal, hopper=hopper).tokens_per_s_per_gpu
+                                / r.published_tokens_per_s_per_gpu) ** 2 for r in rows)
+            if best is None or loss < best[0]:
+                best = (loss, e, g)
+    loss, e, g = best
+    cal = ScaleCalibration(gemm_efficiency_sm100=e, moe_sync_gap_s=g)
+    errors = {r.id: estimate(published, r, cal=cal, hopper=hopper).tokens_per_s_per_gpu
+              / r.published_tokens_per_s_per_gpu - 1 for r in rows}
+    return {"fit_rows": [r.id for r in rows], "gemm_efficiency_sm100": e, "moe_sync_gap_s": g,
+            "rms_log_error": math.sqrt(loss / len(rows)), "fit_errors": errors}
+
+
+def predict_all(with_tune: bool = True) -> dict:
+    published = load()
+    cal, hopper = ScaleCalibration(), TimeCalibration()
+    rows = []
+    for r in published.rows:
+        step = estimate(published, r, cal=cal, hopper=hopper)
+        err = step.tokens_per_s_per_gpu / r.published_tokens_per_s_per_gpu - 1
+        entry = {"id": r.id, "role": published.role(r.id), "model": r.model, "system": r.system, "gpu": step.gpu,
+                 "precision": r.precision, "layout": {k: getattr(r, k) for k in
+                                                     ("gpus", "gbs", "mbs", "seq", "tp", "pp", "cp", "vp", "ep",
+                                                      "etp")},
+                 "microbatches": r.microbatches,
+                 "published_tokens_per_s_per_gpu": r.published_tokens_per_s_per_gpu,
+                 "predicted_tokens_per_s_per_gpu": step.tokens_per_s_per_gpu, "error": err,
+                 "predicted_mfu": step.mfu, "step_s": step.step_s, "terms_s": step.terms_s,
+                 "dominant": max(step.terms_s, key=lambda k: step.terms_s[k]),
+                 "memory_gib": step.memory_gib, "capacity_gib": step.capacity_gib, "fits": step.fits,
+                 "chunk_layers": step.chunk_layers}
+        if with_tune and entry["role"] == "validation":
+            found = tune(published, r, cal=cal, hopper=hopper)
+            rank = next(i for i, c in enumerate(found) if c.published) + 1
+            top = found[0]
+            mine = found[rank - 1]
+            entry["tune"] = {
+                "layouts": len(found), "published_rank": rank,
+                "best": top.model_dump() | {"label": top.label()},
+                "published": mine.model_dump() | {"label": mine.label()},
+                "best_over_published": top.tokens_per_s_per_gpu / mine.tokens_per_s_per_gpu - 1,
+                "why": why(published, r, top, cal, hopper) if rank > 1 else "the published layout is the pick"}
+        rows.append(entry)
+    val = [x for x in rows if x["role"] == "validation"]
+    summary = {}
+    for gen in sorted({x["gpu"] for x in rows}):
+        sel = [abs(x["error"]) for x in val if x["gpu"] == gen]
+        if sel:
+            summary[gen] = {"rows": len(sel), "median_abs_error": statistics.median(sel), "max_abs_error": max(sel)}
+    goal = published.protocol.goal
+    abs_val = [abs(x["error"]) for x in val]
+    overall = {"rows": len(val), "median_abs_error": statistics.median(abs_val), "max_abs_error": max(abs_val),
+               "within_max": sum(a <= goal.max_abs_error for a in abs_val),
+               "fit_rows": len(rows) - len(val),
+               "all_fit_in_memory": all(x["fits"] for x in rows),
+               "goal_median": goal.median_abs_error, "goal_max": goal.max_abs_error,
+               "meets_goal": statistics.median(abs_val) <= goal.median_abs_error
+               and max(abs_val) <= goal.max_abs_error}
+    return {"source": published.source.model_dump(), "protocol": published.protocol.model_dump(),
+            "calibration": {"scale": cal.model_dump(), "hopper_gemm_efficiency": hopper.gemm_efficiency_dense},
+            "rows": rows, "by_generation": summary, "validation": overall}
+
+
+def why(published, row, top, cal, hopper) -> str:
+    """The terms where tune's pick and the published layout differ most, per step."""
+    mine = estimate(published, row, cal=cal, hopper=hopper)
+    pick = estimate(published, row.model_copy(update={"tp": top.tp, "pp": top.pp, "vp": top.vp, "ep": top.ep,
+                                                       "mbs": top.mbs}), cal=cal, hopper=hopper)
+    keys = set(mine.terms_s) | set(pick.terms_s)
+    diffs = sorted(((mine.terms_s.get(k, 0.0) - pick.terms_s.get(k, 0.0), k) for k in keys), reverse=True)
+    parts = [f"{k} {d:+.3f} s" for d, k in diffs[:3] if d >= 5e-4] or ["no term by more than 0.5 ms"]
+    return (f"{top.label()} saves {mine.step_s - pick.step_s:.3f} s of {mine.step_s:.3f} s per step: "
+            + ", ".join(parts) + f" (published layout's terms minus the pick's); its memory {pick.memory_gib:.0f} "
+            f"of {pick.capacity_gib:.0f} GiB")
+
+
+#: forward passes of a decoder layer per micro-batch under full recompute (the forward and its recomputation), and
+#: the forward-equivalents of a micro-batch's work (forward, backward twice the forward, recomputed forward)
+RECOMPUTE_FORWARDS, FULL_RECOMPUTE_WORK = 2, 4
+
+
+def record() -> dict:
+    """The B200 record's two layouts, from validate.py's predictions (the Muse Spark model, nothing fitted to the
+    record), the step split into named terms, the gap to the measured step, and the at-scale host term priced on
+    each layout: the host time of a MoE layer's forward (scale.moe_sync_gap_s, fitted to the GB300 rows) against
+    the layer's GPU forward (the slowest stage's GPU work per micro-batch over its layers and the 4
+    forward-equivalents of a fully recomputed micro-batch), twice a layer and micro-batch (forward and recompute)."""
+    sys.path.insert(0, str(HERE.parent))
+    import validate  # noqa: E402  (benchmarks/scripts/plan/validate.py)
+    from muse_stack.plan.planner import make_plan
+    from muse_stack.recipes.catalogue import load_recipe
+
+    recipe = load_recipe("attune-b200")
+    host = ScaleCalibration().moe_sync_gap_s
+    out = {}
+    for name, overrides, measured in (("tuned", [], recipe.result.tokens_per_s_per_gpu),
+                                      ("untuned", validate.UNTUNED, validate.UNTUNED_MEASURED)):
+        p = validate.predict(overrides)
+        plan, _ = make_plan(load_recipe("attune-b200", overrides), strict=False)
+        t = plan.time
+        slow = max(range(len(t.stage_s)), key=lambda j: t.stage_s[j])
+        layers = plan.stages[slow]
+        fwd_layer = t.stage_gpu_s[slow] / layers / FULL_RECOMPUTE_WORK
+        sync = t.microbatches * layers * RECOMPUTE_FORWARDS * max(0.0, host - fwd_layer)
+        step_meas = recipe.batch.gbs * recipe.batch.seq_length / (measured * recipe.hardware.count)
+        out[name] = {"overrides": overrides, "measured_tokens_per_s_per_gpu": measured,
+                     "predicted_tokens_per_s_per_gpu": p["tokens_per_s_per_gpu"],
+                     "error": p["tokens_per_s_per_gpu"] / measured - 1, "measured_step_s": step_meas,
+                     "predicted_step_s": p["step_s"], "terms_s": p["terms_s"],
+                     "host_sync_at_scale": {"moe_layer_forward_gpu_s": fwd_layer, "host_s": host,
+                                            "added_s": sync},
+                     "gap_s": step_meas - p["step_s"] - sync}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fit", action="store_true", help="fit the protocol's constants to the fit rows only")
+    ap.add_argument("--write", action="store_true", help="with --fit: write them into calibration.json")
+    ap.add_argument("--json", type=Path, help="write the result here")
+    ap.add_argument("--no-tune", action="store_true")
+    args = ap.parse_args()
+    if args.fit:
+        out = fit()
+        print(json.dumps(out, indent=1))
+        if args.write:
+            cmd = datafiles.command(HERE, "--fit", "--write")
+            datafiles.write_calibration({"scale": {
+                "gemm_efficiency_sm100": datafiles.entry(out["gemm_efficiency_sm100"], RESULT, cmd),
+                "moe_sync_gap_s": datafiles.entry(out["moe_sync_gap_s"], RESULT, cmd)}})
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1) + "\n")
+        return
+    out = predict_all(with_tune=not args.no_tune)
+    out["record"] = record()
+    for x in out["rows"]:
+        t = x.get("tune", {})
+        print(f"{x['id']:30} {x['role']:10} published {x['published_tokens_per_s_per_gpu']:7.0f} predicted "
+              f"{x['predicted_tokens_per_s_per_gpu']:7.0f} ({x['error']:+.1%}) {x['dominant']:12} "
+              f"mem {x['memory_gib']:5.0f}/{x['capacity_gib']:.0f}"
+              + (f"  rank {t['published_rank']}/{t['layouts']}" if t else ""))
+    print(json.dumps(out["by_generation"], indent=1), json.dumps(out["validation"], indent=1))
+    for k, v in out["record"].items():
+        print(f"record {k}: measured {v['measured_tokens_per_s_per_gpu']:.1f}, predicted "
+              f"{v['predicted_tokens_per_s_per_gpu']:.1f} ({v['error']:+.1%}); step {v['measured_step_s']:.2f} s "
+              f"measured, {v['predicted_step_s']:.2f} s predicted, {v['gap_s']:.2f} s in no term")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
