@@ -4,7 +4,7 @@
 # lease of one machine; then a long FP8 run against bf16 on the shipped dispatcher, judged by `compare` (its default
 # preset, Bridge's convergence check). Needs TE 2.20.2 + megatron-core 0.19.2 in /tmp/site
 # (benchmarks/scripts/stage-gpu.sh te-install).
-#   usage: OUT=dir [SHAPE_OVERRIDES="a.b=c ..."] bash benchmarks/scripts/fp8_dispatch.sh speed
+#   usage: OUT=dir [SHAPE_OVERRIDES="a.b=c ..."] bash benchmarks/scripts/fp8_dispatch.sh speed|shipped
 #          OUT=dir [SHAPE_OVERRIDES=...] [STEPS=300] bash benchmarks/scripts/fp8_dispatch.sh converge
 # SHAPE_OVERRIDES: a smaller slice for an 80 GB card (each run's recipe.yaml records it).
 set -uo pipefail
@@ -26,6 +26,12 @@ one() {  # name, extra overrides...
   cp "runs/fp8d-$name"/{results.json,metrics.jsonl,fingerprint.json,recipe.yaml} "$OUT/$name/" 2>/dev/null
 }
 case "${1:-speed}" in
+shipped)  # the two runs on the shipped dispatcher only
+  one bf16-allgather
+  one fp8-allgather $FP8
+  PYTHONPATH=/tmp/site:. python3 -m muse_stack.cli compare runs/fp8d-bf16-allgather runs/fp8d-fp8-allgather --json --no-plot \
+    > "$OUT/compare-bf16-allgather-fp8-allgather.json" 2> "$OUT/compare-bf16-allgather-fp8-allgather.err"
+  echo "compare rc=$?" ;;
 speed)
   one bf16-allgather
   one fp8-allgather $FP8
