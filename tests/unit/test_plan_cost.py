@@ -310,15 +310,12 @@ def test_record_predictions_are_the_committed_ones(validation):
     assert ep4["fits"] is False and validation["ep4"]["fits"] is False
 
 
-def test_readme_prints_the_validation(validation):
+def test_readme_points_at_the_validation_and_restates_none_of_it(validation):
+    """The record's figures have one owner (benchmarks/results/plan/validate.json); the README points there."""
     readme = (ROOT / "README.md").read_text()
+    assert "benchmarks/results/plan/" in readme
     for key in ("tuned", "untuned"):
-        row = validation[key]
-        assert f"| {row['tokens_per_s_per_gpu']:.1f} | {row['measured']} | {row['error']:+.1%} |" in readme, key
-    assert f"| {validation['ratio']['predicted']:.2f} | {validation['ratio']['measured']:.2f} |" in readme
-    assert f"| {validation['used']['predicted_gib']:.1f} GiB | {validation['used']['measured_gib']} GiB |" in readme
-    assert f"{validation['ep4']['used_gib']:.1f} GiB: does not fit" in readme
-    assert validation["tune"]["best"][0]["label"] in readme
+        assert f"{validation[key]['tokens_per_s_per_gpu']:.1f}" not in readme, key
     planning = (ROOT / "docs" / "planning.md").read_text()
     for key in ("tuned", "untuned"):
         assert f"{validation[key]['tokens_per_s_per_gpu']:.1f}" in planning, key
