@@ -64,12 +64,9 @@ def fp8_kwargs(recipe: Recipe) -> dict[str, Any]:
     if recipe.precision != "fp8":
         return {}
     settings = recipe.fp8
-    # the grouped expert GEMMs take FP8 inputs in multiples of 16 (32 for MXFP8) tokens per expert. The
-    # token-moving dispatchers (alltoall, flex) pad the routing map with empty slots, which computes nothing;
-    # megatron-core refuses that padding for the allgather dispatcher, where TEGroupedMLP pads each expert's
-    # permuted tokens itself (TE's Fp8Padding before the GEMMs, Fp8Unpadding after)
-    pad_routing_map = (recipe.layout.dispatcher or "alltoall") != "allgather"
-    return {"fp8": settings.format, "fp8_recipe": settings.recipe, "moe_router_padding_for_fp8": pad_routing_map}
+    # the grouped expert GEMMs take FP8 inputs in multiples of 16 (32 for MXFP8) tokens per expert:
+    # megatron-core pads the routing map with empty slots, which computes nothing
+    return {"fp8": settings.format, "fp8_recipe": settings.recipe, "moe_router_padding_for_fp8": True}
 
 
 def ddp_config_kwargs(recipe: Recipe) -> dict[str, Any]:
