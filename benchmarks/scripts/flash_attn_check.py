@@ -133,7 +133,7 @@ def check(lock_name: str, out: Path) -> dict:
 
 
 def result_header(report: dict, lock_name: str) -> dict:
-    """result.json of the folder the lead commits (benchmarks/results/replay-LOCK-flash-attn)."""
+    """result.json of the result folder benchmarks/results/replay-LOCK-flash-attn."""
     archs = ";".join(a.replace(".", "") for a in report["want_archs"])
     verdict = "agree with" if report.get("ok") else "do not all agree with"
     return {
