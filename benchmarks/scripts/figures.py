@@ -1712,6 +1712,26 @@ def demo_transcript() -> str:
     return "\n```\n" + "\n".join(["...", *lines[final:final + 2], "...", *lines[tail:]]) + "\n```\n"
 
 
+# ---- results/towers-parity-pinned-routing ---------------------------------------------------------------------------
+
+
+def towers_pinned() -> dict:
+    """Each parity run's figures and the towers' bounds (tests/lab/test_benchmarks_megatron.py)."""
+    folder = "towers-parity-pinned-routing"
+    out: dict = {}
+    for run in ("pinned", "defect", "unpinned"):
+        d = data(f"{folder}/parity-towers-{run}.json")
+        ref = d["logits_rel_rms_reference_bf16_vs_fp32"]
+        out[f"{run}.loss"] = sci(d["rel_diff_vs_fp32"])
+        out[f"{run}.logits"] = f(d["logits_rel_rms_megatron_vs_fp32"], 4)
+        out[f"{run}.ref16"] = f(ref, 4)
+        out[f"{run}.ratio"] = f(d["logits_rel_rms_megatron_vs_fp32"] / ref, 2)
+        out[f"{run}.features"] = sci(d["image_features_rel_rms_megatron_vs_fp32"])
+        steps = d.get("max_step_loss_rel_diff")
+        out[f"{run}.steps"] = sci(steps, 2) if steps is not None else "-"
+    return out
+
+
 # ---- benchmarks/README.md ---------------------------------------------------------------------------------------------
 
 
@@ -1818,6 +1838,7 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/replay/README.md": replay,
     "docs/images.md": images_doc,
     "benchmarks/results/demo-tiny-cpu/README.md": demo_folder,
+    "benchmarks/results/towers-parity-pinned-routing/README.md": towers_pinned,
     "benchmarks/results/gc-steady/README.md": gc_steady,
     "benchmarks/results/fp8-slice/README.md": fp8_slice,
     "benchmarks/results/slice-1gpu-b200-set/README.md": b200_set,

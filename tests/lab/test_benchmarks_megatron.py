@@ -228,3 +228,21 @@ def test_kept_recipes_are_the_ones_that_ran():
     for file in kept:
         recorded = json.loads((file.parent / "fingerprint.json").read_text())["run_inputs"]["recipe_sha256"]
         assert hashlib.sha256(file.read_bytes()).hexdigest() == recorded, file
+
+
+def test_committed_pinned_towers_parity_and_its_negative_control():
+    """benchmarks/results/towers-parity-pinned-routing: the engine's logits with routing pinned within the derived
+    bound, the image features and the loaded weights' loss within theirs; the damaged projection beyond both tower
+    bounds. (Its three training steps exceed LOSS_REL_TOL, the open failure its README states.)"""
+    folder = BENCH / "towers-parity-pinned-routing"
+    pinned = json.loads((folder / "parity-towers-pinned.json").read_text())
+    assert pinned["pin_routing"] and pinned["defect"] is None
+    assert pinned["rel_diff_vs_fp32"] < LOSS_REL_TOL
+    assert pinned["logits_rel_rms_megatron_vs_fp32"] < \
+        LOGITS_PINNED_VS_REFERENCE_BF16 * pinned["logits_rel_rms_reference_bf16_vs_fp32"]
+    assert pinned["image_features_rel_rms_megatron_vs_fp32"] < TOWER_FEATURES_REL_TOL
+    damaged = json.loads((folder / "parity-towers-defect.json").read_text())
+    assert damaged["pin_routing"] and damaged["defect"] == "vision-projection-x1.5"
+    assert damaged["logits_rel_rms_megatron_vs_fp32"] > \
+        LOGITS_PINNED_VS_REFERENCE_BF16 * damaged["logits_rel_rms_reference_bf16_vs_fp32"]
+    assert damaged["image_features_rel_rms_megatron_vs_fp32"] > TOWER_FEATURES_REL_TOL
