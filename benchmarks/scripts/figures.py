@@ -1729,6 +1729,15 @@ def towers_pinned() -> dict:
         out[f"{run}.features"] = sci(d["image_features_rel_rms_megatron_vs_fp32"])
         steps = d.get("max_step_loss_rel_diff")
         out[f"{run}.steps"] = sci(steps, 2) if steps is not None else "-"
+    cpu = data(f"{folder}/cpu-routing.json")
+    out["cpu.flips"] = ", ".join(str(n) for n in cpu["unpinned"]["flipped_tokens_by_layer"])
+    out["cpu.pinned-flips"] = ", ".join(str(n) for n in cpu["pinned"]["flipped_tokens_by_layer"])
+    out["cpu.unpinned"] = f(cpu["unpinned"]["logits_rel_rms_bf16_vs_fp32"], 3)
+    out["cpu.perturbed"] = f(cpu["unpinned"]["logits_rel_rms_perturbed_fp32_vs_fp32"], 3)
+    out["cpu.pinned"] = f(cpu["pinned"]["logits_rel_rms_bf16_vs_fp32"], 3)
+    out["cpu.bound"] = f(2 ** 0.5 * cpu["pinned"]["logits_rel_rms_bf16_vs_fp32"], 3)
+    out["cpu.defect"] = f(cpu["pinned"]["defect_logits_rel_rms_bf16_vs_fp32"], 3)
+    out["cpu.machine"] = f"{cpu['cpu_capability']}, {cpu['threads']} threads, torch {cpu['torch']}"
     return out
 
 

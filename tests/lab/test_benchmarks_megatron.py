@@ -76,8 +76,9 @@ def test_same_weights_same_loss_with_towers():
 #: reference's bf16 autocast rounds each matmul's inputs and output to bf16; the engine rounds at the same points
 #: and at most once more at each (bf16 storage of the activations between its fused kernels, bf16 tower weights):
 #: at most twice the variance, so at most sqrt(2) times the reference's bf16 error. Unpinned, the same model's
-#: logits are chaotic at initialisation (top-k near-ties flip and later layers amplify them: 25-41% relative RMS for
-#: any perturbation from 2^-12 up), and no rounding model bounds them
+#: logits are chaotic at initialisation (top-k near-ties flip and later layers amplify them: a perturbation far below
+#: bf16's rounding moves them more than pinned bf16 does; benchmarks/results/towers-parity-pinned-routing/
+#: cpu-routing.json), and no rounding model bounds them
 LOGITS_PINNED_VS_REFERENCE_BF16 = 2 ** 0.5
 
 

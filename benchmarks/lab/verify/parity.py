@@ -132,8 +132,7 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
         defect: str | None = None) -> dict[str, Any]:
     """The engine against the reference on one batch. ``pin_routing`` fixes every layer's top-k by a bias ladder
     (``PIN_STEP``) in both models, so that bf16 rounding cannot flip an expert choice: at initialisation the scores
-    are near-ties and each flip changes a token's MoE output, which later layers amplify (the logits of an fp32
-    reference with its embeddings perturbed by 2^-12 differ by 25% relative RMS). ``defect`` (a ``DEFECTS`` key)
+    are near-ties and each flip changes a token's MoE output, which later layers amplify (lab.verify.towers_bound measures it). ``defect`` (a ``DEFECTS`` key)
     damages the engine's loaded weights: the negative control of the bounds."""
     from muse_stack.engines.megatron_available import require_megatron
 
@@ -154,17 +153,15 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
         raise SystemExit("with PP or CP > 1 the comparison is the first training step: pass --train-steps K >= 1")
     reference = MuseSparkForCausalLM(cfg, seed=seed, towers=tower_cfg)
     if pin_routing:
-        _pin_routing(reference)
+        pin_expert_choice(reference)
     state = {k: v.clone() for k, v in reference.state_dict().items()}
     device = torch.device("cuda", local)
     torch.cuda.set_device(device)
     reference = reference.to(device)
     on = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}
-    args = dict(position_ids=on["position_ids"], segment_ids=on["segment_ids"], labels=on["labels"],
-                loss_mask=on["loss_mask"])
-    from muse_stack.models.muse_spark.perception import MEDIA_INPUTS, image_features
+    args = reference_args(on)
+    from muse_stack.models.muse_spark.perception import image_features
 
-    args.update({k: on[k] for k in MEDIA_INPUTS if k in on})
     with torch.no_grad():
         ref32 = reference(on["input_ids"], **args)
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -234,7 +231,16 @@ def engine_forward_backward(engine, batch: dict[str, Any]) -> tuple[torch.Tensor
     return logits, float(loss)
 
 
-def _pin_routing(model: torch.nn.Module) -> None:
+def reference_args(batch: dict[str, Any]) -> dict[str, Any]:
+    """The reference model's keyword inputs for ``batch`` (positions, segments, labels, loss mask, media)."""
+    from muse_stack.models.muse_spark.perception import MEDIA_INPUTS
+
+    return dict(position_ids=batch["position_ids"], segment_ids=batch["segment_ids"], labels=batch["labels"],
+                loss_mask=batch["loss_mask"], **{k: batch[k] for k in MEDIA_INPUTS if k in batch})
+
+
+def pin_expert_choice(model: torch.nn.Module) -> None:
+    """Every layer's expert bias set to the ladder ``PIN_STEP * e`` (``pin_routing``)."""
     for name, buf in model.named_buffers():
         if name.endswith("e_score_correction_bias"):
             buf.copy_(PIN_STEP * torch.arange(buf.numel(), dtype=buf.dtype, device=buf.device))
@@ -251,7 +257,7 @@ def _train(engine, recipe, cfg, batch, steps: int, local: int, pin_routing: bool
                            resolved=finalize(recipe, gpus=1))
     ref_engine = ReferenceEngine(ref_ctx)
     if pin_routing:
-        _pin_routing(ref_engine.model)
+        pin_expert_choice(ref_engine.model)
     ref = TrainSteps(ref_engine, recipe, _OneBatch(batch), steps)
     theirs = [ref.step(s) for s in range(1, steps + 1)]
     return {"train_steps": steps,
