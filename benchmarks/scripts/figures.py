@@ -1741,6 +1741,30 @@ def towers_pinned() -> dict:
     return out
 
 
+def planning_record() -> dict:
+    """docs/planning.md's figures of the B200 record out of sample (results/plan/validate.json)."""
+    v = data("plan/validate.json")
+    out: dict = {}
+    for key in ("tuned", "untuned"):
+        out[f"record.{key}.pred"] = f(v[key]["tokens_per_s_per_gpu"], 1)
+        out[f"record.{key}.meas"] = str(v[key]["measured"])
+        out[f"record.{key}.err"] = f"{v[key]['error']:+.1%}"
+        out[f"record.{key}.dom"] = v[key]["dominant"]
+    out["record.ratio.pred"] = f(v["ratio"]["predicted"], 2)
+    out["record.ratio.meas"] = f(v["ratio"]["measured"], 2)
+    out["record.ratio.err"] = f"{v['ratio']['error']:+.1%}"
+    out["record.ratio.high"] = pct(v["ratio"]["error"], 1)
+    t, best = v["tune"], v["tune"]["best"][0]
+    out["record.tune.planned"] = n0(t["planned"])
+    out["record.tune.seconds"] = f(t["seconds"], 1)
+    out["record.tune.best"] = best["label"]
+    out["record.tune.tps"] = f(best["tokens_per_s_per_gpu"], 1)
+    out["record.tune.used"] = f(best["used_gib"], 1)
+    out["record.tune.dom"] = best["dominant"]
+    out["record.tune.gain"] = f"{t['gain_over_own_prediction']:+.1%}"
+    return out
+
+
 # ---- benchmarks/README.md ---------------------------------------------------------------------------------------------
 
 
@@ -1857,7 +1881,8 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/embedgrad/README.md": embedgrad,
     "benchmarks/results/plan/README.md": plan_folder,
     "benchmarks/results/bridge-moe-validation/README.md": bridge_moe_folder,
-    "docs/planning.md": lambda: {k: v for k, v in bridge_moe_folder().items() if k in ("bridge.median", "bridge.max")},
+    "docs/planning.md": lambda: {k: v for k, v in bridge_moe_folder().items() if k in ("bridge.median", "bridge.max")}
+    | planning_record(),
     "benchmarks/results/plan-sweep/README.md": plan_sweep,
     "benchmarks/results/plan-sweep/2026-12-03/README.md": plan_sweep_earlier("2026-12-03", partial=True),
     "benchmarks/results/plan-sweep/2026-12-02/README.md": plan_sweep_earlier("2026-12-02"),
