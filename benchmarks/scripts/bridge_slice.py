@@ -89,6 +89,12 @@ def _import_bridge():
                          "benchmarks/scripts/bridge/stage.sh install and put its target (/tmp/site-bridge) on PYTHONPATH") from e
 
 
+def fields_of(config_cls, mapped: dict) -> tuple[dict, list[str]]:
+    """The entries of ``mapped`` that are fields of the dataclass ``config_cls``, and the names of those that are not."""
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    return {k: v for k, v in mapped.items() if k in names}, sorted(set(mapped) - names)
+
+
 def provider_kwargs(recipe, cfg, args, provider_cls) -> tuple[dict, list[str]]:
     """GPTModelProvider keyword arguments: our TransformerConfig mapping where the provider has the
     field, then Bridge's GPT fields and fusions; also the mapped keys the provider lacks."""
@@ -102,9 +108,7 @@ def provider_kwargs(recipe, cfg, args, provider_cls) -> tuple[dict, list[str]]:
     mapped["activation_func"] = F.silu
     mapped["params_dtype"] = getattr(torch, mapped["params_dtype"])
     mapped["pipeline_dtype"] = getattr(torch, mapped["pipeline_dtype"])
-    names = {f.name for f in dataclasses.fields(provider_cls)}
-    kwargs = {k: v for k, v in mapped.items() if k in names}
-    dropped = sorted(set(mapped) - names)
+    kwargs, dropped = fields_of(provider_cls, mapped)
     accum = {"on": True, "off": False, "te": True}.get(args.grad_accum_fusion, tp_layers._grad_accum_fusion_available)
     kwargs.update(
         vocab_size=cfg.vocab_size, should_pad_vocab=False, seq_length=recipe.batch.seq_length,
@@ -129,9 +133,7 @@ def engine_optimizer_kwargs(recipe, config_cls) -> tuple[dict, list[str]]:
     remainders and every optimizer engine option included), less the fields Bridge's class lacks."""
     from muse_stack.engines.mcore.config import optimizer_config_kwargs
 
-    mapped = optimizer_config_kwargs(recipe)
-    names = {f.name for f in dataclasses.fields(config_cls)}
-    return {k: v for k, v in mapped.items() if k in names}, sorted(set(mapped) - names)
+    return fields_of(config_cls, optimizer_config_kwargs(recipe))
 
 
 def engine_ddp_kwargs(recipe, config_cls, fp32_reduce: bool) -> tuple[dict, list[str]]:
@@ -142,8 +144,7 @@ def engine_ddp_kwargs(recipe, config_cls, fp32_reduce: bool) -> tuple[dict, list
 
     mapped = dict(ddp_config_kwargs(recipe), grad_reduce_in_fp32=fp32_reduce, overlap_grad_reduce=False,
                   overlap_param_gather=False, average_in_collective=False, check_for_large_grads=False)
-    names = {f.name for f in dataclasses.fields(config_cls)}
-    return {k: v for k, v in mapped.items() if k in names}, sorted(set(mapped) - names)
+    return fields_of(config_cls, mapped)
 
 
 def te_wgrad_accumulation():

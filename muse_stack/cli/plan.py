@@ -24,10 +24,16 @@ from muse_stack.resolve.recipe import finalize
 console = Console()
 
 
-def print_plan(plan: Plan) -> None:
-    t = Table(title=f"plan: {plan.recipe}", show_header=False, title_justify="left")
+def facts_table(title: str) -> Table:
+    """A table of named facts: the name in bold, then its value, the title on the left."""
+    t = Table(title=title, show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
+    return t
+
+
+def print_plan(plan: Plan) -> None:
+    t = facts_table(f"plan: {plan.recipe}")
     t.add_row("GPUs", f"{plan.world_size} x {plan.gpu} ({plan.nodes} nodes)")
     t.add_row("layout", f"TP {plan.tp}  PP {plan.pp}  CP {plan.cp}  EP {plan.ep}  ETP {plan.etp}  "
                         f"SP {plan.sequence_parallel}")
@@ -181,10 +187,7 @@ def print_published(step) -> None:
 
     published = load()
     row = published.row(step.row)
-    t = Table(title=f"plan: {row.id} ({row.label}, {row.system}, {published.source.container})", show_header=False,
-              title_justify="left")
-    t.add_column(style="bold")
-    t.add_column()
+    t = facts_table(f"plan: {row.id} ({row.label}, {row.system}, {published.source.container})")
     t.add_row("GPUs", f"{row.gpus} x {step.gpu}; {step.links}")
     t.add_row("layout", f"{row.precision}  GBS {row.gbs}  MBS {row.mbs}  seq {row.seq}  TP {row.tp}  PP {row.pp}  "
                         f"VP {row.vp}  CP {row.cp}  EP {row.ep}  ETP {row.etp}  DP {row.dp}")

@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from muse_stack.util import atomic
-from muse_stack.util.atomic import disk_full  # noqa: F401 - the trainer reads it here
 from muse_stack.util.errors import InputError, MuseStackError
 from muse_stack.run import dist
 from muse_stack.run import faults

@@ -37,7 +37,8 @@ from muse_stack.resolve.recipe import ResolvedRecipe
 from muse_stack.recipes.schema import Recipe
 from muse_stack.run import dist
 from muse_stack.run import faults, rundir
-from muse_stack.run.checkpoints import CheckpointManager, disk_full, out_of_space
+from muse_stack.run.checkpoints import CheckpointManager, out_of_space
+from muse_stack.util.atomic import disk_full
 from muse_stack.run.checkpoints import latest as checkpoints_latest
 from muse_stack.run.signals import StopFlag, StopRequested
 from muse_stack.run.steps import TrainSteps
