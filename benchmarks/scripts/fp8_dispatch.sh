@@ -7,10 +7,8 @@
 #   usage: OUT=dir [SHAPE_OVERRIDES="a.b=c ..."] bash benchmarks/scripts/fp8_dispatch.sh speed|shipped
 #          OUT=dir [SHAPE_OVERRIDES=...] [STEPS=300] bash benchmarks/scripts/fp8_dispatch.sh converge
 # SHAPE_OVERRIDES: a smaller slice for an 80 GB card (each run's recipe.yaml records it).
-# The allgather FP8 runs are refused today (layout.dispatcher, named by the recipe check): megatron-core refuses its
-# routing-map padding there, and whether TEGroupedMLP's own padding (TE's Fp8Padding) carries FP8 on that dispatcher is
-# what these runs are for, with the recipe check and muse_stack/engines/mcore/config.py fp8_kwargs changed to pad in
-# the experts under allgather.
+# On the allgather dispatcher megatron-core refuses its routing-map padding, so the experts pad their own rows
+# (TEGroupedMLP's TE Fp8Padding; muse_stack/engines/mcore/config.py fp8_kwargs).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
@@ -48,8 +46,8 @@ speed)
   done ;;
 converge)
   S=${STEPS:-300}
-  one bf16-allgather-$S training.steps=$S
   one fp8-allgather-$S $FP8 training.steps=$S
+  one bf16-allgather-$S training.steps=$S
   PYTHONPATH=/tmp/site:. python3 -m muse_stack.cli compare "runs/fp8d-bf16-allgather-$S" "runs/fp8d-fp8-allgather-$S" --json --no-plot \
     > "$OUT/compare-$S-steps.json" 2> "$OUT/compare-$S-steps.err"; echo "compare rc=$?" ;;
 esac

@@ -154,10 +154,6 @@ def _check_fp8(recipe: Recipe) -> None:
         if getattr(settings, key) is None:
             raise RecipeError(f"precision: fp8 needs fp8.{key} stated: it changes training", field=f"fp8.{key}",
                               value=None, fix=f"state it, e.g. fp8.{key}={example}")
-    if recipe.layout.dispatcher == "allgather":
-        raise RecipeError("FP8 grouped expert GEMMs need each expert's tokens padded to the FP8 multiple, which "
-                          "megatron-core does only with the alltoall or flex dispatcher", field="layout.dispatcher",
-                          value="allgather", fix="set layout.dispatcher=alltoall (or flex) with precision: fp8")
     if settings.recipe == "delayed" and recipe.recompute.granularity == "full":
         raise RecipeError("fp8.recipe delayed with full recompute would update the amax history twice per "
                           "step (the recomputed forward counts again)", field="fp8.recipe", value="delayed",

@@ -19,15 +19,13 @@ def test_fp8_sets_te_fp8_gemms_on_bf16_weights():
     kw = transformer_config_kwargs(recipe, recipe.model_config_resolved())
     assert (kw["fp8"], kw["fp8_recipe"]) == ("hybrid", "tensorwise")
     assert kw["bf16"] and kw["params_dtype"] == "bfloat16"
-    assert kw["moe_router_padding_for_fp8"]
+    assert kw["moe_router_padding_for_quantization"]  # alltoall: the router pads
     bf16 = load_recipe("slice-1gpu")
     plain = transformer_config_kwargs(bf16, bf16.model_config_resolved())
     assert "fp8" not in plain and plain["bf16"]
 
 
 @pytest.mark.parametrize("overrides,field", [
-    # megatron-core pads the experts' tokens for FP8 only with alltoall/flex; slice-1gpu ships allgather
-    (["precision=fp8", "fp8.recipe=tensorwise", "fp8.format=hybrid"], "layout.dispatcher"),
     (["precision=fp8", "fp8.format=hybrid", "layout.dispatcher=alltoall"], "fp8.recipe"),
     (["precision=fp8", "fp8.recipe=tensorwise", "layout.dispatcher=alltoall"], "fp8.format"),
     (["precision=fp8", "fp8.recipe=mxfp8", "fp8.format=hybrid", "layout.dispatcher=alltoall"], "fp8.recipe"),  # sm100 only
@@ -39,6 +37,16 @@ def test_fp8_is_refused_naming_the_field(overrides, field):
     with pytest.raises(RecipeError) as info:
         resolve(load_recipe("slice-1gpu", overrides))
     assert info.value.field == field
+
+
+def test_fp8_on_the_shipped_allgather_dispatcher_pads_in_the_experts():
+    """megatron-core refuses its router padding with allgather (TransformerConfig raises); there
+    TEGroupedMLP pads each expert's rows itself, so the engine asks for no router padding."""
+    recipe = load_recipe("slice-1gpu", FP8[:3])
+    resolve(recipe)  # accepted as shipped
+    assert recipe.layout.dispatcher == "allgather"
+    kw = transformer_config_kwargs(recipe, recipe.model_config_resolved())
+    assert kw["fp8"] == "hybrid" and kw["moe_router_padding_for_quantization"] is False
 
 
 def test_fp8_on_the_reference_engine_is_refused():

@@ -247,23 +247,88 @@ def pin_expert_choice(model: torch.nn.Module) -> None:
 
 
 def _train(engine, recipe, cfg, batch, steps: int, local: int, pin_routing: bool = False) -> dict[str, Any]:
+    """``steps`` optimizer steps of the engine, of the reference in bf16 autocast and of the reference in fp32, in
+    lockstep on the same batch. After each step the three models' logits on the batch (the next step's forward) are
+    compared as the loaded weights' are: the engine's and the bf16 reference's relative RMS from the fp32
+    reference's, and per token the L2 norm of the loss gradient in the logits (softmax minus one-hot, over the loss
+    tokens), which turns a logits difference into a bound on the next loss difference (``loss_bound``)."""
     from muse_stack.engines.reference import ReferenceEngine
     from muse_stack.run.steps import TrainSteps
 
+    def reference(precision: str):
+        rec = recipe.model_copy(update={"precision": precision})
+        ctx = TrainContext(recipe=rec, model=cfg, rank=0, world_size=1, local_rank=local,
+                           resolved=finalize(rec, gpus=1))
+        ref_engine = ReferenceEngine(ctx)
+        if pin_routing:
+            pin_expert_choice(ref_engine.model)
+        return ref_engine, TrainSteps(ref_engine, rec, _OneBatch(batch), steps)
+
     driven = TrainSteps(engine, recipe, _OneBatch(batch), steps)
-    mine = [driven.step(s) for s in range(1, steps + 1)]
     # the reference alone on this GPU: GBS / MBS micro-batches of the same row, as the engine's DP ranks
-    ref_ctx = TrainContext(recipe=recipe, model=cfg, rank=0, world_size=1, local_rank=local,
-                           resolved=finalize(recipe, gpus=1))
-    ref_engine = ReferenceEngine(ref_ctx)
-    if pin_routing:
-        pin_expert_choice(ref_engine.model)
-    ref = TrainSteps(ref_engine, recipe, _OneBatch(batch), steps)
-    theirs = [ref.step(s) for s in range(1, steps + 1)]
+    ref16_engine, ref16 = reference(recipe.precision)
+    ref32_engine, ref32 = reference("fp32")
+    device = torch.device("cuda", local)
+    on = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}
+    args = reference_args(on)
+    mine, theirs, fp32, after = [], [], [], []
+    for s in range(1, steps + 1):
+        mine.append(driven.step(s))
+        theirs.append(ref16.step(s))
+        fp32.append(ref32.step(s))
+        if s == steps or engine.ctx.world_size > 1:
+            continue  # the logits of the weights a later step's forward reads (one rank: TP, PP and CP 1)
+        with torch.no_grad():
+            z32 = ref32_engine.model(on["input_ids"], **args).logits.float()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                z16 = ref16_engine.model(on["input_ids"], **args).logits.float()
+            zme = eval_logits_of(engine, batch)
+        after.append({"after_step": s, **logits_deviation(zme, z16, z32, on["labels"])})
     return {"train_steps": steps,
             "megatron_step_losses": [m.loss for m in mine], "reference_step_losses": [r.loss for r in theirs],
+            "reference_fp32_step_losses": [r.loss for r in fp32],
             "megatron_grad_norms": [m.grad_norm for m in mine], "reference_grad_norms": [r.grad_norm for r in theirs],
+            "reference_fp32_grad_norms": [r.grad_norm for r in fp32],
+            "logits_after_steps": after,
             "max_step_loss_rel_diff": max(abs(m.loss - r.loss) / r.loss for m, r in zip(mine, theirs))}
+
+
+def eval_logits_of(engine, batch: dict[str, Any]) -> torch.Tensor:
+    from lab.engine import eval_logits
+
+    return eval_logits(engine, batch)
+
+
+def logits_deviation(mine: torch.Tensor, bf16: torch.Tensor, fp32: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """The engine's and the bf16 reference's logits against the fp32 reference's on the loss tokens: relative RMS,
+    the RMS over loss tokens of each token's L2 difference norm, and the RMS of the per-token loss gradient's norm
+    (``|softmax(z) - onehot|``). For a mean token loss L over T tokens, convexity of the cross-entropy in the logits
+    (Hessian ``diag(p) - p p^T``, largest eigenvalue at most 1/2) gives, per token,
+    ``|dL_t| <= |g_t| |dz_t| + |dz_t|^2 / 4``, so by Cauchy-Schwarz over tokens
+    ``|dL| <= rms(|g|) rms(|dz|) + rms(|dz|)^2 / 4``: ``loss_bound``."""
+    keep = labels.reshape(-1) != -100
+    v = fp32.shape[-1]
+    z32, z16, zme = (t.reshape(-1, v)[keep].double() for t in (fp32, bf16, mine))
+    target = labels.reshape(-1)[keep]
+    grad = torch.softmax(z32, dim=-1)
+    grad[torch.arange(len(target)), target] -= 1.0
+    rms_grad = float(grad.norm(dim=-1).pow(2).mean().sqrt())
+    scale = float(z32.pow(2).mean().sqrt())
+
+    def dev(z):
+        d = z - z32
+        return float(d.pow(2).mean().sqrt()) / scale, float(d.norm(dim=-1).pow(2).mean().sqrt())
+
+    (rel_me, tok_me), (rel_16, tok_16) = dev(zme), dev(z16)
+    return {"logits_rel_rms_megatron_vs_fp32": rel_me, "logits_rel_rms_reference_bf16_vs_fp32": rel_16,
+            "token_logits_diff_rms_megatron": tok_me, "token_logits_diff_rms_reference_bf16": tok_16,
+            "token_loss_grad_rms": rms_grad}
+
+
+def loss_bound(token_loss_grad_rms: float, token_logits_diff_rms: float) -> float:
+    """The largest mean-token-loss difference that a logits difference of ``token_logits_diff_rms`` (per-token L2 norm,
+    RMS over tokens) allows (``logits_deviation``)."""
+    return token_loss_grad_rms * token_logits_diff_rms + token_logits_diff_rms ** 2 / 4
 
 
 def main(argv: list[str] | None = None) -> int:

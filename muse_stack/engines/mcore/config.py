@@ -64,9 +64,12 @@ def fp8_kwargs(recipe: Recipe) -> dict[str, Any]:
     if recipe.precision != "fp8":
         return {}
     settings = recipe.fp8
-    # the grouped expert GEMMs take FP8 inputs in multiples of 16 (32 for MXFP8) tokens per expert:
-    # megatron-core pads the routing map with empty slots, which computes nothing
-    return {"fp8": settings.format, "fp8_recipe": settings.recipe, "moe_router_padding_for_fp8": True}
+    # the grouped expert GEMMs take FP8 inputs in multiples of 16 (32 for MXFP8) tokens per expert. The
+    # alltoall and flex dispatchers pad the routing map with empty slots (megatron-core's router padding,
+    # which computes nothing); megatron-core refuses that padding with the allgather dispatcher, where
+    # TEGroupedMLP pads each expert's rows itself (TE's Fp8Padding) and unpads its output
+    router_pads = (recipe.layout.dispatcher or "alltoall") != "allgather"
+    return {"fp8": settings.format, "fp8_recipe": settings.recipe, "moe_router_padding_for_quantization": router_pads}
 
 
 def ddp_config_kwargs(recipe: Recipe) -> dict[str, Any]:
