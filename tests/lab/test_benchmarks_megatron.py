@@ -89,7 +89,31 @@ def _check_towers_parity(out: dict) -> None:
     assert out["logits_rel_rms_megatron_vs_fp32"] < \
         LOGITS_PINNED_VS_REFERENCE_BF16 * out["logits_rel_rms_reference_bf16_vs_fp32"]
     assert out["image_features_rel_rms_megatron_vs_fp32"] < TOWER_FEATURES_REL_TOL
-    assert out["max_step_loss_rel_diff"] < LOSS_REL_TOL
+    _check_trained_steps(out)
+
+
+def _check_trained_steps(out: dict) -> None:
+    """The training steps against the reference trained in fp32 (lab.verify.parity trains it in lockstep). Adam's
+    first steps move each parameter by about lr x the sign of its gradient, so a gradient that rounding flips moves
+    its parameter by 2 lr whatever its size: the step losses of two bf16 runs differ by more than their forward
+    rounding (LOSS_REL_TOL), and no fixed tolerance on them is derived. What is: (1) after each step the engine's
+    logits are within LOGITS_PINNED_VS_REFERENCE_BF16 of the bf16 reference's distance from the fp32 run. The argument
+    of the forward logits holds for the rounding, and for the sign flips it is looser still: the flipped set grows
+    with the gradient's error (the density of gradients near zero), each flip adds a 2 lr move independently, so the
+    logits' error grows as the square root of the gradient error's, and a gradient error sqrt(2) the reference's gives
+    at most 2^(1/4) its logits error. (2) The next step's loss is within the bound that this logits difference allows
+    (lab.verify.parity.loss_bound: convexity of the cross-entropy and Cauchy-Schwarz, tested on any logits by
+    tests/lab/test_parity_loss_bound.py): the engine's loss is the loss of its logits."""
+    from lab.verify.parity import loss_bound
+
+    after = out["logits_after_steps"]
+    assert len(after) == out["train_steps"] - 1
+    for row in after:
+        step = row["after_step"]
+        assert row["logits_rel_rms_megatron_vs_fp32"] < \
+            LOGITS_PINNED_VS_REFERENCE_BF16 * row["logits_rel_rms_reference_bf16_vs_fp32"], step
+        gap = abs(out["megatron_step_losses"][step] - out["reference_fp32_step_losses"][step])
+        assert gap <= loss_bound(row["token_loss_grad_rms"], row["token_logits_diff_rms_megatron"]), step
 
 
 @pytest.mark.gpu
