@@ -199,9 +199,6 @@ def _router_blocker(recipe: Recipe, done: Resolved) -> Block | None:
 
 
 def _unweighted_swiglu_blocker(recipe: Recipe, done: Resolved) -> Block | None:
-    if recipe.precision == "fp8":
-        return Block("under precision: fp8 megatron-core's own expert forward runs (it pads each expert's tokens "
-                     "for the FP8 GEMMs)")
     rc = recipe.recompute
     if rc.granularity == "selective" and "moe_act" in (rc.modules or []):
         return Block("selective recompute of moe_act runs megatron-core's own expert forward (it recomputes the "

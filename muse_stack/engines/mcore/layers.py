@@ -270,10 +270,11 @@ class MuseSparkExperts(TEGroupedMLP):
         self.etp = self.etp_group.size() if self.etp_group is not None else 1
 
     def _plain_swiglu(self) -> bool:
-        """fc1, SwiGLU, fc2 and nothing else in megatron-core's forward: no FP8/FP4 padding, no
-        recompute or offload of the activation, no TE op fuser, no probabilities on the input."""
+        """fc1, SwiGLU, fc2 and nothing else in megatron-core's forward (under FP8 between its padding of each
+        expert's rows to the GEMM multiple and the unpadding): no FP4, no recompute or offload of the activation,
+        no TE op fuser, no probabilities on the input."""
         c = self.config
-        return (self.unweighted_swiglu and not self._with_fused_impl and not c.fp8 and not c.fp4
+        return (self.unweighted_swiglu and not self._with_fused_impl and not c.fp4
                 and not self.activation_recompute and not c.moe_apply_probs_on_input
                 and not getattr(self, "offload_expert_fc1", False) and not getattr(self, "offload_moe_act", False)
                 and c.gated_linear_unit and c.bias_activation_fusion and not c.use_te_activation_func
@@ -290,11 +291,21 @@ class MuseSparkExperts(TEGroupedMLP):
         if not self._plain_swiglu():
             return super().forward(hidden, tokens_per_expert, torch.ones_like(permuted_probs))
         from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
+        from megatron.core.transformer.moe.moe_utils import skip_routed_expert_padding
 
-        fc1, fc1_bias = self.linear_fc1(hidden, counts)
+        # FP8: each expert's rows padded with zero rows to the GEMM multiple where the router did not pad them
+        # (megatron-core's padding modules, as its forward does); SwiGLU(0) = 0 and the pad rows are dropped after fc2
+        pad = bool(self.config.fp8) and not skip_routed_expert_padding(self.config)
+        gemm_counts = counts
+        if pad:
+            hidden, gemm_counts = self.quantization_padding(hidden, counts)
+        fc1, fc1_bias = self.linear_fc1(hidden, gemm_counts)
         act = (SwiGLUTEBackward.apply(fc1) if self.te_swiglu_backward and fc1_bias is None and fc1.dim() == 2
                else bias_swiglu_impl(fc1, fc1_bias))
-        return self.linear_fc2(act, counts)
+        out, bias = self.linear_fc2(act, gemm_counts)
+        if pad:
+            out = self.quantization_unpadding(out, counts)
+        return out, bias
 
     def forward(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, permuted_probs: torch.Tensor,
                 **kwargs: Any):
