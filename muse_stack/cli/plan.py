@@ -186,11 +186,19 @@ def print_published(step) -> None:
     from muse_stack.plan.published import load
 
     published = load()
-    row = published.row(step.row)
+    row, run = published.row(step.row), published.run(step.row)
     t = facts_table(f"plan: {row.id} ({row.label}, {row.system}, {published.source.container})")
     t.add_row("GPUs", f"{row.gpus} x {step.gpu}; {step.links}")
-    t.add_row("layout", f"{row.precision}  GBS {row.gbs}  MBS {row.mbs}  seq {row.seq}  TP {row.tp}  PP {row.pp}  "
-                        f"VP {row.vp}  CP {row.cp}  EP {row.ep}  ETP {row.etp}  DP {row.dp}")
+    t.add_row("layout", f"{run.precision}  GBS {run.gbs}  MBS {run.mbs}  seq {run.seq}  TP {run.tp}  PP {run.pp}  "
+                        f"VP {run.vp}  CP {run.cp}  EP {run.ep}  ETP {run.etp}  DP {run.dp} (as it ran)")
+    for field, c in published.corrections(row.id).items():
+        t.add_row("page differs", f"{field.upper()} {c['run']} in the run, {c['page']} on the page ({c['source']})")
+    t.add_row("run settings", f"dispatcher {run.dispatcher}; CUDA graphs {', '.join(run.cuda_graphs) or 'none'}; "
+                              f"A2A overlap {'on' if run.a2a_overlap else 'off'}; recompute "
+                              f"{', '.join(run.recompute) or 'none'}; parameter gather "
+                              f"{'overlapped' if run.overlap_param_gather else 'exposed'}")
+    if published.run_settings[row.id].note:
+        t.add_row("note", published.run_settings[row.id].note)
     t.add_row("virtual stages", f"{'/'.join(map(str, step.chunk_layers))} layers; {step.microbatches} micro-batches")
     t.add_row("tokens/s/GPU", f"{step.tokens_per_s_per_gpu:,.0f} predicted, {row.published_tokens_per_s_per_gpu:,.0f} "
                               f"published ({step.tokens_per_s_per_gpu / row.published_tokens_per_s_per_gpu - 1:+.1%}); "
@@ -218,7 +226,7 @@ def plan_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML fi
              overrides: Optional[list[str]] = typer.Argument(None, help="key.path=value overrides"),
              gpus: Optional[int] = typer.Option(None, "--gpus", help="plan for this many GPUs"),
              published: bool = typer.Option(False, "--published", help="NAME is a published run "
-                                            "(muse_stack/plan/published/bridge-moe.yaml): its model, system and layout"),
+                                            "(muse_stack/plan/published/bridge-moe.yaml): its model, system and layout as it ran"),
              json_out: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Validate the layout and estimate memory per GPU, before it costs a GPU-hour."""
     if published:
@@ -228,9 +236,9 @@ def plan_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML fi
         if overrides or gpus is not None:
             raise InputError("a published run is planned as published", field="--published", value=name,
                              fix="drop the overrides and --gpus (tune --published searches other layouts)")
-        step = estimate(load(), load().row(name))
+        step = estimate(load(), load().run(name))
         if json_out:
-            typer.echo(json.dumps(step.model_dump(), indent=2))
+            typer.echo(json.dumps(step.model_dump() | {"page_differs": load().corrections(name)}, indent=2))
         else:
             print_published(step)
         if not step.fits:
@@ -276,13 +284,13 @@ def tune_cmd(name: str = typer.Argument(..., help="recipe name, alias or YAML fi
         if overrides or gpus is not None or gpu is not None or out is not None:
             raise InputError("a published run is tuned on its own GPUs", field="--published", value=name,
                              fix="drop the overrides, --gpus, --gpu and --out")
-        found = tune(load(), load().row(name))
+        found = tune(load(), load().run(name))
         rank = next(i for i, c in enumerate(found) if c.published) + 1
         if json_out:
             typer.echo(json.dumps({"layouts": len(found), "published_rank": rank,
                                    "best": [c.model_dump() for c in found[:top]]}, indent=2))
             return
-        t = Table(title=f"tune: {name}: the published layout ranks {rank} of {len(found)} that fit",
+        t = Table(title=f"tune: {name}: the published run's layout ranks {rank} of {len(found)} that fit",
                   title_justify="left", box=box.SIMPLE_HEAD)
         for col in ("rank", "layout", "tokens/s/GPU", "GiB", "largest term"):
             t.add_column(col, justify="right" if col in ("rank", "tokens/s/GPU", "GiB") else "left")

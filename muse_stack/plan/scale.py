@@ -37,6 +37,11 @@ the result (:class:`ScaleStep.terms_s`):
 Layers are split over the ``PP x VP`` virtual stages as Megatron-Bridge's DeepSeek-V3 layout map does
 (``ceil(L / S)`` a stage, the remainder on the last; evenly where that leaves the last empty); the embedding
 rides on the first virtual stage, the output layer, loss and any MTP layer on the last.
+
+A published run is priced as it ran (:meth:`Published.run`: the page's columns with the settings Megatron-Bridge's
+source gives): its selective recompute runs the recomputed modules' forward again in the backward (MLA's
+up-projections, the experts' SwiGLU, the norms, a dense layer's MLP) and keeps less for the backward; its
+dispatcher, CUDA graphs and A2A overlap are stated in the assumptions and not priced.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ from muse_stack.plan.cost import (ADAM_BYTES_PER_PARAM, BACKWARD, DDP_BUCKET_PAR
                                   alltoall_split, alltoall_time, p2p_time, ring_time)
 from muse_stack.plan.fabrics import Links
 from muse_stack.plan.memory import Calibration as MemoryCalibration
-from muse_stack.plan.published import MoeShape, Published, Row
+from muse_stack.plan.published import MoeShape, Published, Run
 from muse_stack.util.errors import InputError
 
 BF16 = 2
@@ -113,7 +118,7 @@ def split_layers(layers: int, stages: int) -> list[int]:
     return [base + 1] * extra + [base] * (stages - extra)
 
 
-def system_links(published: Published, row: Row) -> tuple[GpuSpec, Links]:
+def system_links(published: Published, row: Run) -> tuple[GpuSpec, Links]:
     system = published.systems[row.system]
     spec = gpu_spec(system.machine)
     fabric = table().fabrics[system.inter]
@@ -125,9 +130,10 @@ def efficiency(spec: GpuSpec, cal: ScaleCalibration, hopper: TimeCalibration) ->
     return cal.gemm_efficiency_sm100 if spec.arch == "sm100" else hopper.gemm_efficiency_dense
 
 
-def estimate(published: Published, row: Row, *, cal: ScaleCalibration | None = None,
+def estimate(published: Published, row: Run, *, cal: ScaleCalibration | None = None,
              hopper: TimeCalibration | None = None, memory: MemoryCalibration | None = None) -> ScaleStep:
-    """The step of ``row``'s layout for its model on its system."""
+    """The step of ``row``'s layout for its model on its system: a published run as it ran
+    (:meth:`Published.run`), or a layout tune tries for it."""
     cal = cal or ScaleCalibration()
     hopper = hopper or TimeCalibration()
     memory = memory or MemoryCalibration()
@@ -201,10 +207,13 @@ def estimate(published: Published, row: Row, *, cal: ScaleCalibration | None = N
             out["ep_alltoall"] = 2 * alltoall_time(BF16 * k * (t / tp) * h, ep, ep * etp, links)
         else:
             fd = shape.dense_ffn_hidden_size
-            add("dense_gemm", gemm(t, h, 2 * fd / tp))
-            add("dense_gemm", gemm(t, fd / tp, h))
+            up, down = gemm(t, h, 2 * fd / tp), gemm(t, fd / tp, h)
+            add("dense_gemm", up)
+            add("dense_gemm", down)
             act += BF16 * (2 * h + 3 * fd / tp)
             tp_rings += 2
+            if "mlp" in row.recompute:  # megatron-core recomputes the dense MLP only (not a MoE layer's experts)
+                out["recompute"] += sum(up) + sum(down) + ELEMENTWISE_PASSES * BF16 * 3 * fd / tp * t / hbm
         out["elementwise"] = ELEMENTWISE_PASSES * act * t / hbm
         if "layernorm" in row.recompute:  # the two norms again: input read, output written
             out["recompute"] += BF16 * 4 * h * t / hbm
@@ -358,8 +367,9 @@ def estimate(published: Published, row: Row, *, cal: ScaleCalibration | None = N
             swiglu_out = 0 if "moe_act" in row.recompute else f
             saved += BF16 * (h + norm_out + k * (h + 2 * f + swiglu_out) / tp + 3 * shape.shared_ffn_hidden_size / tp)
             saved += 4 * shape.num_experts  # the router's fp32 scores
-        else:
-            saved += BF16 * (h + norm_out + 3 * shape.dense_ffn_hidden_size / tp)
+        else:  # the dense MLP's input, and its intermediates unless it is recomputed
+            mlp_kept = 0 if "mlp" in row.recompute else 3 * shape.dense_ffn_hidden_size / tp
+            saved += BF16 * (h + norm_out + mlp_kept)
         per_layer_act.append(saved * t)
     # the chunks of stage 0 (one micro-batch each), times the chunk-micro-batches it holds at once
     act0 = sum(per_layer_act[starts[j] + i] for j in range(0, stages, pp) for i in range(chunks[j])) / vp
@@ -377,10 +387,16 @@ def estimate(published: Published, row: Row, *, cal: ScaleCalibration | None = N
         "GB300 rows): one figure for every host; a layer's forward takes at least that long",
         f"expert all-to-all over {ep} ranks: {local} peers over {links.intra.name}, {remote} over "
         f"{links.inter.name} ({system.note})",
-        "the dispatcher's specifics (alltoall, DeepEP or HybridEP) are not expressed: every dispatcher is priced as "
-        "an all-to-all of the routed slots at the hidden width in bf16, in line with compute (no A2A overlap)",
-        f"selective recompute of {row.recompute or 'nothing'} (the run's preset): one more forward of the "
-        "recomputed GEMMs and elementwise work; CUDA graphs: not expressed",
+        f"dispatcher: {row.dispatcher} (the run's); its specifics are not expressed: every dispatcher is priced as "
+        "an all-to-all of the routed slots at the hidden width in bf16",
+        "A2A overlap: " + ("on in the run (overlap_moe_expert_parallel_comm, delay_wgrad_compute), not priced: the "
+                           "all-to-all is priced in line with compute" if row.a2a_overlap
+                           else "off in the run, as priced: the all-to-all in line with compute"),
+        "CUDA graphs: " + (f"the run graphs {', '.join(row.cuda_graphs)} (TransformerEngine), not priced: the host "
+                           "time of a MoE layer's forward is one figure, graphed or not" if row.cuda_graphs
+                           else "none in the run"),
+        f"selective recompute of {row.recompute or 'nothing'} (the run's): one more forward of the "
+        "recomputed GEMMs and elementwise work",
         "activation memory: the tensors each layer keeps for its backward, counted (no fitted factor: the "
         "memory calibration's factor is of this project's engine)",
         "attention sinks add one logit per head: not priced" if shape.attention_sinks else "",
@@ -419,7 +435,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def tune(published: Published, row: Row, *, cal: ScaleCalibration | None = None,
+def tune(published: Published, row: Run, *, cal: ScaleCalibration | None = None,
          hopper: TimeCalibration | None = None, memory: MemoryCalibration | None = None) -> list[Candidate]:
     """Every layout of ``row``'s GPU count, model, batch and sequence that is predicted to fit, fastest first:
     TP of 1, 2, 4 or 8 (dividing the heads), PP dividing the GPUs with at least one layer a stage, VP with at

@@ -4,6 +4,7 @@ public models' shapes and the at-scale step-time terms (muse_stack/plan/scale.py
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -74,6 +75,124 @@ def test_an_unknown_row_names_the_known_ones(pub):
         pub.row("no-such-run")
 
 
+# ---- each run's settings, as Megatron-Bridge's source states them ---------------------------------------------------
+
+R = "7af9601c9"  # Megatron-Bridge v0.2.0, the release behind the 25.11 table
+
+
+def test_a_corrected_layout_keeps_the_page_and_prices_the_run_with_its_citation(pub):
+    row, run = pub.row("b200-gpt-oss-120b-bf16"), pub.run("b200-gpt-oss-120b-bf16")
+    assert (row.ep, run.ep) == (8, 64)  # the page prints EP 8; every preset of the run says 64
+    fix = pub.corrections(row.id)
+    assert set(fix) == {"ep"} and fix["ep"]["page"] == 8 and fix["ep"]["run"] == 64
+    assert fix["ep"]["source"] == f"{R} scripts/performance/configs/gpt_oss/workload_base_configs.py:50-55"
+    assert pub.settings_sources[R].commit == "7af9601c9da746d21481194356295bfe23df3737"
+    assert pub.settings_sources[R].repo == "NVIDIA-NeMo/Megatron-Bridge"
+    # the planner prices the run: 64 ranks over eight 8-GPU nodes, 7 peers inside the node, 56 across
+    step = estimate(pub, run, cal=CAL)
+    assert any("over 64 ranks: 7 peers over NVLink 5" in a and "56 over InfiniBand" in a for a in step.assumptions)
+    page = estimate(pub, run.model_copy(update={"ep": 8}), cal=CAL)
+    assert step.terms_s["ep_alltoall"] > 3 * page.terms_s["ep_alltoall"]
+
+
+def test_a_row_the_page_prints_whole_has_no_correction(pub):
+    assert pub.corrections("h100-qwen3-235b-a22b-fp8-cs") == {}
+    run, row = pub.run("h100-qwen3-235b-a22b-fp8-cs"), pub.row("h100-qwen3-235b-a22b-fp8-cs")
+    assert (run.tp, run.pp, run.vp, run.ep, run.mbs) == (row.tp, row.pp, row.vp, row.ep, row.mbs)
+
+
+def test_the_run_runs_the_micro_batches_megatron_core_derives(pub):
+    for r in pub.rows:
+        run = pub.run(r.id)
+        ga = pub.run_settings[r.id].ga
+        assert run.microbatches == (ga.value if ga else r.ga), r.id
+    # the H100 Qwen3-30B-A3B row as it ran: MBS 1, VP 12, so 64 micro-batches (the page: MBS 2, VP 24, GA 32)
+    run = pub.run("h100-qwen3-30b-a3b-fp8-cs")
+    assert (run.mbs, run.vp, run.microbatches) == (1, 12, 64)
+
+
+def test_gpt_oss_recompute_was_inert_and_is_not_priced(pub):
+    for r in (r for r in pub.rows if r.model == "gpt-oss-120b"):
+        assert pub.run(r.id).recompute == [], r.id
+        step = estimate(pub, pub.run(r.id), cal=CAL)
+        assert step.terms_s["recompute"] == 0.0, r.id
+    cited = pub.run_settings["b200-gpt-oss-120b-bf16"].recompute.source
+    assert f"{R} scripts/performance/utils/helpers.py:178-179" in cited
+
+
+def test_the_unpriced_settings_are_stated_per_run(pub):
+    a2a = estimate(pub, pub.run("b200-qwen3-235b-a22b-fp8-mx"), cal=CAL).assumptions
+    assert any(a.startswith("A2A overlap: on in the run") and "not priced" in a for a in a2a)
+    assert any(a.startswith("dispatcher: alltoall") for a in a2a)
+    assert any(a == "CUDA graphs: none in the run" for a in a2a)
+    hybrid = estimate(pub, pub.run("gb200-qwen3-30b-a3b-fp8-mx"), cal=CAL).assumptions
+    assert any(a.startswith("dispatcher: hybridep") for a in hybrid)
+    assert any(a.startswith("CUDA graphs: the run graphs moe_router, moe_preprocess") for a in hybrid)
+    assert any(a.startswith("A2A overlap: off in the run") for a in hybrid)
+
+
+def test_dense_mlp_recompute_prices_the_leading_dense_layers(pub):
+    run = pub.run("gb300-deepseek-v3-bf16")
+    assert run.recompute == ["mlp", "moe_act"] and run.vp == 8
+    with_ = estimate(pub, run, cal=CAL)
+    without = estimate(pub, run.model_copy(update={"recompute": ["moe_act"]}), cal=CAL)
+    # the three dense layers sit on the first stage: its work grows, its kept activations shrink
+    assert with_.stage_work_s[0] > without.stage_work_s[0]
+    assert with_.stage_work_s[1:] == without.stage_work_s[1:]
+    assert with_.memory_parts_gib["activations"] < without.memory_parts_gib["activations"]
+
+
+def test_the_protocol_states_its_amendment(pub):
+    (amendment,) = pub.protocol.amendments
+    assert amendment.after_errors_seen is True
+    assert set(amendment.refitted) == {f.name for f in pub.protocol.fitted}
+    # the roles are as declared: every GB300 row fits, nothing else
+    assert set(pub.protocol.fit_rows) == {r.id for r in pub.rows if r.system == "DGX-GB300"}
+
+
+def _settings(data, row="b200-gpt-oss-120b-bf16"):
+    return data["run_settings"][row]
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    (lambda d: _settings(d).update(dispatch={"value": "alltoall", "source": f"{R} a.py:1"}),
+     "run_settings.b200-gpt-oss-120b-bf16.dispatch"),
+    (lambda d: _settings(d)["ep"].update(reason="preset"), "run_settings.b200-gpt-oss-120b-bf16.ep.reason"),
+    (lambda d: _settings(d)["dispatcher"].update(value="nccl"), "run_settings.b200-gpt-oss-120b-bf16.dispatcher.value"),
+    (lambda d: _settings(d)["cuda_graphs"].update(value=["everything"]),
+     "run_settings.b200-gpt-oss-120b-bf16.cuda_graphs.value.0"),
+    (lambda d: _settings(d)["ep"].update(source="the preset"), "run_settings.b200-gpt-oss-120b-bf16.ep.source"),
+    (lambda d: _settings(d)["ep"].update(source=f"{R} scripts/performance/configs/gpt_oss/workload_base_configs.py"),
+     "run_settings.b200-gpt-oss-120b-bf16.ep.source"),
+    (lambda d: _settings(d).pop("a2a_overlap"), "run_settings.b200-gpt-oss-120b-bf16.a2a_overlap"),
+])
+def test_a_malformed_run_settings_block_is_refused_naming_the_field(change, field):
+    with pytest.raises(InputError) as e:
+        parse(_text_with(change))
+    assert e.value.field == field
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda d: d["run_settings"].pop("b200-gpt-oss-120b-bf16"),
+     "run_settings.b200-gpt-oss-120b-bf16: every row states its run settings"),
+    (lambda d: d["run_settings"].update({"no-such-run": d["run_settings"]["b200-gpt-oss-120b-bf16"]}),
+     "run_settings.no-such-run: no row has this id"),
+    (lambda d: _settings(d)["ep"].update(source="0123456789 a.py:1"), "run_settings.b200-gpt-oss-120b-bf16.ep.source"),
+    (lambda d: _settings(d)["ep"].update(source="abcdef012 a.py:1"),
+     "run_settings.b200-gpt-oss-120b-bf16.ep.source: commit abcdef012 is not in settings_sources"),
+    (lambda d: _settings(d)["ep"].update(value=48), "the run's layout does not split"),
+    (lambda d: _settings(d, "h100-gpt-oss-120b-bf16")["ga"].update(value=8),
+     "run_settings.h100-gpt-oss-120b-bf16.ga: 8 is not GBS / (MBS x DP) = 512 / (1 x 16)"),
+    (lambda d: _settings(d, "h100-gpt-oss-120b-bf16").pop("ga"),
+     "rows.h100-gpt-oss-120b-bf16.ga: 2 is not GBS / (MBS x DP)"),
+    (lambda d: d["protocol"]["amendments"][0].update(refitted=["scale.no_such_constant"]),
+     "amendments.0.refitted: scale.no_such_constant is not a fitted constant"),
+])
+def test_run_settings_that_break_the_files_rules_are_refused(change, words):
+    with pytest.raises(InputError, match=re.escape(words)):
+        parse(_text_with(change))
+
+
 # ---- the models' shapes ---------------------------------------------------------------------------------------------
 
 
@@ -127,7 +246,7 @@ CAL = ScaleCalibration(gemm_efficiency_sm100=0.5, moe_sync_gap_s=0.0)
 
 
 def test_fp8_runs_its_gemms_at_the_fp8_peak(pub):
-    row = pub.row("gb200-qwen3-30b-a3b-fp8-mx")  # one stage: the same layers in both
+    row = pub.run("gb200-qwen3-30b-a3b-fp8-mx")  # one stage: the same layers in both
     fp8 = estimate(pub, row, cal=CAL)
     bf16 = estimate(pub, row.model_copy(update={"precision": "bf16"}), cal=CAL)
     # compute-bound GEMMs (8,192 slots an expert): the FP8 peak is twice BF16's on GB200, so the GEMM terms fall by close to half
@@ -137,7 +256,7 @@ def test_fp8_runs_its_gemms_at_the_fp8_peak(pub):
 
 
 def test_interleaving_shrinks_the_bubble(pub):
-    row = pub.row("h100-qwen3-30b-a3b-fp8-cs")  # PP 2, VP 24
+    row = pub.run("h100-qwen3-30b-a3b-fp8-cs").model_copy(update={"vp": 24})  # PP 2, VP 24 (the page's VP)
     inter = estimate(pub, row, cal=CAL)
     plain = estimate(pub, row.model_copy(update={"vp": 1}), cal=CAL)
     # (PP - 1) x mean stage work / VP
@@ -149,7 +268,7 @@ def test_interleaving_shrinks_the_bubble(pub):
 
 
 def test_uneven_last_stage_costs_the_slowest_stage(pub):
-    row = pub.row("b200-deepseek-v3-fp8-mx")  # PP 16: 15 stages of 4 layers and one of 1 with the output layer
+    row = pub.run("b200-deepseek-v3-fp8-mx")  # PP 16: 15 stages of 4 layers and one of 1 with the output layer
     step = estimate(pub, row, cal=CAL)
     assert step.chunk_layers == [4] * 15 + [1]
     # the middle stages (four MoE layers each) are the slowest; the first holds three dense layers, the last one
@@ -163,16 +282,16 @@ def test_uneven_last_stage_costs_the_slowest_stage(pub):
 
 
 def test_expert_alltoall_crosses_the_network_only_outside_the_nvlink_domain(pub):
-    h100 = estimate(pub, pub.row("h100-qwen3-235b-a22b-fp8-cs"), cal=CAL)  # EP 32 over 8-GPU nodes
+    h100 = estimate(pub, pub.run("h100-qwen3-235b-a22b-fp8-cs"), cal=CAL)  # EP 32 over 8-GPU nodes
     assert any("7 peers over NVLink 4" in a and "24 over InfiniBand" in a for a in h100.assumptions)
-    gb200 = estimate(pub, pub.row("gb200-qwen3-235b-a22b-bf16"), cal=CAL)  # EP 32 inside a 72-GPU domain
+    gb200 = estimate(pub, pub.run("gb200-qwen3-235b-a22b-bf16"), cal=CAL)  # EP 32 inside a 72-GPU domain
     assert any("31 peers over NVLink 5" in a and ", 0 over" in a for a in gb200.assumptions)
     # the same all-to-all bytes per GPU cost far more across InfiniBand
     assert h100.terms_s["ep_alltoall"] > 3 * gb200.terms_s["ep_alltoall"]
 
 
 def test_host_time_of_a_moe_layer_bounds_a_small_layers_forward(pub):
-    row = pub.row("b200-qwen3-30b-a3b-fp8-mx")
+    row = pub.run("b200-qwen3-30b-a3b-fp8-mx")
     free = estimate(pub, row, cal=CAL)
     slow = estimate(pub, row, cal=ScaleCalibration(gemm_efficiency_sm100=0.5, moe_sync_gap_s=0.05))
     assert free.terms_s["host_sync"] == 0.0
@@ -180,13 +299,13 @@ def test_host_time_of_a_moe_layer_bounds_a_small_layers_forward(pub):
     assert slow.terms_s["host_sync"] == pytest.approx(48 * 64 * 0.05, rel=0.1)
     assert slow.terms_s["host_sync"] < 48 * 64 * 0.05
     # a large layer hides the same host time
-    big = estimate(pub, pub.row("gb200-deepseek-v3-bf16"),
+    big = estimate(pub, pub.run("gb200-deepseek-v3-bf16"),
                    cal=ScaleCalibration(gemm_efficiency_sm100=0.5, moe_sync_gap_s=1e-3))
     assert big.terms_s["host_sync"] == 0.0
 
 
 def test_dp_gather_is_exposed_where_the_preset_turns_its_overlap_off(pub):
-    row = pub.row("gb200-deepseek-v3-fp8-mx")
+    row = pub.run("gb200-deepseek-v3-fp8-mx")
     assert row.overlap_param_gather is False
     off = estimate(pub, row, cal=CAL)
     on = estimate(pub, row.model_copy(update={"overlap_param_gather": True}), cal=CAL)
@@ -195,17 +314,17 @@ def test_dp_gather_is_exposed_where_the_preset_turns_its_overlap_off(pub):
 
 def test_terms_sum_to_the_step_and_assumptions_name_what_is_not_expressed(pub):
     for r in pub.rows:
-        step = estimate(pub, r, cal=CAL)
+        step = estimate(pub, pub.run(r.id), cal=CAL)
         assert sum(step.terms_s.values()) == pytest.approx(step.step_s, rel=1e-9), r.id
         assert any("dispatcher" in a for a in step.assumptions)
-    mtp = estimate(pub, pub.row("b200-deepseek-v3-fp8-mx"), cal=CAL)
+    mtp = estimate(pub, pub.run("b200-deepseek-v3-fp8-mx"), cal=CAL)
     assert any(a.startswith("MTP") for a in mtp.assumptions)
-    sinks = estimate(pub, pub.row("gb200-gpt-oss-120b-bf16"), cal=CAL)
+    sinks = estimate(pub, pub.run("gb200-gpt-oss-120b-bf16"), cal=CAL)
     assert any("sinks" in a for a in sinks.assumptions)
 
 
 def test_recompute_prices_the_mla_up_projections_again(pub):
-    row = pub.row("gb200-deepseek-v3-bf16")
+    row = pub.run("gb200-deepseek-v3-bf16")
     assert row.recompute == ["mla_up_proj"]
     with_ = estimate(pub, row, cal=CAL)
     without = estimate(pub, row.model_copy(update={"recompute": []}), cal=CAL)
@@ -222,6 +341,15 @@ def test_plan_published_prints_its_prediction(cli):
     step = json.loads(out)
     assert step["row"] == "gb200-deepseek-v3-bf16" and step["gpu"] == "GB200"
     assert step["tokens_per_s_per_gpu"] > 0 and "host_sync" in step["terms_s"]
+
+
+def test_plan_published_prices_the_run_and_shows_where_the_page_differs(cli):
+    rc, out, _ = cli("plan", "b200-gpt-oss-120b-bf16", "--published", "--json")
+    assert rc == 0
+    step = json.loads(out)
+    assert step["page_differs"]["ep"]["page"] == 8 and step["page_differs"]["ep"]["run"] == 64
+    rc, out, _ = cli("plan", "b200-gpt-oss-120b-bf16", "--published")
+    assert rc == 0 and "EP 64 in the run, 8 on the page" in out and "dispatcher alltoall" in out
 
 
 def test_plan_published_refuses_an_unknown_row(cli):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CPU only, from the project root. The published runs, the models' shapes and the protocol are
+# CPU only, from the project root. The published runs, the models' shapes, each run's settings and the protocol are
 # muse_stack/plan/published/bridge-moe.yaml. First the fit on the protocol's fit rows only (the DGX-GB300 runs):
 # the Blackwell kernel efficiency and the host time of a MoE layer's forward, written into
 # muse_stack/plan/calibration.json (scale); fit.json is its output. Then every row predicted with that

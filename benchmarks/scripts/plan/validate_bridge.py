@@ -3,13 +3,15 @@
     python benchmarks/scripts/plan/validate_bridge.py --fit [--write]    # fit rows only
     python benchmarks/scripts/plan/validate_bridge.py [--json FILE]      # every row, tune, the record
 
-The rows, the models' shapes and the protocol are muse_stack/plan/published/bridge-moe.yaml. ``--fit`` reads the
-protocol's fit rows and nothing else: it fits the two constants the protocol names (the Blackwell kernel
+The rows, the models' shapes, each run's settings and the protocol are muse_stack/plan/published/bridge-moe.yaml;
+every row is priced as it ran (``Published.run``: the page's columns with the settings Bridge's source gives).
+``--fit`` reads the protocol's fit rows and nothing else: it fits the two constants the protocol names (the Blackwell kernel
 efficiency and the GPU's idle time per MoE layer's token-count sync) by least squares on the log of tokens/s/GPU,
 over a grid (efficiency 0.30 to 0.70 by 0.005, host time 0 to 10 ms by 0.1 ms), and ``--write`` writes them into
 muse_stack/plan/calibration.json (``scale``). Without ``--fit`` it predicts every row with the calibration as it
-stands: the error, the role, the per-generation summary (validation rows only), where each published layout
-ranks among the layouts ``tune`` finds for its GPU count, and the B200 record's two layouts with the model's
+stands: the error, the role, the page's layout and the run's with the settings that differ and their sources,
+the per-generation summary (validation rows only), where each run's layout ranks among the layouts ``tune`` finds
+for its GPU count, and the B200 record's two layouts with the model's
 step split into named terms (nothing here is fitted to the record).
 """
 
@@ -31,6 +33,8 @@ sys.path.insert(0, str(HERE.parents[1]))
 import datafiles  # noqa: E402
 
 RESULT = HERE.parents[3] / "benchmarks" / "results" / "bridge-moe-validation"
+#: the layout fields each row's entry records (the run's, and the page's)
+LAYOUT = ("gpus", "gbs", "mbs", "seq", "tp", "pp", "cp", "vp", "ep", "etp")
 EFFICIENCIES = [round(0.30 + 0.005 * i, 4) for i in range(81)]
 GAPS = [round(1e-4 * i, 6) for i in range(101)]
 
@@ -43,13 +47,13 @@ def fit() -> dict:
     for e in EFFICIENCIES:
         for g in GAPS:
             cal = ScaleCalibration(gemm_efficiency_sm100=e, moe_sync_gap_s=g)
-            loss = sum(math.log(estimate(published, r, cal=cal, hopper=hopper).tokens_per_s_per_gpu
+            loss = sum(math.log(estimate(published, published.run(r.id), cal=cal, hopper=hopper).tokens_per_s_per_gpu
                                 / r.published_tokens_per_s_per_gpu) ** 2 for r in rows)
             if best is None or loss < best[0]:
                 best = (loss, e, g)
     loss, e, g = best
     cal = ScaleCalibration(gemm_efficiency_sm100=e, moe_sync_gap_s=g)
-    errors = {r.id: estimate(published, r, cal=cal, hopper=hopper).tokens_per_s_per_gpu
+    errors = {r.id: estimate(published, published.run(r.id), cal=cal, hopper=hopper).tokens_per_s_per_gpu
               / r.published_tokens_per_s_per_gpu - 1 for r in rows}
     return {"fit_rows": [r.id for r in rows], "gemm_efficiency_sm100": e, "moe_sync_gap_s": g,
             "rms_log_error": math.sqrt(loss / len(rows)), "fit_errors": errors}
@@ -60,13 +64,16 @@ def predict_all(with_tune: bool = True) -> dict:
     cal, hopper = ScaleCalibration(), TimeCalibration()
     rows = []
     for r in published.rows:
-        step = estimate(published, r, cal=cal, hopper=hopper)
+        run = published.run(r.id)
+        step = estimate(published, run, cal=cal, hopper=hopper)
         err = step.tokens_per_s_per_gpu / r.published_tokens_per_s_per_gpu - 1
         entry = {"id": r.id, "role": published.role(r.id), "model": r.model, "system": r.system, "gpu": step.gpu,
-                 "precision": r.precision, "layout": {k: getattr(r, k) for k in
-                                                     ("gpus", "gbs", "mbs", "seq", "tp", "pp", "cp", "vp", "ep",
-                                                      "etp")},
-                 "microbatches": r.microbatches,
+                 "precision": r.precision, "layout": {k: getattr(run, k) for k in LAYOUT},
+                 "page_layout": {k: getattr(r, k) for k in LAYOUT} | {"ga": r.ga},
+                 "page_differs": published.corrections(r.id),
+                 "run_settings": {k: getattr(run, k) for k in ("mtp", "recompute", "overlap_param_gather",
+                                                               "dispatcher", "cuda_graphs", "a2a_overlap")},
+                 "microbatches": run.microbatches,
                  "published_tokens_per_s_per_gpu": r.published_tokens_per_s_per_gpu,
                  "predicted_tokens_per_s_per_gpu": step.tokens_per_s_per_gpu, "error": err,
                  "predicted_mfu": step.mfu, "step_s": step.step_s, "terms_s": step.terms_s,
@@ -74,7 +81,7 @@ def predict_all(with_tune: bool = True) -> dict:
                  "memory_gib": step.memory_gib, "capacity_gib": step.capacity_gib, "fits": step.fits,
                  "chunk_layers": step.chunk_layers}
         if with_tune and entry["role"] == "validation":
-            found = tune(published, r, cal=cal, hopper=hopper)
+            found = tune(published, run, cal=cal, hopper=hopper)
             rank = next(i for i, c in enumerate(found) if c.published) + 1
             top = found[0]
             mine = found[rank - 1]
@@ -83,7 +90,7 @@ def predict_all(with_tune: bool = True) -> dict:
                 "best": top.model_dump() | {"label": top.label()},
                 "published": mine.model_dump() | {"label": mine.label()},
                 "best_over_published": top.tokens_per_s_per_gpu / mine.tokens_per_s_per_gpu - 1,
-                "why": why(published, r, top, cal, hopper) if rank > 1 else "the published layout is the pick"}
+                "why": why(published, run, top, cal, hopper) if rank > 1 else "the run's layout is the pick"}
         rows.append(entry)
     val = [x for x in rows if x["role"] == "validation"]
     summary = {}
@@ -106,7 +113,7 @@ def predict_all(with_tune: bool = True) -> dict:
 
 
 def why(published, row, top, cal, hopper) -> str:
-    """The terms where tune's pick and the published layout differ most, per step."""
+    """The terms where tune's pick and the run's layout differ most, per step."""
     mine = estimate(published, row, cal=cal, hopper=hopper)
     pick = estimate(published, row.model_copy(update={"tp": top.tp, "pp": top.pp, "vp": top.vp, "ep": top.ep,
                                                        "mbs": top.mbs}), cal=cal, hopper=hopper)
@@ -114,7 +121,7 @@ def why(published, row, top, cal, hopper) -> str:
     diffs = sorted(((mine.terms_s.get(k, 0.0) - pick.terms_s.get(k, 0.0), k) for k in keys), reverse=True)
     parts = [f"{k} {d:+.3f} s" for d, k in diffs[:3] if d >= 5e-4] or ["no term by more than 0.5 ms"]
     return (f"{top.label()} saves {mine.step_s - pick.step_s:.3f} s of {mine.step_s:.3f} s per step: "
-            + ", ".join(parts) + f" (published layout's terms minus the pick's); its memory {pick.memory_gib:.0f} "
+            + ", ".join(parts) + f" (the run's layout's terms minus the pick's); its memory {pick.memory_gib:.0f} "
             f"of {pick.capacity_gib:.0f} GiB")
 
 

@@ -1,17 +1,21 @@
 """Published training runs the step-time model is checked on: their sources, layouts and figures.
 
 ``bridge-moe.yaml`` beside this module holds Megatron-Bridge's published MoE pre-training runs (the models'
-shapes from their public configs, each run's system, layout and tokens/s/GPU) and the validation protocol
-declared with them: which rows may fit a constant, and which constants. :func:`load` validates the file
-and the protocol's rules (at most a third of the rows fit; no fit row shares its model and system with a
-validation row), so a file that breaks them is refused with the field named.
+shapes from their public configs, each run's system, layout and tokens/s/GPU as the page prints them), the
+settings each run used according to Megatron-Bridge's source (``run_settings``: corrected layout fields, selective
+recompute, dispatcher, CUDA graphs, A2A overlap, each with its citation) and the validation protocol declared
+with them: which rows may fit a constant, and which constants. :func:`load` validates the file and the
+protocol's rules (at most a third of the rows fit; no fit row shares its model and system with a validation
+row; every row has its run settings, each cited at a commit the file names), so a file that breaks them is
+refused with the field named. :meth:`Published.run` is a row as it ran: what the planner prices.
 """
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -20,6 +24,17 @@ from muse_stack.util.errors import InputError
 
 FILE = Path(__file__).with_name("bridge-moe.yaml")
 Precision = Literal["bf16", "fp8-cs", "fp8-mx"]
+#: the modules a selective recompute can name (megatron-core's recompute_modules that these runs use)
+Recompute = Literal["moe_act", "layernorm", "mla_up_proj", "mlp"]
+#: the token dispatcher: megatron-core's alltoall, or the flex dispatcher with its HybridEP or DeepEP backend
+Dispatcher = Literal["alltoall", "hybridep", "deepep"]
+#: TransformerEngine CUDA-graph scopes (cuda_graph_scope) the runs capture
+GraphScope = Literal["attn", "moe_router", "moe_preprocess"]
+#: one citation: a commit (abbreviated to the nine characters ``settings_sources`` names it by), a path in that
+#: commit's repository and its lines; several joined by "; "
+CITE = r"[0-9a-f]{9} [\w./-]+:\d+(-\d+)?(,\d+(-\d+)?)*"
+CITATION = rf"^{CITE}(; {CITE})*$"
+T = TypeVar("T")
 
 
 class _Strict(BaseModel):
@@ -201,11 +216,31 @@ class Goal(_Strict):
     validation_generations: list[str]
 
 
+class Amendment(_Strict):
+    """A change to the protocol after it was declared: when, whether errors had been seen, what changed."""
+
+    date: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    after_errors_seen: bool
+    change: str = Field(min_length=1)
+    refitted: list[str] = []  #: the fitted constants refitted (names of ``fitted``)
+    result_before: str | None = None  #: the result folder that keeps what was found before the change
+
+
 class Protocol(_Strict):
     declared: str
     fit_rows: list[str]
     fitted: list[Fitted]
+    amendments: list[Amendment] = []
     goal: Goal
+
+    @model_validator(mode="after")
+    def _refitted_are_fitted(self) -> "Protocol":
+        names = {f.name for f in self.fitted}
+        for i, a in enumerate(self.amendments):
+            unknown = [n for n in a.refitted if n not in names]
+            if unknown:
+                raise ValueError(f"amendments.{i}.refitted: {unknown[0]} is not a fitted constant")
+        return self
 
 
 class System(_Strict):
@@ -215,14 +250,9 @@ class System(_Strict):
     note: str
 
 
-class Row(_Strict):
-    """One published run: its layout as the page states it and its tokens/s/GPU."""
+class _Layout(_Strict):
+    """A run's GPUs, precision, batch and parallel layout."""
 
-    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
-    model: str
-    label: str  #: the page's model column
-    mtp: bool = False  #: the run trains the model's MTP layers ("w/ MTP")
-    system: str
     gpus: int = Field(gt=0)
     precision: Precision
     gbs: int = Field(gt=0)
@@ -234,12 +264,6 @@ class Row(_Strict):
     vp: int = Field(gt=0)
     ep: int = Field(gt=0)
     etp: int = Field(1, gt=0)
-    ga: int = Field(gt=0)  #: the page's GA column (the planner runs GBS / (MBS x DP))
-    overlap_param_gather: bool = True  #: the preset turns it off for some FP8-MX runs (the row says so)
-    #: modules recomputed in the backward (selective recompute of the run's preset)
-    recompute: list[Literal["moe_act", "layernorm", "mla_up_proj", "mlp"]] = []
-    published_tokens_per_s_per_gpu: float = Field(gt=0)
-    published_tflops: float = Field(gt=0)
 
     @property
     def dp(self) -> int:
@@ -247,10 +271,11 @@ class Row(_Strict):
 
     @property
     def microbatches(self) -> int:
+        """Micro-batches of a step, as megatron-core runs them: GBS / (MBS x DP)."""
         return self.gbs // (self.mbs * self.dp)
 
     @model_validator(mode="after")
-    def _layout(self) -> "Row":
+    def _layout(self):
         if self.gpus % (self.tp * self.pp * self.cp):
             raise ValueError(f"{self.gpus} GPUs are not a multiple of TP x PP x CP")
         if (self.gpus // self.pp) % (self.ep * self.etp):
@@ -260,12 +285,86 @@ class Row(_Strict):
         return self
 
 
+class Row(_Layout):
+    """One published run as the page prints it: its layout and its tokens/s/GPU."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    model: str
+    label: str  #: the page's model column
+    mtp: bool = False  #: the run trains the model's MTP layers ("w/ MTP")
+    system: str
+    ga: int = Field(gt=0)  #: the page's GA column (the run's is GBS / (MBS x DP): run_settings.ga where they differ)
+    published_tokens_per_s_per_gpu: float = Field(gt=0)
+    published_tflops: float = Field(gt=0)
+
+
+class Cited(_Strict, Generic[T]):
+    """One setting of a run and where the source states it."""
+
+    value: T
+    source: str = Field(pattern=CITATION)  #: "<commit> <path>:<lines>[; ...]", the commit named in settings_sources
+
+
+class RunSettings(_Strict):
+    """What a run used where the page prints another value or none, each setting with its citation.
+
+    ``ep``, ``mbs``, ``vp``, ``ga``, ``mtp``: the run's where they differ from (or confirm) the page's columns;
+    ``recompute``: the selective recompute modules that act; ``overlap_param_gather``: where the preset turns it
+    off (on otherwise); ``dispatcher``, ``cuda_graphs``, ``a2a_overlap``: stated, not priced."""
+
+    ep: Cited[int] | None = None
+    mbs: Cited[int] | None = None
+    vp: Cited[int] | None = None
+    ga: Cited[int] | None = None
+    mtp: Cited[bool] | None = None
+    recompute: Cited[list[Recompute]]
+    overlap_param_gather: Cited[bool] | None = None
+    dispatcher: Cited[Dispatcher]
+    cuda_graphs: Cited[list[GraphScope]]
+    a2a_overlap: Cited[bool]
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _positive(self) -> "RunSettings":
+        for name in ("ep", "mbs", "vp", "ga"):
+            setting = getattr(self, name)
+            if setting is not None and setting.value <= 0:
+                raise ValueError(f"{name}: {setting.value} must be positive")
+        return self
+
+
+#: the layout fields a run's settings may correct
+CORRECTABLE = ("ep", "mbs", "vp", "mtp")
+
+
+class Run(_Layout):
+    """A published run as it ran: the page's columns with its run settings applied. What the planner prices."""
+
+    id: str
+    model: str
+    system: str
+    mtp: bool
+    recompute: list[Recompute]
+    overlap_param_gather: bool = True
+    dispatcher: Dispatcher
+    cuda_graphs: list[GraphScope]
+    a2a_overlap: bool
+
+
+class SettingsSource(_Strict):
+    repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
+    what: str = Field(min_length=1)
+
+
 class Published(_Strict):
     source: Source
     protocol: Protocol
     systems: dict[str, System]
     models: dict[str, MoeShape]
     rows: list[Row]
+    settings_sources: dict[str, SettingsSource]
+    run_settings: dict[str, RunSettings]
 
     @model_validator(mode="after")
     def _protocol(self) -> "Published":
@@ -288,17 +387,74 @@ class Published(_Strict):
         for r in self.rows:
             if r.id not in fit and (r.model, r.system) in fit_pairs:
                 raise ValueError(f"protocol.fit_rows: validation row {r.id} has the model and system of a fit row")
+        self._check_run_settings(ids)
         return self
+
+    def _check_run_settings(self, ids: list[str]) -> None:
+        for key in self.settings_sources:
+            if not re.fullmatch(r"[0-9a-f]{9}", key) or not self.settings_sources[key].commit.startswith(key):
+                raise ValueError(f"settings_sources.{key}: name a source by its commit's first nine characters")
+        missing = [i for i in ids if i not in self.run_settings]
+        if missing:
+            raise ValueError(f"run_settings.{missing[0]}: every row states its run settings, with their sources")
+        unknown = sorted(set(self.run_settings) - set(ids))
+        if unknown:
+            raise ValueError(f"run_settings.{unknown[0]}: no row has this id")
+        for r in self.rows:
+            settings = self.run_settings[r.id]
+            for name in RunSettings.model_fields:
+                setting = getattr(settings, name)
+                if not isinstance(setting, Cited):
+                    continue
+                for part in setting.source.split("; "):
+                    commit = part.split(" ", 1)[0]
+                    if commit not in self.settings_sources:
+                        raise ValueError(f"run_settings.{r.id}.{name}.source: commit {commit} is not in "
+                                         "settings_sources")
+            try:
+                run = self.run(r.id)
+            except ValidationError as e:
+                raise ValueError(f"run_settings.{r.id}: the run's layout does not split: {e.errors()[0]['msg']}") \
+                    from None
+            ga = settings.ga.value if settings.ga else r.ga
+            if ga != run.microbatches:
+                where = "run_settings" if settings.ga else "rows"
+                raise ValueError(
+                    f"{where}.{r.id}.ga: {ga} is not GBS / (MBS x DP) = {r.gbs} / ({run.mbs} x {run.dp}) of the run; "
+                    "state the run's in run_settings with its source")
 
     def role(self, row_id: str) -> Literal["fit", "validation"]:
         return "fit" if row_id in self.protocol.fit_rows else "validation"
 
     def row(self, row_id: str) -> Row:
+        """The row as the page prints it."""
         for r in self.rows:
             if r.id == row_id:
                 return r
         raise InputError(f"no published run {row_id!r}", field="ROW", value=row_id,
                          fix=f"give one of {', '.join(r.id for r in self.rows)} ({FILE.name})")
+
+    def run(self, row_id: str) -> Run:
+        """The row as it ran: the page's columns, corrected where its run settings say otherwise."""
+        r = self.row(row_id)
+        s = self.run_settings[row_id]
+        fields = {k: getattr(r, k) for k in _Layout.model_fields} | {"id": r.id, "model": r.model,
+                                                                     "system": r.system, "mtp": r.mtp}
+        fields |= {k: getattr(s, k).value for k in CORRECTABLE if getattr(s, k) is not None}
+        if s.overlap_param_gather is not None:
+            fields["overlap_param_gather"] = s.overlap_param_gather.value
+        return Run(**fields, recompute=s.recompute.value, dispatcher=s.dispatcher.value,
+                   cuda_graphs=s.cuda_graphs.value, a2a_overlap=s.a2a_overlap.value)
+
+    def corrections(self, row_id: str) -> dict[str, dict]:
+        """The layout fields where the run differs from the page's columns: field -> page, run, source."""
+        r, s = self.row(row_id), self.run_settings[row_id]
+        out = {}
+        for k in (*CORRECTABLE, "ga"):
+            setting = getattr(s, k)
+            if setting is not None and setting.value != getattr(r, k):
+                out[k] = {"page": getattr(r, k), "run": setting.value, "source": setting.source}
+        return out
 
 
 def parse(text: str, where: str = str(FILE)) -> Published:
