@@ -1894,7 +1894,7 @@ def bridge_moe_table() -> str:
             f"{pct(val['goal_median'], 0)}), max {pct(val['max_abs_error'], 1)} (goal {pct(val['goal_max'], 0)}); "
             f"median by generation: {gens}; every published layout predicted to fit: "
             f"{'yes' if val['all_fit_in_memory'] else 'no'}. With the page's columns alone (the first result, "
-            f"before the protocol's amendment): median {pct(first['median_abs_error'], 1)}, max "
+            f"before the protocol's first amendment): median {pct(first['median_abs_error'], 1)}, max "
             f"{pct(first['max_abs_error'], 1)}.\n")
     return "\n\n" + head + "\n".join(body) + "\n" + tail + "\n"
 
@@ -1938,7 +1938,8 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/bridge-moe-validation/README.md": bridge_moe_folder,
     "benchmarks/results/archive/bridge-moe-validation-printed-layouts/README.md": bridge_moe_first,
     "docs/planning.md": lambda: {k: v for k, v in bridge_moe_folder().items()
-                                 if k in ("bridge.median", "bridge.max", "first.median", "first.max")}
+                                 if k in ("bridge.median", "bridge.max", "bridge.unfit", "first.median",
+                                          "first.max")}
     | planning_record(),
     "benchmarks/results/plan-sweep/README.md": plan_sweep,
     "benchmarks/results/plan-sweep/2026-12-03/README.md": plan_sweep_earlier("2026-12-03", partial=True),

@@ -196,7 +196,8 @@ def print_published(step) -> None:
     t.add_row("run settings", f"dispatcher {run.dispatcher}; CUDA graphs {', '.join(run.cuda_graphs) or 'none'}; "
                               f"A2A overlap {'on' if run.a2a_overlap else 'off'}; recompute "
                               f"{', '.join(run.recompute) or 'none'}; parameter gather "
-                              f"{'overlapped' if run.overlap_param_gather else 'exposed'}")
+                              f"{'overlapped' if run.overlap_param_gather else 'exposed'}; cross-entropy "
+                              f"{run.cross_entropy}")
     if published.run_settings[row.id].note:
         t.add_row("note", published.run_settings[row.id].note)
     t.add_row("virtual stages", f"{'/'.join(map(str, step.chunk_layers))} layers; {step.microbatches} micro-batches")

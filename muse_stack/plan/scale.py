@@ -41,7 +41,8 @@ rides on the first virtual stage, the output layer, loss and any MTP layer on th
 A published run is priced as it ran (:meth:`Published.run`: the page's columns with the settings Megatron-Bridge's
 source gives): its selective recompute runs the recomputed modules' forward again in the backward (MLA's
 up-projections, the experts' SwiGLU, the norms, a dense layer's MLP) and keeps less for the backward; its
-dispatcher, CUDA graphs and A2A overlap are stated in the assumptions and not priced.
+cross-entropy sets what the logits hold for the backward (:data:`LOGITS_BYTES`); its dispatcher, CUDA graphs and
+A2A overlap are stated in the assumptions and not priced.
 """
 
 from __future__ import annotations
@@ -68,6 +69,17 @@ ELEMENTWISE_PASSES = 2.0
 FP8_CAST_BYTES = BF16 + 1
 #: fp32 master weight and two Adam moments per sharded parameter
 OPTIMIZER_STATE_BYTES = 12
+#: bytes the loss holds per token and vocabulary entry of the logits (the TP rank's share), by the run's
+#: cross-entropy (``Run.cross_entropy``). "te-fused": TransformerEngine's parallel_cross_entropy, which
+#: megatron-core calls on the output layer's bf16 logits as they are (gpt_model.py:606-608,635 and
+#: language_module.py:134-156 at 0d8e0714c), computes the loss and the gradient in one pass, writes the gradient
+#: into the logits in place in their own dtype and keeps that tensor, and nothing else of the vocabulary's size, for
+#: the backward (transformer_engine/pytorch/triton/cross_entropy.py:172-187,342 and pytorch/cross_entropy.py:50-59,
+#: 75-80 at TE v2.9, 70f536662): the bf16 logits alone. "unfused": a loss that upcasts the logits to fp32 and
+#: keeps an fp32 softmax apart from the upcast: the bf16 logits and two fp32 copies at its peak (megatron-core's
+#: own unfused path softmaxes its fp32 upcast in place, tensor_parallel/cross_entropy.py:28,45,64-65,80 at
+#: 0d8e0714c, so for it this is an upper bound by one fp32 copy)
+LOGITS_BYTES = {"te-fused": BF16, "unfused": BF16 + 4 + 4}
 
 
 def _calibrated(name: str):
@@ -374,7 +386,7 @@ def estimate(published: Published, row: Run, *, cal: ScaleCalibration | None = N
     # the chunks of stage 0 (one micro-batch each), times the chunk-micro-batches it holds at once
     act0 = sum(per_layer_act[starts[j] + i] for j in range(0, stages, pp) for i in range(chunks[j])) / vp
     activations = inflight * act0
-    logits_b = (BF16 + 4 + 4) * t * shape.vocab_size / tp if pp == 1 else 0.0
+    logits_b = LOGITS_BYTES[row.cross_entropy] * t * shape.vocab_size / tp if pp == 1 else 0.0
     gib = 2 ** 30
     parts = {"weights_grads_optimizer": max(static) / gib, "activations": activations / gib,
              "logits": logits_b / gib, "runtime": memory.runtime_overhead_gib}
@@ -399,6 +411,10 @@ def estimate(published: Published, row: Run, *, cal: ScaleCalibration | None = N
         "recomputed GEMMs and elementwise work",
         "activation memory: the tensors each layer keeps for its backward, counted (no fitted factor: the "
         "memory calibration's factor is of this project's engine)",
+        f"cross-entropy: {row.cross_entropy} (the run's): the logits held for the backward at "
+        f"{LOGITS_BYTES[row.cross_entropy]} bytes a token and vocabulary entry"
+        + (" (the gradient written into the bf16 logits in place)" if row.cross_entropy == "te-fused" else "")
+        + ("" if pp == 1 else "; they are the last stage's, not in stage 0's memory counted here"),
         "attention sinks add one logit per head: not priced" if shape.attention_sinks else "",
         f"DP: bf16 reduce-scatter and all-gather over {dp_fabric.name}; gradient reduce under the last micro-batch's "
         "backward" + ("; parameter gather under the first one's forward" if row.overlap_param_gather

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from muse_stack.plan.published import FILE, load, parse
-from muse_stack.plan.scale import ScaleCalibration, estimate, split_layers
+from muse_stack.plan.scale import BF16, LOGITS_BYTES, ScaleCalibration, estimate, split_layers
 from muse_stack.util.errors import InputError
 
 
@@ -142,10 +142,12 @@ def test_dense_mlp_recompute_prices_the_leading_dense_layers(pub):
     assert with_.memory_parts_gib["activations"] < without.memory_parts_gib["activations"]
 
 
-def test_the_protocol_states_its_amendment(pub):
-    (amendment,) = pub.protocol.amendments
-    assert amendment.after_errors_seen is True
-    assert set(amendment.refitted) == {f.name for f in pub.protocol.fitted}
+def test_the_protocol_states_its_amendments(pub):
+    settings, logits = pub.protocol.amendments
+    for amendment in (settings, logits):
+        assert amendment.after_errors_seen is True
+        assert set(amendment.refitted) == {f.name for f in pub.protocol.fitted}
+    assert "cross-entropy" in logits.change
     # the roles are as declared: every GB300 row fits, nothing else
     assert set(pub.protocol.fit_rows) == {r.id for r in pub.rows if r.system == "DGX-GB300"}
 
@@ -165,6 +167,9 @@ def _settings(data, row="b200-gpt-oss-120b-bf16"):
     (lambda d: _settings(d)["ep"].update(source=f"{R} scripts/performance/configs/gpt_oss/workload_base_configs.py"),
      "run_settings.b200-gpt-oss-120b-bf16.ep.source"),
     (lambda d: _settings(d).pop("a2a_overlap"), "run_settings.b200-gpt-oss-120b-bf16.a2a_overlap"),
+    (lambda d: _settings(d).pop("cross_entropy"), "run_settings.b200-gpt-oss-120b-bf16.cross_entropy"),
+    (lambda d: _settings(d)["cross_entropy"].update(value="native"),
+     "run_settings.b200-gpt-oss-120b-bf16.cross_entropy.value"),
 ])
 def test_a_malformed_run_settings_block_is_refused_naming_the_field(change, field):
     with pytest.raises(InputError) as e:
@@ -181,6 +186,8 @@ def test_a_malformed_run_settings_block_is_refused_naming_the_field(change, fiel
     (lambda d: _settings(d)["ep"].update(source="abcdef012 a.py:1"),
      "run_settings.b200-gpt-oss-120b-bf16.ep.source: commit abcdef012 is not in settings_sources"),
     (lambda d: _settings(d)["ep"].update(value=48), "the run's layout does not split"),
+    (lambda d: _settings(d)["cross_entropy"].update(source="123456789 a.py:1"),
+     "run_settings.b200-gpt-oss-120b-bf16.cross_entropy.source: commit 123456789 is not in settings_sources"),
     (lambda d: _settings(d, "h100-gpt-oss-120b-bf16")["ga"].update(value=8),
      "run_settings.h100-gpt-oss-120b-bf16.ga: 8 is not GBS / (MBS x DP) = 512 / (1 x 16)"),
     (lambda d: _settings(d, "h100-gpt-oss-120b-bf16").pop("ga"),
@@ -321,6 +328,42 @@ def test_terms_sum_to_the_step_and_assumptions_name_what_is_not_expressed(pub):
     assert any(a.startswith("MTP") for a in mtp.assumptions)
     sinks = estimate(pub, pub.run("gb200-gpt-oss-120b-bf16"), cal=CAL)
     assert any("sinks" in a for a in sinks.assumptions)
+
+
+def test_the_logits_memory_is_the_runs_cross_entropys(pub):
+    """Every run's loss is TransformerEngine's fused cross-entropy (its source cited at the release and at the
+    kernel, which writes the gradient into the bf16 logits in place): the logits cost bf16 alone, where an unfused
+    loss keeps bf16 and two fp32 copies. Priced on the one-stage row that holds them, to the byte."""
+    te = "70f536662"
+    assert pub.settings_sources[te].repo == "NVIDIA/TransformerEngine"
+    assert pub.settings_sources[te].commit == "70f536662ae10a62a54f4ed1ba92e3314c5cfd69"
+    for r in pub.rows:
+        ce = pub.run_settings[r.id].cross_entropy
+        assert pub.run(r.id).cross_entropy == ce.value == "te-fused", r.id
+        assert "scripts/performance/utils/helpers.py:108,285" in ce.source, r.id
+        assert f"{te} transformer_engine/pytorch/triton/cross_entropy.py:172-187,342" in ce.source, r.id
+    assert LOGITS_BYTES == {"te-fused": BF16, "unfused": BF16 + 4 + 4}
+    run = pub.run("gb300-qwen3-30b-a3b-fp8-mx")  # PP 1: stage 0 holds the output layer; MBS 8 x 4,096 tokens
+    vocab = pub.models[run.model].vocab_size
+    fused = estimate(pub, run, cal=CAL)
+    unfused = estimate(pub, run.model_copy(update={"cross_entropy": "unfused"}), cal=CAL)
+    assert fused.memory_parts_gib["logits"] == 2 * 8 * 4096 * vocab / 2 ** 30
+    assert unfused.memory_parts_gib["logits"] == 5 * fused.memory_parts_gib["logits"]
+    assert unfused.memory_gib - fused.memory_gib == pytest.approx(8 * 8 * 4096 * vocab / 2 ** 30, rel=1e-12)
+    assert any(a.startswith("cross-entropy: te-fused") and "in place" in a for a in fused.assumptions)
+    # the row fits with the run's loss, and would not with an unfused one
+    assert fused.fits and not unfused.fits
+    # a pipelined row's logits are its last stage's: not in stage 0's memory either way
+    deep = pub.run("gb200-deepseek-v3-bf16")
+    assert estimate(pub, deep, cal=CAL).memory_parts_gib["logits"] == 0.0
+    assert estimate(pub, deep.model_copy(update={"cross_entropy": "unfused"}), cal=CAL).memory_gib == \
+        estimate(pub, deep, cal=CAL).memory_gib
+
+
+def test_every_published_layout_is_predicted_to_fit(pub):
+    for r in pub.rows:
+        step = estimate(pub, pub.run(r.id))
+        assert step.fits, (r.id, step.memory_gib, step.capacity_gib)
 
 
 def test_recompute_prices_the_mla_up_projections_again(pub):

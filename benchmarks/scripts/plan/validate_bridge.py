@@ -72,13 +72,15 @@ def predict_all(with_tune: bool = True) -> dict:
                  "page_layout": {k: getattr(r, k) for k in LAYOUT} | {"ga": r.ga},
                  "page_differs": published.corrections(r.id),
                  "run_settings": {k: getattr(run, k) for k in ("mtp", "recompute", "overlap_param_gather",
-                                                               "dispatcher", "cuda_graphs", "a2a_overlap")},
+                                                               "cross_entropy", "dispatcher", "cuda_graphs",
+                                                               "a2a_overlap")},
                  "microbatches": run.microbatches,
                  "published_tokens_per_s_per_gpu": r.published_tokens_per_s_per_gpu,
                  "predicted_tokens_per_s_per_gpu": step.tokens_per_s_per_gpu, "error": err,
                  "predicted_mfu": step.mfu, "step_s": step.step_s, "terms_s": step.terms_s,
                  "dominant": max(step.terms_s, key=lambda k: step.terms_s[k]),
-                 "memory_gib": step.memory_gib, "capacity_gib": step.capacity_gib, "fits": step.fits,
+                 "memory_gib": step.memory_gib, "memory_parts_gib": step.memory_parts_gib,
+                 "capacity_gib": step.capacity_gib, "fits": step.fits,
                  "chunk_layers": step.chunk_layers}
         if with_tune and entry["role"] == "validation":
             found = tune(published, run, cal=cal, hopper=hopper)

@@ -3,7 +3,7 @@
 ``bridge-moe.yaml`` beside this module holds Megatron-Bridge's published MoE pre-training runs (the models'
 shapes from their public configs, each run's system, layout and tokens/s/GPU as the page prints them), the
 settings each run used according to Megatron-Bridge's source (``run_settings``: corrected layout fields, selective
-recompute, dispatcher, CUDA graphs, A2A overlap, each with its citation) and the validation protocol declared
+recompute, the cross-entropy implementation, dispatcher, CUDA graphs, A2A overlap, each with its citation) and the validation protocol declared
 with them: which rows may fit a constant, and which constants. :func:`load` validates the file and the
 protocol's rules (at most a third of the rows fit; no fit row shares its model and system with a validation
 row; every row has its run settings, each cited at a commit the file names), so a file that breaks them is
@@ -30,6 +30,10 @@ Recompute = Literal["moe_act", "layernorm", "mla_up_proj", "mlp"]
 Dispatcher = Literal["alltoall", "hybridep", "deepep"]
 #: TransformerEngine CUDA-graph scopes (cuda_graph_scope) the runs capture
 GraphScope = Literal["attn", "moe_router", "moe_preprocess"]
+#: the loss over the logits: TransformerEngine's fused parallel_cross_entropy (megatron-core's
+#: cross_entropy_loss_fusion with cross_entropy_fusion_impl "te"), or a cross-entropy that does not write its
+#: gradient into the logits in place; muse_stack.plan.scale prices the logits' memory by it (LOGITS_BYTES)
+CrossEntropy = Literal["te-fused", "unfused"]
 #: one citation: a commit (abbreviated to the nine characters ``settings_sources`` names it by), a path in that
 #: commit's repository and its lines; several joined by "; "
 CITE = r"[0-9a-f]{9} [\w./-]+:\d+(-\d+)?(,\d+(-\d+)?)*"
@@ -310,7 +314,8 @@ class RunSettings(_Strict):
 
     ``ep``, ``mbs``, ``vp``, ``ga``, ``mtp``: the run's where they differ from (or confirm) the page's columns;
     ``recompute``: the selective recompute modules that act; ``overlap_param_gather``: where the preset turns it
-    off (on otherwise); ``dispatcher``, ``cuda_graphs``, ``a2a_overlap``: stated, not priced."""
+    off (on otherwise); ``cross_entropy``: the loss's implementation, which sets the logits' memory;
+    ``dispatcher``, ``cuda_graphs``, ``a2a_overlap``: stated, not priced."""
 
     ep: Cited[int] | None = None
     mbs: Cited[int] | None = None
@@ -319,6 +324,7 @@ class RunSettings(_Strict):
     mtp: Cited[bool] | None = None
     recompute: Cited[list[Recompute]]
     overlap_param_gather: Cited[bool] | None = None
+    cross_entropy: Cited[CrossEntropy]
     dispatcher: Cited[Dispatcher]
     cuda_graphs: Cited[list[GraphScope]]
     a2a_overlap: Cited[bool]
@@ -346,6 +352,7 @@ class Run(_Layout):
     mtp: bool
     recompute: list[Recompute]
     overlap_param_gather: bool = True
+    cross_entropy: CrossEntropy
     dispatcher: Dispatcher
     cuda_graphs: list[GraphScope]
     a2a_overlap: bool
@@ -443,8 +450,8 @@ class Published(_Strict):
         fields |= {k: getattr(s, k).value for k in CORRECTABLE if getattr(s, k) is not None}
         if s.overlap_param_gather is not None:
             fields["overlap_param_gather"] = s.overlap_param_gather.value
-        return Run(**fields, recompute=s.recompute.value, dispatcher=s.dispatcher.value,
-                   cuda_graphs=s.cuda_graphs.value, a2a_overlap=s.a2a_overlap.value)
+        return Run(**fields, recompute=s.recompute.value, cross_entropy=s.cross_entropy.value,
+                   dispatcher=s.dispatcher.value, cuda_graphs=s.cuda_graphs.value, a2a_overlap=s.a2a_overlap.value)
 
     def corrections(self, row_id: str) -> dict[str, dict]:
         """The layout fields where the run differs from the page's columns: field -> page, run, source."""
