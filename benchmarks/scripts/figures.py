@@ -1738,6 +1738,20 @@ def towers_pinned() -> dict:
     out["cpu.bound"] = f(2 ** 0.5 * cpu["pinned"]["logits_rel_rms_bf16_vs_fp32"], 3)
     out["cpu.defect"] = f(cpu["pinned"]["defect_logits_rel_rms_bf16_vs_fp32"], 3)
     out["cpu.machine"] = f"{cpu['cpu_capability']}, {cpu['threads']} threads, torch {cpu['torch']}"
+    trained = cpu["trained"]["variants"]
+    spread = max(max(v["loss_rel_diff_vs_fp32"]) for v in trained.values())
+    out["cpu.trained.variants"] = str(len(trained))
+    out["cpu.trained.spread"] = sci(spread, 2)
+    out["cpu.trained.bound"] = sci(2 ** 0.5 * spread, 2)
+    out["cpu.trained.logits1"] = f(trained["bf16"]["after"][0]["logits_rel_rms_vs_fp32"], 3)
+    out["cpu.trained.logits2"] = f(trained["bf16"]["after"][1]["logits_rel_rms_vs_fp32"], 3)
+    out["cpu.trained.twice"] = f(max(a["logits_rel_rms_vs_fp32"] / b["logits_rel_rms_vs_fp32"] for a, b in
+                                     zip(trained["bf16-twice"]["after"], trained["bf16"]["after"])), 2)
+    pinned = data(f"{folder}/parity-towers-pinned.json")
+    out["pinned.over-rounding"] = f(pinned["max_step_loss_rel_diff"] / (2 ** 0.5 * spread), 0)
+    for i in (0, 1):
+        out[f"pinned.engine-loss{i + 1}"] = f(pinned["megatron_step_losses"][i], 4)
+        out[f"pinned.reference-loss{i + 1}"] = f(pinned["reference_step_losses"][i], 4)
     return out
 
 

@@ -4,7 +4,9 @@
 # lease of one machine; then a long FP8 run against bf16 on the shipped dispatcher, judged by `compare` (its default
 # preset, Bridge's convergence check). Needs TE 2.20.2 + megatron-core 0.19.2 in /tmp/site
 # (benchmarks/scripts/stage-gpu.sh te-install).
-#   usage: OUT=dir [SHAPE_OVERRIDES="a.b=c ..."] bash benchmarks/scripts/fp8_dispatch.sh speed|shipped
+#   usage: OUT=dir bash benchmarks/scripts/fp8_dispatch.sh verify   (lab.verify.fp8_experts: the engine's padded expert
+#            path against megatron-core's expert forward, tiny model, deterministic; tests/gpu/test_fp8_experts_gpu.py)
+#          OUT=dir [SHAPE_OVERRIDES="a.b=c ..."] bash benchmarks/scripts/fp8_dispatch.sh speed|shipped
 #          OUT=dir [SHAPE_OVERRIDES=...] [STEPS=300] bash benchmarks/scripts/fp8_dispatch.sh converge
 # SHAPE_OVERRIDES: a smaller slice for an 80 GB card (each run's recipe.yaml records it).
 # On the allgather dispatcher megatron-core refuses its routing-map padding, so the experts pad their own rows
@@ -28,6 +30,9 @@ one() {  # name, extra overrides...
   cp "runs/fp8d-$name"/{results.json,metrics.jsonl,fingerprint.json,recipe.yaml} "$OUT/$name/" 2>/dev/null
 }
 case "${1:-speed}" in
+verify)
+  PYTHONPATH=/tmp/site:benchmarks:. python3 -m lab.verify.fp8_experts --steps 2 --out "$OUT/fp8-experts.json" \
+    > "$OUT/fp8-experts.log" 2>&1; echo "fp8_experts rc=$?"; tail -3 "$OUT/fp8-experts.log" ;;
 shipped)  # the two runs on the shipped dispatcher only
   one bf16-allgather
   one fp8-allgather $FP8

@@ -1,4 +1,5 @@
-"""The towers' parity bound's premises on this CPU (lab.verify.towers_bound.measure), written as JSON (CPU).
+"""The towers' parity bound's premises on this CPU (lab.verify.towers_bound.measure and, under ``trained``,
+measure_training), written as JSON (CPU).
 
     python benchmarks/scripts/towers_cpu_bound.py --out benchmarks/results/towers-parity-pinned-routing/cpu-routing.json
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the lab package
 
-from lab.verify.towers_bound import measure  # noqa: E402
+from lab.verify.towers_bound import measure, measure_training  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
               "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
-              **measure()}
+              **measure(), "trained": measure_training()}
     text = json.dumps(result, indent=1) + "\n"
     if args.out:
         args.out.write_text(text)

@@ -76,3 +76,110 @@ def measure() -> dict[str, Any]:
             out[key]["defect"] = name
             out[key]["defect_logits_rel_rms_bf16_vs_fp32"] = rel_rms(damaged, exact)
     return out
+
+
+#: the premise of the trained-steps bound (tests/lab/test_benchmarks_megatron.py ``_check_trained_steps``): runs of the
+#: pinned model trained alike but for their rounding. ``bf16``: autocast, the reference's own rounding; ``bf16-twice``:
+#: autocast with every decoder layer's output rounded to bf16 once more, a stand-in for the engine (which rounds at
+#: the reference's points and at most once more at each); ``bf16-seed-K``: autocast on embeddings moved by
+#: ``PERTURBATION``, other samples of the same rounding's error; ``bf16-params``: autocast with every parameter rounded
+#: to bf16 for the forward and the update applied to the fp32 value (megatron-core's bf16 parameters and fp32 main
+#: parameters), where autocast rounds only a matmul's inputs
+TRAINED_VARIANTS = ("bf16", "bf16-twice", "bf16-params", "bf16-seed-1", "bf16-seed-2", "bf16-seed-3")
+
+
+class _RoundedForward(torch.nn.Module):
+    """A parametrization: the forward reads the bf16 rounding of the parameter, the gradient reaches the fp32 value
+    unchanged (straight through)."""
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return w + (w.to(torch.bfloat16).to(w.dtype) - w).detach()
+
+
+def _round_parameters(engine, recipe) -> None:
+    """``bf16-params`` on a reference engine: every parameter parametrized by :class:`_RoundedForward`, and the
+    optimizer rebuilt over the parametrized fp32 values as the engine's own (the recipe's AdamW and groups)."""
+    from torch.nn.utils import parametrize
+
+    from muse_stack.engines.reference import _param_groups
+
+    for module in list(engine.model.modules()):
+        for name, _ in list(module.named_parameters(recurse=False)):
+            parametrize.register_parametrization(module, name, _RoundedForward(), unsafe=True)
+    opt = recipe.optimizer
+    engine.optimizer = torch.optim.AdamW(_param_groups(engine.model, opt.weight_decay), lr=opt.lr,
+                                         betas=(opt.beta1, opt.beta2), eps=opt.eps)
+
+
+def _reference_engine(recipe, model_cfg):
+    from contextlib import nullcontext
+
+    from muse_stack.engines.base import TrainContext
+    from muse_stack.engines.reference import ReferenceEngine
+    from muse_stack.resolve.recipe import finalize
+
+    ctx = TrainContext(recipe=recipe, model=model_cfg, rank=0, world_size=1, local_rank=0,
+                       resolved=finalize(recipe, gpus=1))
+    engine = ReferenceEngine(ctx)
+    pin_expert_choice(engine.model)
+    engine.autocast = nullcontext()
+    return engine
+
+
+def _round_layer_outputs(model) -> list:
+    """Hooks that round every decoder layer's output to bf16 (the engine's extra rounding, ``bf16-twice``)."""
+    from muse_stack.models.muse_spark.decoder import MuseSparkDecoderLayer
+
+    def hook(module, args, output):
+        if torch.is_tensor(output):
+            return output.to(torch.bfloat16).to(output.dtype)
+        return (output[0].to(torch.bfloat16).to(output[0].dtype), *output[1:])
+
+    return [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, MuseSparkDecoderLayer)]
+
+
+def measure_training(steps: int = 3) -> dict[str, Any]:
+    """Each variant and an fp32 run train ``steps`` AdamW steps (the recipe's optimizer and schedule) on the row;
+    per step each variant's loss against the fp32 run's (relative), and after each step but the last its logits
+    against the fp32 run's (lab.verify.parity's ``logits_deviation``)."""
+    from lab.verify.parity import _OneBatch, logits_deviation
+    from muse_stack.run.steps import TrainSteps
+
+    base = tiny_recipe(towers=True)
+    recipe = base.model_copy(update={"precision": "fp32",
+                                     "hardware": base.hardware.model_copy(update={"gpu": "cpu"})})
+    cfg, towers = recipe.model_config_resolved(), recipe.towers_config_resolved()
+    batch = add_media(make_batch(cfg.vocab_size - 8, SEQ), towers)
+    args = reference_args(batch)
+    runs: dict[str, Any] = {}
+    for name in ("fp32", *TRAINED_VARIANTS):
+        engine = _reference_engine(recipe, cfg)
+        if name != "fp32":
+            engine.autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+        if name == "bf16-twice":
+            _round_layer_outputs(engine.model)
+        if name == "bf16-params":
+            _round_parameters(engine, recipe)
+        if name.startswith("bf16-seed-"):
+            emb = engine.model.model.language_model.embed_tokens.weight
+            noise = torch.randn(emb.shape, generator=torch.Generator().manual_seed(int(name.rsplit("-", 1)[1])))
+            with torch.no_grad():
+                emb.mul_(1 + PERTURBATION * noise)
+        driven = TrainSteps(engine, recipe, _OneBatch(batch), steps)
+        losses, logits = [], []
+        for s in range(1, steps + 1):
+            losses.append(driven.step(s).loss)
+            if s < steps:
+                with torch.no_grad(), engine.autocast:
+                    logits.append(engine.model(batch["input_ids"], **args).logits.float())
+        runs[name] = (losses, logits)
+    exact_losses, exact_logits = runs["fp32"]
+    out: dict[str, Any] = {"steps": steps, "fp32_losses": exact_losses, "variants": {}}
+    for name in TRAINED_VARIANTS:
+        losses, logits = runs[name]
+        after = [{"after_step": s, "logits_rel_rms_vs_fp32":
+                  logits_deviation(z, z, z32, batch["labels"])["logits_rel_rms_megatron_vs_fp32"]}
+                 for s, (z, z32) in enumerate(zip(logits, exact_logits), start=1)]
+        out["variants"][name] = {"losses": losses, "after": after,
+                                 "loss_rel_diff_vs_fp32": [abs(a - b) / b for a, b in zip(losses, exact_losses)]}
+    return out
