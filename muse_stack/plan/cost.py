@@ -57,7 +57,8 @@ An image-text recipe's first stage also runs the perception towers (:mod:`muse_s
 on each micro-batch's images: the vision tower's GEMMs (patch embedding, q/k/v/proj, MLP) and the
 projector's on the same roofline, its attention at the attention efficiency; backward 2 x the
 forward for a part that trains and none for a frozen one (nothing upstream of the towers trains),
-and one more forward of the vision tower under full recompute. Their FLOPs join the MFU
+and one more forward of the vision tower where its blocks are recomputed (``recompute.towers``, on by
+default under full recompute), as the memory model counts them. Their FLOPs join the MFU
 (:func:`muse_stack.models.muse_spark.flops.tower_flops_per_sequence`).
 
 A 1F1B pipeline of ``m`` micro-batches over stages of per-micro-batch time ``t_s`` (``max(GPU work,
@@ -423,9 +424,10 @@ def adapter_terms(settings, model: ModelConfig, spec: GpuSpec, cal: TimeCalibrat
     return {"dense_gemm": dense, "expert_gemm": expert}
 
 
-def tower_time(plan, spec: GpuSpec, cal: TimeCalibration, *, sequences: int, full_recompute: bool) -> float:
+def tower_time(plan, spec: GpuSpec, cal: TimeCalibration, *, sequences: int, recomputed: bool) -> float:
     """Seconds of the perception towers for one micro-batch of ``sequences`` sequences, forward,
-    backward and recompute (see the module docstring); ``plan`` a :class:`~muse_stack.plan.towers.TowerPlan`."""
+    backward and recompute (see the module docstring); ``plan`` a :class:`~muse_stack.plan.towers.TowerPlan`;
+    ``recomputed``: the vision tower's blocks run their forward again in the backward (``recompute_towers()``)."""
     if plan is None or not plan.image_tokens_per_sequence:
         return 0.0
     towers = plan.towers
@@ -444,7 +446,7 @@ def tower_time(plan, spec: GpuSpec, cal: TimeCalibration, *, sequences: int, ful
     p = towers.projector_hidden_size
     projector = (gemm_time(tokens, towers.out_hidden_size, p, spec, eff) + gemm_time(tokens, p, p, spec, eff)
                  + gemm_time(tokens, p, plan.text_hidden_size, spec, eff))
-    vision_total = vision * (1 + 2 * plan.vision_trains + (full_recompute and plan.vision_trains))
+    vision_total = vision * (1 + 2 * plan.vision_trains + (recomputed and plan.vision_trains))
     return vision_total + projector * (1 + 2 * plan.projector_trains)
 
 
@@ -601,8 +603,7 @@ def estimate_step(resolved, spec: GpuSpec, world: int, stages: list[int], dp: in
     from muse_stack.plan.towers import tower_plan
 
     towers = tower_plan(resolved)  # its stated choices are the plan's assumptions (planner.make_plan)
-    towers_s = tower_time(towers, spec, cal, sequences=batch.mbs,
-                          full_recompute=(recipe.recompute.granularity or "none") == "full")
+    towers_s = tower_time(towers, spec, cal, sequences=batch.mbs, recomputed=recipe.recompute_towers())
     stage_terms: list[TermTimes] = []
     stage_gpu: list[float] = []
     stage_host: list[float] = []

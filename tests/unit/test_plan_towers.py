@@ -134,3 +134,19 @@ def test_the_counts_are_the_reference_models_own():
     towers = [p for n, p in model.named_parameters() if not n.startswith(("model.language_model.", "lm_head."))]
     assert plan.params == sum(p.numel() for p in towers) > 0
     assert plan.trainable_params == sum(p.numel() for p in towers if p.requires_grad) < plan.params
+
+
+def test_the_towers_recompute_is_priced_as_the_engine_runs_it():
+    """slice-1gpu-mm recomputes the vision blocks (``recompute.towers: true``) with no decoder recompute: the step
+    prices one more vision forward, as the memory model keeps only the blocks' inputs. With the vision tower frozen
+    (nothing to recompute) the setting changes nothing."""
+    def towers_s(overrides):
+        plan, _ = make_plan(load_recipe("slice-1gpu-mm", overrides), strict=False)
+        return plan.time.terms_s["towers"]
+
+    recipe = load_recipe("slice-1gpu-mm")
+    assert recipe.recompute_towers() and recipe.recompute.granularity != "full"
+    assert tower_plan(finalize(recipe)).vision_trains
+    recomputed, kept = towers_s([]), towers_s(["recompute.towers=false"])
+    # kept: the vision forward and backward (3 x V) and the projector's; recomputed adds V, at most a third of kept
+    assert kept < recomputed <= kept * 4 / 3
