@@ -9,6 +9,9 @@ The product reads its measured and tuned values from two files of the package:
 * ``muse_stack/engines/mcore/launch.json`` (:mod:`muse_stack.engines.mcore.launch`): the Triton kernels'
   launches, written by ``adam_choose.py launch --write`` and ``normbwd_choose.py launch --write``.
 
+(``muse_stack/plan/tower_traffic.json``, the towers' memory traffic counted by running their code, not measured,
+is written by ``plan/tower_traffic.py --write`` through :func:`validated` and :func:`write`.)
+
 Each entry carries its value, the benchmark result folder it came from and the command that wrote it
 (paths relative to the repository root). A writer replaces its own entries and keeps the others; the
 file is validated by the product's own model before it is written, written whole or not at all, as

@@ -58,8 +58,9 @@ on each micro-batch's images: the vision tower's GEMMs (patch embedding, q/k/v/p
 projector's on the same roofline, its attention at the attention efficiency; backward 2 x the
 forward for a part that trains and none for a frozen one (nothing upstream of the towers trains),
 and one more forward of the vision tower where its blocks are recomputed (``recompute.towers``, on by
-default under full recompute), as the memory model counts them. Their FLOPs join the MFU
-(:func:`muse_stack.models.muse_spark.flops.tower_flops_per_sequence`).
+default under full recompute), as the memory model counts them; and their memory traffic outside the GEMMs
+and attention, the bytes per patch counted by running their code (:func:`tower_elementwise_time`). Their
+FLOPs join the MFU (:func:`muse_stack.models.muse_spark.flops.tower_flops_per_sequence`).
 
 A 1F1B pipeline of ``m`` micro-batches over stages of per-micro-batch time ``t_s`` (``max(GPU work,
 host time)``, the GPU work including the
@@ -447,7 +448,23 @@ def tower_time(plan, spec: GpuSpec, cal: TimeCalibration, *, sequences: int, rec
     projector = (gemm_time(tokens, towers.out_hidden_size, p, spec, eff) + gemm_time(tokens, p, p, spec, eff)
                  + gemm_time(tokens, p, plan.text_hidden_size, spec, eff))
     vision_total = vision * (1 + 2 * plan.vision_trains + (recomputed and plan.vision_trains))
-    return vision_total + projector * (1 + 2 * plan.projector_trains)
+    return (vision_total + projector * (1 + 2 * plan.projector_trains)
+            + tower_elementwise_time(plan, spec, sequences=sequences, recomputed=recomputed))
+
+
+def tower_elementwise_time(plan, spec: GpuSpec, *, sequences: int, recomputed: bool) -> float:
+    """Seconds of the towers' memory traffic outside their GEMMs and attention for one micro-batch of
+    ``sequences`` sequences: the bytes per patch counted by running their code, forward, backward and
+    recomputed forward (:meth:`~muse_stack.plan.towers.TowerPlan.traffic_bytes_per_patch`), times the
+    patches, at the datasheet HBM bandwidth. The bytes are those the ops read and write, so no pass count
+    applies; no share of the bandwidth is applied either: the calibration holds a measured share only for
+    the engine's own kernels (Adam, the norm's backward), none for eager elementwise kernels, whose passes
+    (``elementwise_passes``) the decoder prices at the full bandwidth too. A lower bound where eager
+    kernels reach less."""
+    if plan is None or not plan.image_tokens_per_sequence:
+        return 0.0
+    patches = sequences * plan.image_tokens_per_sequence * plan.towers.vision_config.merge_size**2
+    return plan.traffic_bytes_per_patch(recomputed) * patches / (spec.hbm_gbps * 1e9)
 
 
 def recomputed_share(granularity: str, modules: list[str] | None, act: dict[str, float]) -> dict[str, float]:
@@ -604,6 +621,15 @@ def estimate_step(resolved, spec: GpuSpec, world: int, stages: list[int], dp: in
 
     towers = tower_plan(resolved)  # its stated choices are the plan's assumptions (planner.make_plan)
     towers_s = tower_time(towers, spec, cal, sequences=batch.mbs, recomputed=recipe.recompute_towers())
+    if towers is not None and towers.image_tokens_per_sequence:
+        recomputed = recipe.recompute_towers()
+        towers_ew = tower_elementwise_time(towers, spec, sequences=batch.mbs, recomputed=recomputed)
+        counted = "muse_stack/plan/tower_traffic.json" if towers.traffic()[1] else "counted now: not in that file"
+        assumptions.append(
+            f"perception towers: {towers.traffic_bytes_per_patch(recomputed) / 1e6:.1f} MB per patch "
+            f"moved outside the GEMMs and attention (norms, casts, RoPE, GELU, gathers; forward and backward), counted "
+            f"by running their code ({counted}), at the full HBM bandwidth: {towers_ew:.3f} s of the towers' "
+            f"{towers_s:.3f} s per micro-batch")
     stage_terms: list[TermTimes] = []
     stage_gpu: list[float] = []
     stage_host: list[float] = []

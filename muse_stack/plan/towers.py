@@ -21,11 +21,24 @@ Stated choices (each reported in the plan's assumptions):
   blocks are recomputed (``recompute.towers``, on by default under full recompute) only each
   layer's input, ``bytes x D``; the projector ``bytes x (out + 2 P + H)`` per
   merged token. A tower that does not train keeps none.
+* **Memory traffic** outside the GEMMs and attention (norms, casts between the bf16 GEMMs and the fp32
+  activations, RoPE, GELU, residual adds, the attention groups' gathers and scatters, and their backward):
+  bytes per patch counted by running the towers' code (:mod:`muse_stack.models.muse_spark.traffic`), read
+  from ``tower_traffic.json`` beside this module (``benchmarks/scripts/plan/tower_traffic.py --write``
+  writes it for every tower shape of the shipped recipes); a shape it does not hold is counted when it is
+  planned, where torch is installed.
 """
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from muse_stack.models.muse_spark.tower_config import MAX_IMAGE_TOKENS
 from muse_stack.models.muse_spark.flops import tower_flops_per_sequence
@@ -33,6 +46,105 @@ from muse_stack.models.muse_spark.tower_config import TowersConfig
 
 #: names in ``frozen`` that freeze the projector
 PROJECTOR_NAMES = ("vision_adapter", "vision_projection", "projector")
+#: the towers' memory traffic per patch, by tower shape (see the module docstring)
+TRAFFIC_FILE = Path(__file__).with_name("tower_traffic.json")
+#: the command that writes TRAFFIC_FILE, its only writer
+TRAFFIC_COMMAND = "python benchmarks/scripts/plan/tower_traffic.py --write"
+
+Bytes = Field(ge=0, allow_inf_nan=False)
+
+
+class TrafficParts(BaseModel):
+    """Bytes per patch of one micro-batch: the work outside the encoder layers (per merged token it is per
+    patch x merge_size^2), and that of one window-attention and one full-attention layer."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    outside_layers: float = Bytes
+    window_attention: float = Bytes
+    full_attention: float = Bytes
+
+    def per_patch(self, layer_types: list[str]) -> float:
+        """Bytes per patch of a vision tower of ``layer_types``."""
+        return self.outside_layers + sum(n * getattr(self, kind) for kind, n in Counter(layer_types).items())
+
+
+class TrafficCount(BaseModel):
+    """The count for one tower shape (:func:`muse_stack.models.muse_spark.traffic.count`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: what the count depends on (:func:`traffic_shape`)
+    shape: dict[str, Any]
+    #: the frames (t, h, w) of the two micro-batches whose difference gives the bytes per patch
+    frames: list[tuple[int, int, int]]
+    forward: TrafficParts
+    #: the vision tower and the projector training, the vision blocks kept, and recomputed
+    backward: TrafficParts
+    backward_recomputed: TrafficParts
+    #: the vision tower frozen, the projector training (outside the layers only)
+    backward_projector: float = Bytes
+
+
+class TrafficFile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: the command that writes the file again
+    command: str
+    counts: list[TrafficCount]
+
+
+def towers_params_dtype(precision: str | None) -> str:
+    """The parameters' dtype the megatron engine builds the towers in (``params_dtype`` of
+    muse_stack/engines/mcore/config.py): bf16 under ``precision`` bf16 and fp8, else fp32."""
+    return "bfloat16" if precision in ("bf16", "fp8") else "float32"
+
+
+def traffic_shape(towers: TowersConfig, text_hidden_size: int, dtype: str) -> dict[str, Any]:
+    """What the towers' memory traffic per patch depends on: the vision tower's configuration but its
+    number and kinds of layers (counted per layer), the projector's widths and the parameters' dtype."""
+    vision = towers.vision_config.model_dump(mode="json", exclude={"num_hidden_layers", "layer_types"})
+    return {"vision_config": vision,
+            "out_hidden_size": towers.out_hidden_size, "projector_hidden_size": towers.projector_hidden_size,
+            "text_hidden_size": text_hidden_size, "params_dtype": dtype}
+
+
+def count_traffic(shape: dict[str, Any]) -> TrafficCount:
+    """Count the traffic of a shape (:func:`traffic_shape`) by running the towers' code (needs torch):
+    :func:`muse_stack.models.muse_spark.traffic.count`."""
+    import torch
+
+    from muse_stack.models.muse_spark.traffic import count, counting_frames
+
+    vision = {**shape["vision_config"], "num_hidden_layers": 1}
+    towers = TowersConfig(vision_config=vision, out_hidden_size=shape["out_hidden_size"],
+                          projector_hidden_size=shape["projector_hidden_size"],
+                          audio_config={"out_hidden_size": shape["text_hidden_size"]})  # the audio tower does not run
+    got = count(towers, shape["text_hidden_size"], getattr(torch, shape["params_dtype"]))
+    return TrafficCount(shape=shape, frames=counting_frames(towers)[:2], forward=got.forward, backward=got.backward,
+                        backward_recomputed=got.backward_recomputed, backward_projector=got.backward_projector)
+
+
+@cache
+def _traffic(shape_json: str) -> tuple[TrafficCount, bool]:
+    """The count of a shape (:func:`traffic_shape`, as JSON) and whether it was read from TRAFFIC_FILE
+    (else counted now, where torch is installed)."""
+    from muse_stack.util.datafile import load
+
+    shape = json.loads(shape_json)
+    for entry in load(TRAFFIC_FILE, TrafficFile).counts:
+        if entry.shape == shape:
+            return entry, True
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        from muse_stack.util.errors import InputError
+
+        raise InputError(f"{TRAFFIC_FILE.name} holds no count of the towers' memory traffic for this tower shape "
+                         "and precision, and counting it needs torch", field="model.towers",
+                         value=shape, fix=f"install torch (pip install 'muse-stack[cpu]') to count it when planning, "
+                                          f"or add the shape to a shipped recipe and run {TRAFFIC_COMMAND}") from None
+    return count_traffic(shape), False
 
 
 @dataclass(frozen=True)
@@ -44,6 +156,7 @@ class TowerPlan:
     projector_trains: bool
     image_tokens_per_sequence: int | None  # merged tokens; None without a sequence length
     image_tokens_source: str
+    params_dtype: str = "bfloat16"  # the towers' parameters (params_dtype)
 
     @property
     def params(self) -> int:
@@ -76,6 +189,26 @@ class TowerPlan:
         if self.projector_trains:
             p = self.towers.projector_hidden_size
             out += act_bytes * (self.towers.out_hidden_size + 2 * p + self.text_hidden_size) * tokens
+        return out
+
+    def traffic(self) -> tuple[TrafficCount, bool]:
+        """The towers' memory traffic per patch (see the module docstring) and whether it was read from
+        TRAFFIC_FILE (else counted now)."""
+        return _traffic(json.dumps(traffic_shape(self.towers, self.text_hidden_size, self.params_dtype),
+                                   sort_keys=True))
+
+    def traffic_bytes_per_patch(self, recomputed: bool) -> float:
+        """Bytes per patch the towers move outside their GEMMs and attention in one micro-batch: the forward,
+        the backward where a part trains (with the recomputed forward of the vision blocks where
+        ``recomputed``: ``recompute_towers()``; a frozen projector's backward differs from a trained one's
+        only by its weight-gradient GEMMs), none for a frozen part."""
+        count, _ = self.traffic()
+        types = self.towers.vision_config.layer_types
+        out = count.forward.per_patch(types)
+        if self.vision_trains:
+            out += (count.backward_recomputed if recomputed else count.backward).per_patch(types)
+        elif self.projector_trains:
+            out += count.backward_projector
         return out
 
     def describe(self) -> list[str]:
@@ -122,4 +255,5 @@ def tower_plan(resolved) -> TowerPlan | None:
                      vision_trains=not base and "vision_tower" not in frozen,
                      audio_trains=not base and "audio_tower" not in frozen,
                      projector_trains=not base and not frozen & set(PROJECTOR_NAMES),
-                     image_tokens_per_sequence=tokens, image_tokens_source=source)
+                     image_tokens_per_sequence=tokens, image_tokens_source=source,
+                     params_dtype=towers_params_dtype(recipe.precision))

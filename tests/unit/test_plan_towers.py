@@ -10,6 +10,7 @@ import torch
 from muse_stack.models.muse_spark.flops import tower_flops_per_sequence, training_flops_per_token, vision_forward_flops_per_patch
 from muse_stack.machine.hardware import gpu_spec
 from muse_stack.models.muse_spark.vision import MuseSparkVisionModel
+from muse_stack.plan.cost import tower_elementwise_time
 from muse_stack.plan.memory import GIB
 from muse_stack.plan.planner import make_plan
 from muse_stack.plan.towers import tower_plan
@@ -148,5 +149,40 @@ def test_the_towers_recompute_is_priced_as_the_engine_runs_it():
     assert recipe.recompute_towers() and recipe.recompute.granularity != "full"
     assert tower_plan(finalize(recipe)).vision_trains
     recomputed, kept = towers_s([]), towers_s(["recompute.towers=false"])
-    # kept: the vision forward and backward (3 x V) and the projector's; recomputed adds V, at most a third of kept
-    assert kept < recomputed <= kept * 4 / 3
+    # the GEMMs and attention: kept holds the vision forward and backward (3 x V) and the projector's; recomputed
+    # adds V, at most a third of kept. The memory traffic (counted, not 3 x the forward: the backward moves about
+    # 1.6 x the forward's bytes) adds the recomputed forward's bytes as counted
+    plan = tower_plan(finalize(recipe))
+    spec = gpu_spec(recipe.hardware.gpu)
+    mbs, microbatches = recipe.batch.mbs, recipe.batch.gbs // recipe.batch.mbs
+    ew_recomputed, ew_kept = (microbatches * tower_elementwise_time(plan, spec, sequences=mbs, recomputed=r)
+                              for r in (True, False))
+    assert kept < recomputed and kept - ew_kept < recomputed - ew_recomputed <= (kept - ew_kept) * 4 / 3
+    count, _ = plan.traffic()
+    types = plan.towers.vision_config.layer_types
+    patches = microbatches * mbs * plan.image_tokens_per_sequence * plan.towers.vision_config.merge_size**2
+    added = (count.backward_recomputed.per_patch(types) - count.backward.per_patch(types)) * patches
+    assert ew_recomputed - ew_kept == pytest.approx(added / (spec.hbm_gbps * 1e9), rel=1e-12)
+
+
+def test_the_towers_memory_traffic_is_priced(monkeypatch):
+    """slice-1gpu-mm: the towers' memory traffic outside their GEMMs and attention (counted by running their code,
+    muse_stack/plan/tower_traffic.json) is part of the towers' term, and the step grows by it: without it (no
+    bytes) the one-stage pipeline of 4 micro-batches is 4 x its time shorter."""
+    from muse_stack.plan.towers import TowerPlan
+
+    recipe = load_recipe("slice-1gpu-mm")
+    plan = tower_plan(finalize(recipe))
+    spec = gpu_spec(recipe.hardware.gpu)
+    ew = tower_elementwise_time(plan, spec, sequences=recipe.batch.mbs, recomputed=recipe.recompute_towers())
+    patches = recipe.batch.mbs * 3072 * 4
+    assert ew == pytest.approx(plan.traffic_bytes_per_patch(True) * patches / (spec.hbm_gbps * 1e9), rel=1e-12)
+    assert plan.traffic()[1] and ew > 0
+    priced, _ = make_plan(recipe, strict=False)
+    assert any("MB per patch moved outside the GEMMs and attention" in a for a in priced.time.assumptions)
+    monkeypatch.setattr(TowerPlan, "traffic_bytes_per_patch", lambda self, recomputed: 0.0)
+    unpriced, _ = make_plan(recipe, strict=False)
+    microbatches = recipe.batch.gbs // recipe.batch.mbs
+    assert recipe.layout.pp == 1 and microbatches == 4
+    assert priced.time.terms_s["towers"] - unpriced.time.terms_s["towers"] == pytest.approx(4 * ew, rel=1e-9)
+    assert priced.time.step_s - unpriced.time.step_s == pytest.approx(4 * ew, rel=1e-9)
