@@ -15,15 +15,13 @@ the first micro-batch: their GEMMs have no rows, and their gradients must still 
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 from typing import Any
 
 import torch
 
-from lab.verify.parity import TINY, _OneBatch, make_batch, tiny_recipe
+from lab.verify.parity import TINY, _OneBatch, seeded_start, steps_main, tiny_recipe
 from muse_stack.engines.base import TrainContext
 from muse_stack.resolve.recipe import finalize
 from muse_stack.recipes.catalogue import parse_recipe
@@ -70,15 +68,7 @@ def _capture(engine, into: list) -> None:
 
 
 def run(steps: int = 2, seed: int = 1234) -> dict[str, Any]:
-    from muse_stack.engines.megatron_available import require_megatron
-
-    require_megatron()
-    from muse_stack.models.muse_spark import MuseSparkForCausalLM
-
-    torch.cuda.set_device(0)
-    cfg = _recipe(None).model_config_resolved()
-    state = {k: v.clone() for k, v in MuseSparkForCausalLM(cfg, seed=seed).state_dict().items()}
-    batch = make_batch(cfg.vocab_size - 8, SEQ)
+    state, batch = seeded_start(_recipe(None), SEQ, seed)
 
     whole, whole_steps = _engine(False, state, batch, steps)
     assert whole.first_writes is None
@@ -129,17 +119,7 @@ def run(steps: int = 2, seed: int = 1234) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    out = run(args.steps)
-    text = json.dumps(out, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text, flush=True)
-    return 0
+    return steps_main(run, argv)
 
 
 if __name__ == "__main__":

@@ -215,6 +215,34 @@ def run(tp: int = 1, ep: int = 1, seed: int = 1234, train_steps: int = 0, *, etp
     return out
 
 
+def seeded_start(recipe, seq: int, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """On GPU 0 (megatron-core and TE loaded first): the reference model's weights from ``seed`` for the recipe's model,
+    and one row of ``seq`` tokens below the media placeholders (``make_batch``)."""
+    from muse_stack.engines.megatron_available import require_megatron
+
+    require_megatron()
+    from muse_stack.models.muse_spark import MuseSparkForCausalLM
+
+    torch.cuda.set_device(0)
+    cfg = recipe.model_config_resolved()
+    state = {k: v.clone() for k, v in MuseSparkForCausalLM(cfg, seed=seed).state_dict().items()}
+    return state, make_batch(cfg.vocab_size - 8, seq)
+
+
+def steps_main(run, argv: list[str] | None) -> int:
+    """``--steps K [--out FILE]``: ``run(K)``'s result as JSON on stdout and in FILE."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    text = json.dumps(run(args.steps), indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text, flush=True)
+    return 0
+
+
 def engine_forward_backward(engine, batch: dict[str, Any]) -> tuple[torch.Tensor, float]:
     """The engine's logits and mean token loss on one batch (TP 1, PP 1), then one backward
     with fresh gradient buffers: every trainable parameter's ``main_grad`` holds its gradient."""
