@@ -339,11 +339,14 @@ class MegatronEngine:
 
     # -- one optimizer step ---------------------------------------------------------------
     def set_lr(self, lr: float) -> None:
+        from muse_stack.engines.mcore.config import group_schedule
+
         for group in self.optimizer.param_groups:
+            rate, group["weight_decay"] = group_schedule(group, lr, self.ctx.recipe.optimizer.weight_decay)
             if torch.is_tensor(group["lr"]):  # TE's capturable Adam (performance.optimizer_cuda_graph): the graph
-                group["lr"].fill_(lr)  # reads this tensor; in place, as megatron-core's OptimizerParamScheduler
+                group["lr"].fill_(rate)  # reads this tensor; in place, as megatron-core's OptimizerParamScheduler
             else:
-                group["lr"] = lr
+                group["lr"] = rate
 
     def train_step(self, raw: list[dict[str, Any]]) -> StepStats:
         """megatron-core's pipeline schedule over this rank's micro-batches of the step, then the

@@ -93,3 +93,17 @@ def test_one_formula_for_the_optimizer_state_the_planner_and_the_checkpoint_coun
     assert optimizer_state_bytes(load_recipe("slice-1gpu")) == 12  # separate fp32 master + two moments
     assert optimizer_state_bytes(load_recipe("slice-1gpu", ["optimizer.param_remainders=true"])) == 10
     assert optimizer_state_bytes(load_recipe("slice-1gpu", ["precision=fp32", "optimizer.param_remainders=false"])) == 8
+
+
+def test_each_group_takes_its_multipliers_as_megatron_cores_scheduler_gives_them():
+    """The engine sets the learning rate itself, not through megatron-core's OptimizerParamScheduler, which is what
+    multiplies each group's ``lr_mult`` and ``wd_mult`` in. megatron-core's standard overrides put the parameters
+    of one dimension and the biases in a group of ``wd_mult`` 0: without the multipliers that group would take the
+    optimizer's default decay (the norms' gains decayed, which the reference and Megatron-Bridge never do)."""
+    from muse_stack.engines.mcore.config import group_schedule
+
+    plain, exempt = {"params": []}, {"params": [], "wd_mult": 0.0, "lr_mult": 1.0}
+    decoupled = {"params": [], "wd_mult": 1.0, "lr_mult": 0.5}
+    assert group_schedule(plain, 3e-4, 0.1) == (3e-4, 0.1)
+    assert group_schedule(exempt, 3e-4, 0.1) == (3e-4, 0.0)
+    assert group_schedule(decoupled, 3e-4, 0.1) == (1.5e-4, 0.1)

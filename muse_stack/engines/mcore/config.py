@@ -72,6 +72,16 @@ def fp8_kwargs(recipe: Recipe) -> dict[str, Any]:
     return {"fp8": settings.format, "fp8_recipe": settings.recipe, "moe_router_padding_for_quantization": router_pads}
 
 
+def group_schedule(group: dict[str, Any], lr: float, weight_decay: float) -> tuple[float, float]:
+    """A megatron-core parameter group's learning rate and weight decay at a step whose schedule gives ``lr``: its
+    ``lr_mult`` and ``wd_mult`` applied, as megatron-core's ``OptimizerParamScheduler.step`` applies them. The
+    engine sets the rate itself (:meth:`MegatronEngine.set_lr`, not the scheduler), and megatron-core's groups
+    carry no ``weight_decay`` of their own: without this every group, the norms' gains and the biases included,
+    would take the optimizer's default decay, where ``get_standard_config_overrides`` gives them ``wd_mult`` 0
+    (as the reference engine exempts every parameter of one dimension)."""
+    return lr * group.get("lr_mult", 1.0), weight_decay * group.get("wd_mult", 1.0)
+
+
 def ddp_config_kwargs(recipe: Recipe) -> dict[str, Any]:
     """megatron-core ``DistributedDataParallelConfig`` fields (pure): fp32 gradient reduction, the
     recipe's distributed optimizer, and the engine options that are DDP fields (muse_stack/recipes/options.py)."""
