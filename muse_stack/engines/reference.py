@@ -51,6 +51,15 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def build_optimizer(model: torch.nn.Module, opt: Any) -> torch.optim.Optimizer:
+    """The recipe's optimizer (``recipe.optimizer``, stated) over ``model``'s trainable parameters: SGD, or AdamW
+    with weight decay on the parameters of two or more dimensions only."""
+    if opt.name == "sgd":
+        return torch.optim.SGD(_param_groups(model, opt.weight_decay), lr=opt.lr)
+    return torch.optim.AdamW(_param_groups(model, opt.weight_decay), lr=opt.lr, betas=(opt.beta1, opt.beta2),
+                             eps=opt.eps)
+
+
 class ReferenceEngine:
     name = "reference"
 
@@ -102,12 +111,7 @@ class ReferenceEngine:
         from muse_stack.engines.support import require_stated
 
         require_stated(recipe)  # the values below are the recipe's; none is filled in here
-        opt = recipe.optimizer
-        if opt.name == "sgd":
-            self.optimizer = torch.optim.SGD(_param_groups(self.model, opt.weight_decay), lr=opt.lr)
-        else:
-            self.optimizer = torch.optim.AdamW(_param_groups(self.model, opt.weight_decay), lr=opt.lr,
-                                               betas=(opt.beta1, opt.beta2), eps=opt.eps)
+        self.optimizer = build_optimizer(self.model, recipe.optimizer)
         self._seq_lens: list[int] | None = None
         #: the perception towers' model FLOPs of the images trained on, and the tokens of those steps
         self._tower_flops = None

@@ -279,6 +279,7 @@ def _train(engine, recipe, cfg, batch, steps: int, local: int, pin_routing: bool
     lockstep on the same batch. After each step the three models' logits on the batch (the next step's forward) are
     compared as the loaded weights' are (the engine's and the bf16 reference's relative RMS from the fp32
     reference's), and after the first the parameters' updates (``update_comparison``)."""
+    from lab.engine import eval_logits
     from muse_stack.engines.reference import ReferenceEngine
     from muse_stack.run.steps import TrainSteps
 
@@ -316,7 +317,7 @@ def _train(engine, recipe, cfg, batch, steps: int, local: int, pin_routing: bool
             z32 = ref32_engine.model(on["input_ids"], **args).logits.float()
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 z16 = ref16_engine.model(on["input_ids"], **args).logits.float()
-            zme = eval_logits_of(engine, batch)
+            zme = eval_logits(engine, batch)
         after.append({"after_step": s, **logits_deviation(zme, z16, z32, on["labels"])})
     return {"train_steps": steps,
             "megatron_step_losses": [m.loss for m in mine], "reference_step_losses": [r.loss for r in theirs],
@@ -327,29 +328,40 @@ def _train(engine, recipe, cfg, batch, steps: int, local: int, pin_routing: bool
             "max_step_loss_rel_diff": max(abs(m.loss - r.loss) / r.loss for m, r in zip(mine, theirs))}
 
 
-def engine_parameters(engine) -> dict[str, torch.Tensor]:
-    """The engine's parameters as its forward reads them (megatron-core's model parameters, bf16 under bf16), in
-    the reference's names and shapes (each expert's weights stacked), as fp32 copies on their device."""
+def engine_by_reference_name(engine, value_of, shapes: dict[str, tuple] | None = None):
+    """``value_of(p)`` for each of the engine's parameters, under the reference's names and in its shapes: each
+    expert's tensor set into the stacked one (an expert this rank lacks stays NaN; ``shapes`` gives the stacked
+    shape, else the highest expert index seen). Returns the dict and the engine names no mapping covers."""
     from muse_stack.engines.mcore.weights import local_to_global, mcore_to_hf
 
     off = engine.load_kwargs
     out: dict[str, torch.Tensor] = {}
-    counts: dict[str, int] = {}
-    pieces: dict[str, dict[int, torch.Tensor]] = {}
+    experts: dict[str, dict[int, torch.Tensor]] = {}
+    unmapped: list[str] = []
     for name, p in engine.model.module.named_parameters():
         try:
             target = mcore_to_hf(local_to_global(name, off["layer_offset"], off["expert_offset"]))
         except KeyError:
+            unmapped.append(name)
             continue
-        value = p.detach().float().clone()
         if target.expert is None:
-            out[target.hf_name] = value
+            out[target.hf_name] = value_of(p)
         else:
-            pieces.setdefault(target.hf_name, {})[target.expert] = value
-            counts[target.hf_name] = max(counts.get(target.hf_name, 0), target.expert + 1)
-    for name, by_expert in pieces.items():
-        out[name] = torch.stack([by_expert[e] for e in range(counts[name])])
-    return out
+            experts.setdefault(target.hf_name, {})[target.expert] = value_of(p)
+    for hf_name, by_expert in experts.items():
+        first = next(iter(by_expert.values()))
+        shape = shapes[hf_name] if shapes is not None else (max(by_expert) + 1, *first.shape)
+        full = torch.full(shape, float("nan"), device=first.device)
+        for expert, value in by_expert.items():
+            full[expert] = value
+        out[hf_name] = full
+    return out, unmapped
+
+
+def engine_parameters(engine) -> dict[str, torch.Tensor]:
+    """The engine's parameters as its forward reads them (megatron-core's model parameters, bf16 under bf16), in
+    the reference's names and shapes, as fp32 copies on their device."""
+    return engine_by_reference_name(engine, lambda p: p.detach().float().clone())[0]
 
 
 def reference_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -371,12 +383,6 @@ def update_comparison(before: tuple[dict, dict, dict], after: tuple[dict, dict, 
                      "engine_vs_fp32": float((me - r32.to(me.device)).norm()) / norm32 if norm32 else None,
                      "reference_bf16_vs_fp32": float((r16 - r32).norm()) / norm32 if norm32 else None})
     return sorted(rows, key=lambda r: -(r["engine_vs_fp32"] or 0.0))
-
-
-def eval_logits_of(engine, batch: dict[str, Any]) -> torch.Tensor:
-    from lab.engine import eval_logits
-
-    return eval_logits(engine, batch)
 
 
 def logits_deviation(mine: torch.Tensor, bf16: torch.Tensor, fp32: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:

@@ -425,29 +425,15 @@ def reference_fp32_fp64(cfg, state, batch, device):
 def engine_fp32_pass(engine, batch, ref_grads: dict[str, torch.Tensor]):
     """The engine's logits, loss and the gradient of every parameter (``main_grad`` of
     megatron-core's DDP), in the reference's names and shapes (expert weights stacked)."""
-    from muse_stack.engines.mcore.weights import local_to_global, mcore_to_hf
+    from lab.verify.parity import engine_by_reference_name, engine_forward_backward
 
-    from lab.verify.parity import engine_forward_backward
-
-    logits, loss = engine_forward_backward(engine, batch)
-    off = engine.load_kwargs
-    grads: dict[str, torch.Tensor] = {}
-    unmapped: list[str] = []
-    for name, p in engine.model.module.named_parameters():
+    def grad_of(p):
         g = getattr(p, "main_grad", None)
         g = g if g is not None else p.grad
-        try:
-            target = mcore_to_hf(local_to_global(name, off["layer_offset"], off["expert_offset"]))
-        except KeyError:
-            unmapped.append(name)
-            continue
-        g = g.detach().float().clone() if g is not None else torch.full(p.shape, float("nan"), device=p.device)
-        if target.expert is None:
-            grads[target.hf_name] = g
-        else:
-            ref = ref_grads[target.hf_name]
-            full = grads.setdefault(target.hf_name, torch.full(ref.shape, float("nan"), device=g.device))
-            full[target.expert] = g
+        return g.detach().float().clone() if g is not None else torch.full(p.shape, float("nan"), device=p.device)
+
+    logits, loss = engine_forward_backward(engine, batch)
+    grads, unmapped = engine_by_reference_name(engine, grad_of, {n: tuple(g.shape) for n, g in ref_grads.items()})
     return logits, loss, grads, unmapped
 
 

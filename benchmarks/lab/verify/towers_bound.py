@@ -101,14 +101,12 @@ def _round_parameters(engine, recipe) -> None:
     optimizer rebuilt over the parametrized fp32 values as the engine's own (the recipe's AdamW and groups)."""
     from torch.nn.utils import parametrize
 
-    from muse_stack.engines.reference import _param_groups
+    from muse_stack.engines.reference import build_optimizer
 
     for module in list(engine.model.modules()):
         for name, _ in list(module.named_parameters(recurse=False)):
             parametrize.register_parametrization(module, name, _RoundedForward(), unsafe=True)
-    opt = recipe.optimizer
-    engine.optimizer = torch.optim.AdamW(_param_groups(engine.model, opt.weight_decay), lr=opt.lr,
-                                         betas=(opt.beta1, opt.beta2), eps=opt.eps)
+    engine.optimizer = build_optimizer(engine.model, recipe.optimizer)
 
 
 def _reference_engine(recipe, model_cfg):
