@@ -1747,8 +1747,12 @@ def towers_pinned() -> dict:
     out["cpu.trained.logits2"] = f(trained["bf16"]["after"][1]["logits_rel_rms_vs_fp32"], 3)
     out["cpu.trained.twice"] = f(max(a["logits_rel_rms_vs_fp32"] / b["logits_rel_rms_vs_fp32"] for a, b in
                                      zip(trained["bf16-twice"]["after"], trained["bf16"]["after"])), 2)
+    fp32 = cpu["trained"]["fp32_losses"]
+    out["cpu.trained.drop-fp32"] = f(fp32[0] - fp32[1], 4)
+    out["cpu.trained.drop-bf16"] = f(trained["bf16"]["losses"][0] - trained["bf16"]["losses"][1], 4)
+    second = [v["losses"][1] for v in trained.values()]
+    out["cpu.trained.step2"] = f"{f(min(second), 4)} to {f(max(second), 4)}"
     pinned = data(f"{folder}/parity-towers-pinned.json")
-    out["pinned.over-rounding"] = f(pinned["max_step_loss_rel_diff"] / (2 ** 0.5 * spread), 0)
     for i in (0, 1):
         out[f"pinned.engine-loss{i + 1}"] = f(pinned["megatron_step_losses"][i], 4)
         out[f"pinned.reference-loss{i + 1}"] = f(pinned["reference_step_losses"][i], 4)

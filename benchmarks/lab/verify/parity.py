@@ -296,6 +296,8 @@ def _train(engine, recipe, cfg, batch, steps: int, local: int, pin_routing: bool
     # the reference alone on this GPU: GBS / MBS micro-batches of the same row, as the engine's DP ranks
     ref16_engine, ref16 = reference(recipe.precision)
     ref32_engine, ref32 = reference("fp32")
+    for ref_engine in (ref16_engine, ref32_engine):
+        start_as_engine(engine, ref_engine.model)
     device = torch.device("cuda", local)
     on = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}
     args = reference_args(on)
@@ -326,6 +328,50 @@ def _train(engine, recipe, cfg, batch, steps: int, local: int, pin_routing: bool
             "reference_fp32_grad_norms": [r.grad_norm for r in fp32],
             "logits_after_steps": after, "first_update_by_parameter": first_update,
             "max_step_loss_rel_diff": max(abs(m.loss - r.loss) / r.loss for m, r in zip(mine, theirs))}
+
+
+def engine_dtypes(engine) -> dict[str, torch.dtype]:
+    """The dtype the engine holds each parameter in, under the reference's names (every rank holds each name in
+    one dtype: its experts alike)."""
+    from muse_stack.engines.mcore.weights import local_to_global, mcore_to_hf
+
+    off = engine.load_kwargs
+    out: dict[str, torch.dtype] = {}
+    for name, p in engine.model.module.named_parameters():
+        try:
+            target = mcore_to_hf(local_to_global(name, off["layer_offset"], off["expert_offset"]))
+        except KeyError:
+            continue
+        if out.setdefault(target.hf_name, p.dtype) != p.dtype:
+            raise SystemExit(f"the engine holds {target.hf_name} in {out[target.hf_name]} and {p.dtype}")
+    return out
+
+
+def start_as_engine(engine, model: torch.nn.Module) -> None:
+    """The reference ``model``'s parameters set where the engine's optimizer starts: each rounded to the dtype the
+    engine holds it in (round to nearest even, as the engine's load casts them). megatron-core builds its fp32 main
+    parameters from the bf16 parameters (distrib_optimizer.py:445 at 0.19.2; TE's FusedAdam master weights alike),
+    so the engine's masters start on the bf16 grid, where the reference's fp32 initialisation is not: at the first
+    step, whose Adam update (about the learning rate a weight) is below half a bf16 ulp for most weights of norm
+    2^-6 and above, an on-grid master rounds the update away and an off-grid one does not. Both start here, so
+    the training steps compare the engines and not two starting points. On one rank the engine's own values are
+    checked to be these, bit for bit."""
+    dtypes = engine_dtypes(engine)
+    params = dict(model.named_parameters())
+    missing = sorted(set(dtypes) - set(params))
+    if missing:
+        raise SystemExit(f"engine parameters with no reference parameter: {missing[:5]}")
+    with torch.no_grad():
+        for name, dtype in dtypes.items():
+            p = params[name]
+            p.copy_(p.to(dtype).to(p.dtype))
+    if engine.ctx.world_size > 1:
+        return
+    held, _ = engine_by_reference_name(engine, lambda q: q.detach().float(), {n: tuple(params[n].shape) for n in dtypes})
+    off = [n for n, v in held.items()  # a name the engine holds whole (its shape the reference's)
+           if v.shape == params[n].shape and not torch.equal(v.to(params[n].device), params[n].detach().float())]
+    if off:
+        raise SystemExit(f"the engine's loaded parameters are not the reference's rounded to the engine's dtype: {off[:5]}")
 
 
 def engine_by_reference_name(engine, value_of, shapes: dict[str, tuple] | None = None):

@@ -137,7 +137,8 @@ def _round_layer_outputs(model) -> list:
 
 
 def measure_training(steps: int = 3) -> dict[str, Any]:
-    """Each variant and an fp32 run train ``steps`` AdamW steps (the recipe's optimizer and schedule) on the row;
+    """Each variant and an fp32 run train ``steps`` AdamW steps (the recipe's optimizer and schedule) on the row,
+    every run from the reference's initialisation rounded to bf16, where the engine's masters start;
     per step each variant's loss against the fp32 run's (relative), and after each step but the last its logits
     against the fp32 run's (lab.verify.parity's ``logits_deviation``)."""
     from lab.verify.parity import _OneBatch, logits_deviation
@@ -152,6 +153,9 @@ def measure_training(steps: int = 3) -> dict[str, Any]:
     runs: dict[str, Any] = {}
     for name in ("fp32", *TRAINED_VARIANTS):
         engine = _reference_engine(recipe, cfg)
+        with torch.no_grad():  # every run starts where the engine's optimizer does: on the bf16 grid
+            for p in engine.model.parameters():  # (lab.verify.parity.start_as_engine; bf16 parameters throughout)
+                p.copy_(p.to(torch.bfloat16).to(p.dtype))
         if name != "fp32":
             engine.autocast = torch.autocast("cpu", dtype=torch.bfloat16)
         if name == "bf16-twice":
