@@ -1,19 +1,24 @@
-"""The host time of one megatron-core MoE layer's forward, the planner's ``scale.moe_sync_gap_s`` (GPU, one rank).
+"""The host time of one megatron-core MoE layer's forward and backward, the planner's host term (GPU, one rank).
 
-    python benchmarks/scripts/plan/host_sync_probe.py [--experts 16 --topk 8 --hidden 2048 --ffn 768] [--json FILE]
+    python benchmarks/scripts/plan/host_sync_probe.py [--model qwen3-30b-a3b ...] [--precision bf16 fp8-cs]
+        [--json FILE]
 
 megatron-core's alltoall dispatcher reads the per-expert token counts back to the host before it sizes the
-dispatch, so the host cannot queue work past a MoE layer's router: the planner prices a MoE layer's forward at
-``max(its GPU work, scale.moe_sync_gap_s)`` (muse_stack/plan/scale.py). This builds one MoE layer of megatron-core
-(TE spec, grouped GEMM, alltoall dispatcher, balanced routing where the installed megatron-core has
-``moe_router_force_load_balancing``) on one GPU, with the shapes of one GPU's share of a published run (by default
-Qwen3-30B-A3B at EP 8: 16 local experts, top-8 routing over them, hidden 2,048, expert FFN 768), and times its
-forward with autograd recording, as training runs it, at token counts from 128 to 16,384. Per count it writes the
-wall time of a forward (host and GPU, synchronised around a batch of forwards) and the GPU time of one (CUDA
-events on an otherwise idle stream, the forward's kernels only when the host is ahead). Where the GPU time is far
-below the wall time the layer is host-bound and the wall time is the term; where they meet the layer is GPU-bound
-and the wall time follows the GPU work, which is the max the planner assumes. Needs megatron-core, Transformer
-Engine and a CUDA GPU (the engine's image); it is not run by the tests.
+dispatch, so the host cannot queue work past a MoE layer's router, and a layer whose host work outlasts its GPU work
+leaves the GPU idle. The planner prices a MoE layer's forward at ``max(its GPU work, its host time)``
+(muse_stack/plan/scale.py). This builds one MoE layer of megatron-core (TE spec, grouped GEMM, alltoall dispatcher,
+no CUDA graphs, balanced routing where the installed megatron-core has ``moe_router_force_load_balancing``) on one
+GPU, with the shapes of one GPU's share of a published run (a model of muse_stack/plan/published/bridge-moe.yaml at
+expert parallelism ``--ep``: its local experts, its top-k over them, its hidden and expert FFN widths), and times
+it as training runs it, at token counts from 128 to 16,384:
+- ``fwd``: a forward with autograd recording;
+- ``fwd_bwd``: a forward and its backward.
+Per count it writes the wall time (host and GPU, synchronised around a batch) and the GPU time of one (CUDA events;
+the kernels alone only where the host is ahead). At the smallest count the GPU work is a fraction of the wall time,
+so the wall time is the host's: ``host_fwd_s`` and ``host_bwd_s`` (fwd_bwd less fwd) are the floors the planner
+takes. Under ``fp8-cs`` the layer runs inside TransformerEngine's ``fp8_autocast`` with current scaling, as the
+FP8-CS runs do. Also written: the host CPU (``lscpu``'s model name) and the installed torch, TE and megatron-core.
+Needs megatron-core, Transformer Engine and a CUDA GPU (the engine's image); it is not run by the tests.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -29,7 +35,19 @@ from pathlib import Path
 TOKENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
-def build(args):
+def model_shape(name: str, ep: int) -> dict:
+    """One GPU's MoE layer of a published model at expert parallelism ``ep`` (bridge-moe.yaml's shapes)."""
+    from muse_stack.plan.published import load
+
+    shape = load().models[name]
+    if shape.num_experts % ep:
+        raise SystemExit(f"--ep {ep} does not divide {name}'s {shape.num_experts} experts")
+    return {"model": name, "ep": ep, "experts": shape.num_experts // ep,
+            "topk": min(shape.experts_per_token, shape.num_experts // ep), "hidden": shape.hidden_size,
+            "ffn": shape.moe_ffn_hidden_size}
+
+
+def build(s: dict, precision: str):
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -43,74 +61,132 @@ def build(args):
     os.environ.setdefault("MASTER_PORT", "29517")
     if not dist.is_initialized():
         dist.init_process_group("nccl", world_size=1, rank=0)
-    torch.cuda.set_device(0)
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(0)
-    kwargs = dict(num_layers=1, hidden_size=args.hidden, num_attention_heads=args.heads, num_query_groups=args.kv_heads,
-                  kv_channels=args.hidden // args.heads, ffn_hidden_size=4 * args.hidden,
-                  num_moe_experts=args.experts, moe_router_topk=args.topk, moe_ffn_hidden_size=args.ffn,
-                  moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall",
-                  moe_router_load_balancing_type="none", moe_permute_fusion=True, gated_linear_unit=True,
-                  activation_func=F.silu, add_bias_linear=False, normalization="RMSNorm", bf16=True,
-                  params_dtype=torch.bfloat16, bias_dropout_fusion=False, hidden_dropout=0.0, attention_dropout=0.0)
+        torch.cuda.set_device(0)
+        parallel_state.initialize_model_parallel()
+        model_parallel_cuda_manual_seed(0)
+    heads = 32
+    kwargs = dict(num_layers=1, hidden_size=s["hidden"], num_attention_heads=heads, num_query_groups=4,
+                  kv_channels=128, ffn_hidden_size=4 * s["hidden"], num_moe_experts=s["experts"],
+                  moe_router_topk=s["topk"], moe_ffn_hidden_size=s["ffn"], moe_grouped_gemm=True,
+                  moe_token_dispatcher_type="alltoall", moe_router_load_balancing_type="none",
+                  moe_permute_fusion=True, gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
+                  normalization="RMSNorm", bf16=True, params_dtype=torch.bfloat16, bias_dropout_fusion=False,
+                  hidden_dropout=0.0, attention_dropout=0.0)
+    if precision == "fp8-cs":
+        kwargs |= dict(fp8="e4m3", fp8_recipe="tensorwise")
     names = {f.name for f in fields(TransformerConfig)}
     if "moe_router_force_load_balancing" in names:
         kwargs["moe_router_force_load_balancing"] = True
     config = TransformerConfig(**kwargs)
-    spec = get_gpt_layer_with_transformer_engine_spec(num_experts=args.experts, moe_grouped_gemm=True)
+    spec = get_gpt_layer_with_transformer_engine_spec(num_experts=s["experts"], moe_grouped_gemm=True)
     layer = build_module(spec.submodules.mlp, config=config).cuda()
     return layer, "moe_router_force_load_balancing" in kwargs
 
 
-def probe(layer, tokens: int, hidden: int, repeats: int, batch: int) -> dict:
+def autocast(precision: str):
+    import contextlib
+
+    if precision != "fp8-cs":
+        return contextlib.nullcontext()
+    import transformer_engine.pytorch as te
+    from transformer_engine.common.recipe import Float8CurrentScaling
+
+    return te.fp8_autocast(enabled=True, fp8_recipe=Float8CurrentScaling())
+
+
+def probe(layer, tokens: int, hidden: int, precision: str, repeats: int, batch: int) -> dict:
     import torch
 
     x = torch.randn(tokens, 1, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    for _ in range(3):  # warm-up: the kernels' first launches and autotuning
-        layer(x)
-    torch.cuda.synchronize()
-    walls, gpus = [], []
-    for _ in range(repeats):
+    grad = torch.randn_like(x)
+
+    def fwd():
+        with autocast(precision):
+            return layer(x)[0]
+
+    def fwd_bwd():
+        fwd().backward(grad)
+
+    out = {"tokens": tokens}
+    for name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
+        for _ in range(3):  # warm-up: the kernels' first launches and autotuning
+            fn()
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(batch):
-            layer(x)
-        torch.cuda.synchronize()
-        walls.append((time.perf_counter() - t0) / batch)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        layer(x)
-        end.record()
-        torch.cuda.synchronize()
-        gpus.append(start.elapsed_time(end) / 1e3)
-    return {"tokens": tokens, "wall_s": statistics.median(walls), "event_s": statistics.median(gpus),
-            "walls_s": walls}
+        walls, gpus = [], []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(batch):
+                fn()
+            torch.cuda.synchronize()
+            walls.append((time.perf_counter() - t0) / batch)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            gpus.append(start.elapsed_time(end) / 1e3)
+        out[f"{name}_wall_s"] = statistics.median(walls)
+        out[f"{name}_event_s"] = statistics.median(gpus)
+        out[f"{name}_walls_s"] = walls
+    return out
+
+
+def host_cpu() -> str:
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        return f"unknown ({exc})"
+    return next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Model name")), "unknown")
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in ("torch", "transformer_engine", "transformer_engine_torch", "megatron-core"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--experts", type=int, default=16)
-    ap.add_argument("--topk", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--ffn", type=int, default=768)
+    ap.add_argument("--model", nargs="+", default=["qwen3-30b-a3b"], help="models of bridge-moe.yaml")
+    ap.add_argument("--ep", type=int, nargs="+", default=[8], help="expert parallelism: the local experts are experts / ep")
+    ap.add_argument("--precision", nargs="+", default=["bf16"], choices=["bf16", "fp8-cs"])
+    ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="token counts, the smallest first")
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--batch", type=int, default=20, help="forwards per timed batch")
+    ap.add_argument("--batch", type=int, default=20, help="passes per timed batch")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     import torch
 
-    layer, balanced = build(args)
-    rows = [probe(layer, t, args.hidden, args.repeats, args.batch) for t in TOKENS]
-    out = {"device": torch.cuda.get_device_name(0), "shapes": vars(args) | {"json": None},
-           "balanced_routing": balanced, "rows": rows,
-           # the host-bound floor: the wall time of the smallest forward, the planner's scale.moe_sync_gap_s
-           "host_s": rows[0]["wall_s"]}
-    for r in rows:
-        print(f"{r['tokens']:6d} tokens: wall {r['wall_s'] * 1e3:8.3f} ms, events {r['event_s'] * 1e3:8.3f} ms")
-    print(f"host time of a MoE layer's forward: {out['host_s'] * 1e3:.3f} ms ({out['device']})")
+    probes = []
+    for model, ep in ((m, e) for m in args.model for e in args.ep):
+        s = model_shape(model, ep)
+        for precision in args.precision:
+            layer, balanced = build(s, precision)
+            rows = [probe(layer, t, s["hidden"], precision, args.repeats, args.batch) for t in sorted(args.tokens)]
+            first = rows[0]
+            one = {"shape": s, "precision": precision, "balanced_routing": balanced, "rows": rows,
+                   # the host-bound floors at the smallest count: the planner's host time of a layer's passes
+                   "host_fwd_s": first["fwd_wall_s"], "host_bwd_s": first["fwd_bwd_wall_s"] - first["fwd_wall_s"],
+                   "gpu_share_at_floor": first["fwd_bwd_event_s"] / first["fwd_bwd_wall_s"]}
+            probes.append(one)
+            for r in rows:
+                print(f"{model} ep{ep} {precision} {r['tokens']:6d} tokens: fwd wall {r['fwd_wall_s'] * 1e3:7.3f} ms "
+                      f"(events {r['fwd_event_s'] * 1e3:7.3f}); fwd+bwd wall {r['fwd_bwd_wall_s'] * 1e3:7.3f} ms "
+                      f"(events {r['fwd_bwd_event_s'] * 1e3:7.3f})")
+            print(f"{model} ep{ep} {precision}: host fwd {one['host_fwd_s'] * 1e3:.3f} ms, bwd {one['host_bwd_s'] * 1e3:.3f} ms")
+            del layer
+            torch.cuda.empty_cache()
+    out = {"device": torch.cuda.get_device_name(0), "host_cpu": host_cpu(), "cpu_count": os.cpu_count(),
+           "versions": versions(), "repeats": args.repeats, "batch": args.batch,
+           "cuda_graphs": [], "dispatcher": "alltoall", "probes": probes}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
 
