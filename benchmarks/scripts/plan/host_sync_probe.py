@@ -79,7 +79,8 @@ def build(s: dict, precision: str):
         kwargs["moe_router_force_load_balancing"] = True
     config = TransformerConfig(**kwargs)
     spec = get_gpt_layer_with_transformer_engine_spec(num_experts=s["experts"], moe_grouped_gemm=True)
-    layer = build_module(spec.submodules.mlp, config=config).cuda()
+    mlp = spec.submodules.mlp  # a ModuleSpec, or (megatron-core 0.19) a partial of MoELayer with its submodules
+    layer = (mlp(config=config) if callable(mlp) and not isinstance(mlp, type) else build_module(mlp, config=config)).cuda()
     return layer, "moe_router_force_load_balancing" in kwargs
 
 
