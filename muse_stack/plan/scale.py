@@ -19,11 +19,14 @@ the result (:class:`ScaleStep.terms_s`):
 * TP collectives with sequence parallelism, the EP all-to-all (dispatch and combine of the routed slots at the
   hidden width; peers inside the NVLink domain over NVLink, the others over one NIC), the pipeline's
   send/receive per virtual stage;
-* host time the GPU waits for (``host_sync``): each MoE layer's forward reads the per-expert token counts back to
-  the host before it can size the dispatch, so the host cannot queue work past it and the layer's forward takes
-  ``max(its GPU work, scale.moe_sync_gap_s)``, the host's time for the layer (the read-back, its host work and
-  launches); the backward, which knows the counts, runs ahead as usual. Fitted to the GB300 rows; the form
-  ("max" rather than a fixed gap per sync) was chosen on the fit rows alone (rms log error 0.172 against 0.176);
+* host time the GPU waits for (``host_sync``): each MoE layer reads the per-expert token counts back to the host
+  before it can size the dispatch, so the host cannot queue work past it. A run that graphs its router and
+  preprocessing (``Run.cuda_graphs``) takes ``max(its GPU work, scale.moe_sync_gap_s)`` in a layer's forward,
+  fitted to the GB300 rows, which all graph them (the form, "max" rather than a fixed gap per sync, chosen on the
+  fit rows alone: rms log error 0.172 against 0.176). A run without CUDA graphs takes ``max(GPU work, host time)``
+  in the forward and in the backward, each host time measured for one megatron-core MoE layer without graphs
+  (``ScaleCalibration.ungraphed_host_s``: a + b x local experts by pass and precision,
+  benchmarks/results/host-sync-probe);
 * the pipeline: a GPU of stage ``s`` runs the virtual stages ``s, s + PP, ...``; per micro-batch it works
   ``W_s`` (its chunks' forward and backward); the step's pipeline is ``m x max W_s + (PP - 1) x mean W_s / VP``:
   the slowest stage sets the steady state (``pp_imbalance``: what it costs beyond the mean), and the fill and
@@ -41,8 +44,8 @@ rides on the first virtual stage, the output layer, loss and any MTP layer on th
 A published run is priced as it ran (:meth:`Published.run`: the page's columns with the settings Megatron-Bridge's
 source gives): its selective recompute runs the recomputed modules' forward again in the backward (MLA's
 up-projections, the experts' SwiGLU, the norms, a dense layer's MLP) and keeps less for the backward; its
-cross-entropy sets what the logits hold for the backward (:data:`LOGITS_BYTES`); its dispatcher, CUDA graphs and
-A2A overlap are stated in the assumptions and not priced.
+cross-entropy sets what the logits hold for the backward (:data:`LOGITS_BYTES`); its CUDA graphs choose the host
+figure; its dispatcher and A2A overlap are stated in the assumptions and not priced.
 """
 
 from __future__ import annotations
@@ -95,6 +98,24 @@ class ScaleCalibration(BaseModel):
 
     gemm_efficiency_sm100: float = _calibrated("gemm_efficiency_sm100")
     moe_sync_gap_s: float = _calibrated("moe_sync_gap_s")
+    # measured, not fitted to any published run: the host time of one MoE layer's forward and backward without CUDA
+    # graphs, a + b x local experts per precision (benchmarks/results/host-sync-probe; plan/fit_host.py --write)
+    ungraphed_host_fwd_bf16_s: float = _calibrated("ungraphed_host_fwd_bf16_s")
+    ungraphed_host_fwd_bf16_per_expert_s: float = _calibrated("ungraphed_host_fwd_bf16_per_expert_s")
+    ungraphed_host_bwd_bf16_s: float = _calibrated("ungraphed_host_bwd_bf16_s")
+    ungraphed_host_bwd_bf16_per_expert_s: float = _calibrated("ungraphed_host_bwd_bf16_per_expert_s")
+    ungraphed_host_fwd_fp8_s: float = _calibrated("ungraphed_host_fwd_fp8_s")
+    ungraphed_host_fwd_fp8_per_expert_s: float = _calibrated("ungraphed_host_fwd_fp8_per_expert_s")
+    ungraphed_host_bwd_fp8_s: float = _calibrated("ungraphed_host_bwd_fp8_s")
+    ungraphed_host_bwd_fp8_per_expert_s: float = _calibrated("ungraphed_host_bwd_fp8_per_expert_s")
+
+    def ungraphed_host_s(self, fp8: bool, local_experts: float) -> tuple[float, float]:
+        """(forward, backward) host seconds of one MoE layer with ``local_experts`` experts on the GPU, run
+        without CUDA graphs: measured in bf16 and in FP8 current scaling (FP8-MX, which no Hopper GPU runs, takes
+        the FP8 figure)."""
+        p = "fp8" if fp8 else "bf16"
+        return tuple(getattr(self, f"ungraphed_host_{ph}_{p}_s") + local_experts
+                     * getattr(self, f"ungraphed_host_{ph}_{p}_per_expert_s") for ph in ("fwd", "bwd"))
 
 
 class ScaleStep(BaseModel):
@@ -234,13 +255,24 @@ def estimate(published: Published, row: Run, *, cal: ScaleCalibration | None = N
             out["tp_comm"] = tp_rings * ring_time(BF16 * t * h, tp, fabric.gbps, fabric.latency_s)
         return out
 
+    backward = dict(BACKWARD)
+    backward["fp8_cast"] = 1.0
+    backward["recompute"] = 0.0  # recompute runs once, in the backward
+    graphed = bool(row.cuda_graphs)
+    host_fwd, host_bwd = cal.ungraphed_host_s(fp8, shape.num_experts / ep)
+
     def host_wait(fwd: dict[str, float]) -> float:
-        """The GPU's idle time at one MoE layer's forward. The layer reads its per-expert token counts back to
-        the host before the dispatch, so the host cannot run ahead past that point: the layer's forward takes
-        max(its GPU work, the host's time for it, ``moe_sync_gap_s``: the read-back, the host work and the
-        launches up to the next layer's sync), and the GPU waits only where the host is the slower."""
-        gpu = sum(v for k, v in fwd.items() if k != "recompute")
-        return max(0.0, cal.moe_sync_gap_s - gpu)
+        """The GPU's idle time at one MoE layer (per micro-batch). The layer reads its per-expert token counts
+        back to the host before the dispatch, so the host cannot run ahead past that point, and a pass whose host
+        work outlasts its GPU work leaves the GPU waiting. A run that graphs the router and the preprocessing (its
+        cuda_graphs) pays the fitted ``moe_sync_gap_s`` against the layer's forward; a run without CUDA graphs
+        takes ``max(GPU, host)`` in the forward and in the backward, each host time measured for the layer's
+        local experts and precision (``ScaleCalibration.ungraphed_host_s``)."""
+        gpu_fwd = sum(v for k, v in fwd.items() if k != "recompute")
+        if graphed:
+            return max(0.0, cal.moe_sync_gap_s - gpu_fwd)
+        gpu_bwd = sum(v * backward[k] for k, v in fwd.items()) + fwd["recompute"]
+        return max(0.0, host_fwd - gpu_fwd) + max(0.0, host_bwd - gpu_bwd)
 
     per_layer = [layer(i) for i in range(shape.num_layers)]
     stages = pp * vp
@@ -277,10 +309,6 @@ def estimate(published: Published, row: Run, *, cal: ScaleCalibration | None = N
     if mtp:
         assumptions.append("MTP: priced as one more decoder layer, its input projection and one more output layer "
                            "on the last stage; its embedding and loss are not priced apart")
-    backward = dict(BACKWARD)
-    backward["fp8_cast"] = 1.0
-    backward["recompute"] = 0.0  # recompute runs once, in the backward
-
     # pipeline send/receive of the boundary activations (bf16), forward and back, per virtual stage
     p2p_fabric = links.crossing(row.gpus) if pp > 1 else links.intra
     p2p = 2 * p2p_time(BF16 * t_sp * h, p2p_fabric) if pp > 1 else 0.0
@@ -395,8 +423,15 @@ def estimate(published: Published, row: Run, *, cal: ScaleCalibration | None = N
     local, remote = alltoall_split(ep, ep * etp, links.domain)
     assumptions += [
         "balanced routing (the runs force-balance the token distribution among experts)",
-        f"host time of a MoE layer's forward {cal.moe_sync_gap_s * 1e3:.2f} ms (scale.moe_sync_gap_s, fitted to the "
-        "GB300 rows): one figure for every host; a layer's forward takes at least that long",
+        (f"host time of a MoE layer's forward {cal.moe_sync_gap_s * 1e3:.2f} ms (scale.moe_sync_gap_s, fitted to the "
+         "GB300 rows, which graph the router and preprocessing as this run does): a layer's forward takes at least "
+         "that long" if graphed else
+         f"host time of a MoE layer without CUDA graphs, {shape.num_experts // ep} local experts, "
+         f"{'FP8' if fp8 else 'bf16'}: {host_fwd * 1e3:.2f} ms forward and {host_bwd * 1e3:.2f} ms backward "
+         "(scale.ungraphed_host_*, measured by benchmarks/scripts/plan/host_sync_probe.py: megatron-core 0.19's "
+         "alltoall MoE layer on an x86 host of one H100, the MoE block only; "
+         + ("FP8-MX takes the FP8 current-scaling figure; " if row.precision == "fp8-mx" else "")
+         + "this run's host and megatron-core may differ); each pass takes at least that long"),
         f"expert all-to-all over {ep} ranks: {local} peers over {links.intra.name}, {remote} over "
         f"{links.inter.name} ({system.note})",
         f"dispatcher: {row.dispatcher} (the run's); its specifics are not expressed: every dispatcher is priced as "
@@ -404,9 +439,9 @@ def estimate(published: Published, row: Run, *, cal: ScaleCalibration | None = N
         "A2A overlap: " + ("on in the run (overlap_moe_expert_parallel_comm, delay_wgrad_compute), not priced: the "
                            "all-to-all is priced in line with compute" if row.a2a_overlap
                            else "off in the run, as priced: the all-to-all in line with compute"),
-        "CUDA graphs: " + (f"the run graphs {', '.join(row.cuda_graphs)} (TransformerEngine), not priced: the host "
-                           "time of a MoE layer's forward is one figure, graphed or not" if row.cuda_graphs
-                           else "none in the run"),
+        "CUDA graphs: " + (f"the run graphs {', '.join(row.cuda_graphs)} (TransformerEngine): priced only as the "
+                           "choice of host figure (the graphed runs' fitted one), not scope by scope" if row.cuda_graphs
+                           else "none in the run: the host times measured without graphs"),
         f"selective recompute of {row.recompute or 'nothing'} (the run's): one more forward of the "
         "recomputed GEMMs and elementwise work",
         "activation memory: the tensors each layer keeps for its backward, counted (no fitted factor: the "

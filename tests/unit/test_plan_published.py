@@ -124,10 +124,12 @@ def test_the_unpriced_settings_are_stated_per_run(pub):
     a2a = estimate(pub, pub.run("b200-qwen3-235b-a22b-fp8-mx"), cal=CAL).assumptions
     assert any(a.startswith("A2A overlap: on in the run") and "not priced" in a for a in a2a)
     assert any(a.startswith("dispatcher: alltoall") for a in a2a)
-    assert any(a == "CUDA graphs: none in the run" for a in a2a)
+    assert any(a.startswith("CUDA graphs: none in the run") for a in a2a)
+    assert any(a.startswith("host time of a MoE layer without CUDA graphs, 16 local experts, FP8") for a in a2a)
     hybrid = estimate(pub, pub.run("gb200-qwen3-30b-a3b-fp8-mx"), cal=CAL).assumptions
     assert any(a.startswith("dispatcher: hybridep") for a in hybrid)
     assert any(a.startswith("CUDA graphs: the run graphs moe_router, moe_preprocess") for a in hybrid)
+    assert any(a.startswith("host time of a MoE layer's forward") and "fitted" in a for a in hybrid)
     assert any(a.startswith("A2A overlap: off in the run") for a in hybrid)
 
 
@@ -143,11 +145,15 @@ def test_dense_mlp_recompute_prices_the_leading_dense_layers(pub):
 
 
 def test_the_protocol_states_its_amendments(pub):
-    settings, logits = pub.protocol.amendments
+    settings, logits, host = pub.protocol.amendments
     for amendment in (settings, logits):
         assert amendment.after_errors_seen is True
         assert set(amendment.refitted) == {f.name for f in pub.protocol.fitted}
     assert "cross-entropy" in logits.change
+    # the measured host time: no fit row runs ungraphed, so nothing was refitted, and the result before is kept
+    assert host.after_errors_seen is True and host.refitted == []
+    assert all(pub.run(r).cuda_graphs for r in pub.protocol.fit_rows)
+    assert host.result_before == "benchmarks/results/archive/bridge-moe-validation-forward-host-gap"
     # the roles are as declared: every GB300 row fits, nothing else
     assert set(pub.protocol.fit_rows) == {r.id for r in pub.rows if r.system == "DGX-GB300"}
 
@@ -249,7 +255,10 @@ def test_split_layers_as_bridges_layout_map():
 
 # ---- the at-scale terms ---------------------------------------------------------------------------------------------
 
-CAL = ScaleCalibration(gemm_efficiency_sm100=0.5, moe_sync_gap_s=0.0)
+#: no host time at all: the other terms alone
+NO_HOST = {f"ungraphed_host_{ph}_{p}{per}_s": 0.0 for ph in ("fwd", "bwd") for p in ("bf16", "fp8")
+           for per in ("", "_per_expert")}
+CAL = ScaleCalibration(gemm_efficiency_sm100=0.5, moe_sync_gap_s=0.0, **NO_HOST)
 
 
 def test_fp8_runs_its_gemms_at_the_fp8_peak(pub):
@@ -309,6 +318,43 @@ def test_host_time_of_a_moe_layer_bounds_a_small_layers_forward(pub):
     big = estimate(pub, pub.run("gb200-deepseek-v3-bf16"),
                    cal=ScaleCalibration(gemm_efficiency_sm100=0.5, moe_sync_gap_s=1e-3))
     assert big.terms_s["host_sync"] == 0.0
+
+
+def test_an_ungraphed_run_waits_for_the_measured_host_in_both_passes(pub):
+    row = pub.run("h100-qwen3-30b-a3b-fp8-cs")  # no CUDA graphs; PP 2 x VP 12: 24 MoE layers a stage, 64 micro-batches
+    assert row.cuda_graphs == []
+    free = estimate(pub, row, cal=CAL)
+    assert free.terms_s["host_sync"] == 0.0
+    for phase in ("fwd", "bwd"):  # 50 ms of host in one pass: each layer's pass at least that long
+        cal = ScaleCalibration(gemm_efficiency_sm100=0.5, moe_sync_gap_s=0.0,
+                               **NO_HOST | {f"ungraphed_host_{phase}_fp8_s": 0.05})
+        slow = estimate(pub, row, cal=cal)
+        assert 0.9 * 24 * 64 * 0.05 < slow.terms_s["host_sync"] < 24 * 64 * 0.05, phase
+        # bf16's figure is not this FP8 run's
+        other = ScaleCalibration(gemm_efficiency_sm100=0.5, moe_sync_gap_s=0.0,
+                                 **NO_HOST | {f"ungraphed_host_{phase}_bf16_s": 0.05})
+        assert estimate(pub, row, cal=other).terms_s["host_sync"] == 0.0
+    # the fitted graphed figure does not touch an ungraphed run
+    assert estimate(pub, row, cal=ScaleCalibration(gemm_efficiency_sm100=0.5, moe_sync_gap_s=0.05, **NO_HOST)
+                    ).terms_s["host_sync"] == 0.0
+
+
+def test_a_graphed_run_keeps_the_fitted_forward_figure(pub):
+    row = pub.run("b200-qwen3-30b-a3b-fp8-mx")  # graphs its router and preprocessing
+    assert row.cuda_graphs
+    measured = ScaleCalibration(gemm_efficiency_sm100=0.5, moe_sync_gap_s=0.0,
+                                **NO_HOST | {"ungraphed_host_bwd_fp8_s": 0.05, "ungraphed_host_fwd_fp8_s": 0.05})
+    assert estimate(pub, row, cal=measured).terms_s["host_sync"] == 0.0
+
+
+def test_the_host_time_grows_with_the_local_experts(pub):
+    row = pub.run("h100-qwen3-30b-a3b-fp8-cs")  # 128 experts
+    cal = ScaleCalibration(gemm_efficiency_sm100=0.5, moe_sync_gap_s=0.0,
+                           **NO_HOST | {"ungraphed_host_bwd_fp8_per_expert_s": 2e-3})
+    at_ep8 = estimate(pub, row, cal=cal)  # 16 local experts: 32 ms a backward
+    at_ep4 = estimate(pub, row.model_copy(update={"ep": 4}), cal=cal)  # 32: 64 ms
+    assert at_ep4.terms_s["host_sync"] > 1.5 * at_ep8.terms_s["host_sync"] > 0
+    assert any("16 local experts" in a and "0.00 ms forward and 32.00 ms backward" in a for a in at_ep8.assumptions)
 
 
 def test_dp_gather_is_exposed_where_the_preset_turns_its_overlap_off(pub):
