@@ -1420,6 +1420,7 @@ def project_readme() -> dict:
         "shipped-mfu": pct(statistics.median(r["mfu"] for r in manual)),
         "shipped-worst": f(max(r["step_time_worst_ratio"] for r in manual), 3),
         "fp8-mfu": pct(data("fp8-slice/fp8-alltoall/results.json")["mfu"]),
+        "fp8-allgather-mfu": pct(data("fp8-allgather/fp8-allgather/results.json")["mfu"]),
     }
     for i, s in enumerate(SITTINGS):
         out[f"sitting{i + 1}.ratio"] = f"{sitting_summary(s)['ratio_of_medians']:.3f}x"
@@ -1490,12 +1491,14 @@ def gpu_engine_doc() -> dict:
     clip = Runs("clip-skip-and-gated-residual")
     skip = clip.base / clip.tps("te-clip-scale") - 1
     both = clip.tps("shipped-third") / clip.tps("before") - 1
+    allgather = fp8_allgather()
     return {
         "gpu-table": table(lambda c: GPU_ENGINE_ROWS[c[2]], run_columns(3)),
         "clip.skip": spct(skip),
         "clip.twice-drift": pct(2 * clip.drift),
         "clip.both": spct(both),
-    }
+    } | {f"fp8-allgather.{k}": allgather[k] for k in ("experts", "fp8.tps", "bf16.tps", "speedup", "fp8.mfu",
+                                                         "bf16.mfu", "passed", "verify.equal")}
 
 
 # ---- runner tables: gc-steady, fp8-slice, slice-1gpu-b200-set, overhead ---------------------------------------------
@@ -1546,6 +1549,68 @@ def fp8_slice() -> dict:
                 10: lambda run: f(r(run)["final_loss"], 5),
             },
         )
+    }
+
+
+FP8_ALLGATHER = "fp8-allgather"
+
+
+def fp8_allgather() -> dict:
+    """results/fp8-allgather: bf16 and FP8 on the shipped allgather dispatcher (one H100, the slice cut to fit), their
+    compare, and the engine's padded FP8 expert path against megatron-core's expert forward."""
+
+    def r(run):
+        return data(f"{FP8_ALLGATHER}/{run}/results.json")
+
+    bf16, fp8 = r("bf16-allgather"), r("fp8-allgather")
+    cmp = data(f"{FP8_ALLGATHER}/compare-bf16-allgather-fp8-allgather.json")
+    checks = {c["name"]: c for c in cmp["convergence"]["checks"]}
+    verify = data(f"{FP8_ALLGATHER}/fp8-experts.json")
+    mine, theirs = verify["engine_forward"], verify["megatron_core_forward"]
+    recipe = (RESULTS / FP8_ALLGATHER / "fp8-allgather" / "recipe.yaml").read_text()
+    overrides = re.search(r"num_local_experts: (\d+)", recipe).group(1), re.search(r"num_experts_per_tok: (\d+)",
+                                                                                    recipe).group(1)
+    return {
+        "runs": table(
+            first_code,
+            {
+                1: lambda run: n0(r(run)["tokens_per_s_per_gpu"]),
+                2: lambda run: pct(r(run)["mfu"]),
+                3: lambda run: f(r(run)["step_time_mean_s"], 4),
+                4: lambda run: f(r(run)["step_time_median_s"], 4),
+                5: lambda run: worst_step(r(run)),
+                6: lambda run: f"{r(run)['step_time_cv_percent']:.2f}%",
+                7: lambda run: f(r(run)["peak_memory_gib"], 2),
+                8: lambda run: f(r(run)["first_loss"], 5),
+                9: lambda run: f(r(run)["final_loss"], 5),
+            },
+        ),
+        "experts": f"{overrides[0]} experts, top-{overrides[1]}",
+        "bf16.tps": n0(bf16["tokens_per_s_per_gpu"]),
+        "fp8.tps": n0(fp8["tokens_per_s_per_gpu"]),
+        "bf16.mfu": pct(bf16["mfu"], 1),
+        "fp8.mfu": pct(fp8["mfu"], 1),
+        "peak": n0(fp8["peak_tflops"]),
+        "speedup": spct(fp8["tokens_per_s_per_gpu"] / bf16["tokens_per_s_per_gpu"] - 1, 1),
+        "tflops": f"{f(bf16['model_tflops_per_gpu'], 1)} -> {f(fp8['model_tflops_per_gpu'], 1)}",
+        "memory": f"{cmp['performance']['peak_memory_gib']['delta']:+.2f} GiB",
+        "passed": "passed" if cmp["passed"] else "failed",
+        "correlation": checks["correlation"]["detail"],
+        "pointwise": checks["point-wise tolerance"]["detail"],
+        "final": checks["final loss"]["detail"],
+        "outliers": checks["3-sigma outliers"]["detail"],
+        "first-difference": f"step {cmp['bitwise']['first_difference']['step']}",
+        "swiglu": fp8["engine_info"]["experts_swiglu"],
+        "diff": f"{cmp['fingerprint_diff']['verdict']}: "
+        + ", ".join(f"`{k}`" for k in cmp["fingerprint_diff"]["numerics"]),
+        "goal-gap": f"{100 * (0.65 - fp8['mfu']):.1f} points",
+        "verify.losses": ", ".join(f(x, 6) for x in mine["losses"]),
+        "verify.equal": "equal bit for bit" if (mine["losses"], mine["grad_norms"]) == (theirs["losses"],
+                                                                                      theirs["grad_norms"])
+        else "not equal",
+        "verify.grad": ", ".join(f(x, 4) for x in mine["grad_norms"]),
+        "active": n0(fp8["active_params"]),
+        "shipped-peak": f(data("fp8-slice/bf16/results.json")["peak_memory_gib"], 2),
     }
 
 
@@ -1753,9 +1818,15 @@ def towers_pinned() -> dict:
     second = [v["losses"][1] for v in trained.values()]
     out["cpu.trained.step2"] = f"{f(min(second), 4)} to {f(max(second), 4)}"
     pinned = data(f"{folder}/parity-towers-pinned.json")
-    for i in (0, 1):
-        out[f"pinned.engine-loss{i + 1}"] = f(pinned["megatron_step_losses"][i], 4)
-        out[f"pinned.reference-loss{i + 1}"] = f(pinned["reference_step_losses"][i], 4)
+    for key, losses in (("engine", "megatron_step_losses"), ("bf16", "reference_step_losses"),
+                        ("fp32", "reference_fp32_step_losses")):
+        out[f"pinned.losses.{key}"] = ", ".join(f(x, 5) for x in pinned[losses])
+        out[f"pinned.drop.{key}"] = f(pinned[losses][0] - pinned[losses][1], 4)
+    out["pinned.steps-fp32"] = sci(max(abs(m - r) / r for m, r in zip(pinned["megatron_step_losses"],
+                                                                      pinned["reference_fp32_step_losses"])), 2)
+    out["pinned.after-ratios"] = " and ".join(
+        f(a["logits_rel_rms_megatron_vs_fp32"] / a["logits_rel_rms_reference_bf16_vs_fp32"], 2)
+        for a in pinned["logits_after_steps"])
     return out
 
 
@@ -1960,6 +2031,7 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/towers-parity-pinned-routing/README.md": towers_pinned,
     "benchmarks/results/gc-steady/README.md": gc_steady,
     "benchmarks/results/fp8-slice/README.md": fp8_slice,
+    "benchmarks/results/fp8-allgather/README.md": fp8_allgather,
     "benchmarks/results/slice-1gpu-b200-set/README.md": b200_set,
     "benchmarks/results/overhead/README.md": overhead,
     "benchmarks/results/adam/README.md": adam_folder,
