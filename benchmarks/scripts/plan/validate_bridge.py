@@ -135,33 +135,42 @@ RECOMPUTE_FORWARDS, FULL_RECOMPUTE_WORK = 2, 4
 def record() -> dict:
     """The B200 record's two layouts, from validate.py's predictions (the Muse Spark model, nothing fitted to the
     record), the step split into named terms, the gap to the measured step, and the at-scale host term priced on
-    each layout: the host time of a MoE layer's forward (scale.moe_sync_gap_s, fitted to the GB300 rows) against
-    the layer's GPU forward (the slowest stage's GPU work per micro-batch over its layers and the 4
-    forward-equivalents of a fully recomputed micro-batch), twice a layer and micro-batch (forward and recompute)."""
+    each layout as for a published run without CUDA graphs (the record's command line graphs nothing and runs
+    megatron-core 0.19's alltoall dispatcher in bf16): the measured host time of a MoE layer with the layout's local
+    experts (ScaleCalibration.ungraphed_host_s; nothing fitted) against the layer's GPU work, the forward twice a
+    layer and micro-batch (forward and recompute), the backward once, a layer's GPU forward being the slowest
+    stage's GPU work per micro-batch over its layers and the 4 forward-equivalents of a fully recomputed
+    micro-batch, its backward 2 of them."""
     sys.path.insert(0, str(HERE.parent))
     import validate  # noqa: E402  (benchmarks/scripts/plan/validate.py)
     from muse_stack.plan.planner import make_plan
     from muse_stack.recipes.catalogue import load_recipe
 
     recipe = load_recipe("attune-b200")
-    host = ScaleCalibration().moe_sync_gap_s
+    cal = ScaleCalibration()
     out = {}
     for name, overrides, measured in (("tuned", [], recipe.result.tokens_per_s_per_gpu),
                                       ("untuned", validate.UNTUNED, validate.UNTUNED_MEASURED)):
         p = validate.predict(overrides)
-        plan, _ = make_plan(load_recipe("attune-b200", overrides), strict=False)
+        layout = load_recipe("attune-b200", overrides)
+        plan, _ = make_plan(layout, strict=False)
         t = plan.time
         slow = max(range(len(t.stage_s)), key=lambda j: t.stage_s[j])
         layers = plan.stages[slow]
         fwd_layer = t.stage_gpu_s[slow] / layers / FULL_RECOMPUTE_WORK
-        sync = t.microbatches * layers * RECOMPUTE_FORWARDS * max(0.0, host - fwd_layer)
+        bwd_layer = (FULL_RECOMPUTE_WORK - RECOMPUTE_FORWARDS) * fwd_layer
+        experts = plan.experts_per_ep_rank
+        host_fwd, host_bwd = cal.ungraphed_host_s(layout.precision == "fp8", experts)
+        sync = t.microbatches * layers * (RECOMPUTE_FORWARDS * max(0.0, host_fwd - fwd_layer)
+                                          + max(0.0, host_bwd - bwd_layer))
         step_meas = recipe.batch.gbs * recipe.batch.seq_length / (measured * recipe.hardware.count)
         out[name] = {"overrides": overrides, "measured_tokens_per_s_per_gpu": measured,
                      "predicted_tokens_per_s_per_gpu": p["tokens_per_s_per_gpu"],
                      "error": p["tokens_per_s_per_gpu"] / measured - 1, "measured_step_s": step_meas,
                      "predicted_step_s": p["step_s"], "terms_s": p["terms_s"],
-                     "host_sync_at_scale": {"moe_layer_forward_gpu_s": fwd_layer, "host_s": host,
-                                            "added_s": sync},
+                     "host_sync_at_scale": {"moe_layer_forward_gpu_s": fwd_layer,
+                                            "moe_layer_backward_gpu_s": bwd_layer, "local_experts": experts,
+                                            "host_fwd_s": host_fwd, "host_bwd_s": host_bwd, "added_s": sync},
                      "gap_s": step_meas - p["step_s"] - sync}
     return out
 
