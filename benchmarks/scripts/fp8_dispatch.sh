@@ -7,7 +7,7 @@
 #   usage: OUT=dir bash benchmarks/scripts/fp8_dispatch.sh verify   (lab.verify.fp8_experts: the engine's padded expert
 #            path against megatron-core's expert forward, tiny model, deterministic; tests/gpu/test_fp8_experts_gpu.py)
 #          OUT=dir [SHAPE_OVERRIDES="a.b=c ..."] bash benchmarks/scripts/fp8_dispatch.sh speed|shipped
-#          OUT=dir [SHAPE_OVERRIDES=...] [STEPS=300] bash benchmarks/scripts/fp8_dispatch.sh converge
+#          OUT=dir [SHAPE_OVERRIDES=...] [STEPS=300] [PART=fp8|bf16|compare] bash benchmarks/scripts/fp8_dispatch.sh converge
 # SHAPE_OVERRIDES: a smaller slice for an 80 GB card (each run's recipe.yaml records it).
 # On the allgather dispatcher megatron-core refuses its routing-map padding, so the experts pad their own rows
 # (TEGroupedMLP's TE Fp8Padding; muse_stack/engines/mcore/config.py fp8_kwargs).
@@ -49,11 +49,13 @@ speed)
     PYTHONPATH=/tmp/site:. python3 -m muse_stack.cli compare "runs/fp8d-$1" "runs/fp8d-$2" --json --no-plot \
       > "$OUT/compare-$1-$2.json" 2> "$OUT/compare-$1-$2.err"; echo "compare $1 $2 rc=$?"
   done ;;
-converge)
-  S=${STEPS:-300}
-  one fp8-allgather-$S $FP8 training.steps=$S
-  one bf16-allgather-$S training.steps=$S
-  PYTHONPATH=/tmp/site:. python3 -m muse_stack.cli compare "runs/fp8d-bf16-allgather-$S" "runs/fp8d-fp8-allgather-$S" --json --no-plot \
-    > "$OUT/compare-$S-steps.json" 2> "$OUT/compare-$S-steps.err"; echo "compare rc=$?" ;;
+converge)  # PART=fp8|bf16|compare runs one part per call (each run takes most of a call's 10 minutes at 300 steps
+  S=${STEPS:-300}  # on the cut H100 shape); the runs wait in runs/ on the warm machine; unset, all three in one call
+  case "${PART:-all}" in fp8|all) one fp8-allgather-$S $FP8 training.steps=$S ;; esac
+  case "${PART:-all}" in bf16|all) one bf16-allgather-$S training.steps=$S ;; esac
+  case "${PART:-all}" in compare|all)
+    PYTHONPATH=/tmp/site:. python3 -m muse_stack.cli compare "runs/fp8d-bf16-allgather-$S" "runs/fp8d-fp8-allgather-$S" --json --no-plot \
+      > "$OUT/compare-$S-steps.json" 2> "$OUT/compare-$S-steps.err"; echo "compare rc=$?" ;;
+  esac ;;
 esac
 nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv > "$OUT/nvidia-smi.csv"
