@@ -49,8 +49,8 @@ speed)
     PYTHONPATH=/tmp/site:. python3 -m muse_stack.cli compare "runs/fp8d-$1" "runs/fp8d-$2" --json --no-plot \
       > "$OUT/compare-$1-$2.json" 2> "$OUT/compare-$1-$2.err"; echo "compare $1 $2 rc=$?"
   done ;;
-converge)  # PART=fp8|bf16|compare runs one part per call (each run takes most of a call's 10 minutes at 300 steps
-  S=${STEPS:-300}  # on the cut H100 shape); the runs wait in runs/ on the warm machine; unset, all three in one call
+converge)  # PART=fp8|bf16|compare runs one part per call, where both runs would not fit one call's 10 minutes
+  S=${STEPS:-300}  # (the runs wait in runs/ on the warm machine); unset, all three in one call
   case "${PART:-all}" in fp8|all) one fp8-allgather-$S $FP8 training.steps=$S ;; esac
   case "${PART:-all}" in bf16|all) one bf16-allgather-$S training.steps=$S ;; esac
   case "${PART:-all}" in compare|all)
