@@ -1530,6 +1530,17 @@ def gc_steady() -> dict:
     }
 
 
+def result_cells(r: Callable[[str], dict], first: int) -> dict:
+    """A run table's cells from column ``first`` on, read from each run's results.json (``r(run)``): tokens/s, MFU,
+    the mean and median step, the worst window step, the step's CV, the peak memory, the first and final loss."""
+    cells = [lambda run: n0(r(run)["tokens_per_s_per_gpu"]), lambda run: pct(r(run)["mfu"]),
+             lambda run: f(r(run)["step_time_mean_s"], 4), lambda run: f(r(run)["step_time_median_s"], 4),
+             lambda run: worst_step(r(run)), lambda run: f"{r(run)['step_time_cv_percent']:.2f}%",
+             lambda run: f(r(run)["peak_memory_gib"], 2), lambda run: f(r(run)["first_loss"], 5),
+             lambda run: f(r(run)["final_loss"], 5)]
+    return {first + i: cell for i, cell in enumerate(cells)}
+
+
 def fp8_slice() -> dict:
     def r(run):
         return data(f"fp8-slice/{run}/results.json")
@@ -1537,17 +1548,7 @@ def fp8_slice() -> dict:
     return {
         "runs": table(
             first_code,
-            {
-                2: lambda run: n0(r(run)["tokens_per_s_per_gpu"]),
-                3: lambda run: pct(r(run)["mfu"]),
-                4: lambda run: f(r(run)["step_time_mean_s"], 4),
-                5: lambda run: f(r(run)["step_time_median_s"], 4),
-                6: lambda run: worst_step(r(run)),
-                7: lambda run: f"{r(run)['step_time_cv_percent']:.2f}%",
-                8: lambda run: f(r(run)["peak_memory_gib"], 2),
-                9: lambda run: f(r(run)["first_loss"], 5),
-                10: lambda run: f(r(run)["final_loss"], 5),
-            },
+            result_cells(r, 2),
         )
     }
 
@@ -1573,17 +1574,7 @@ def fp8_allgather() -> dict:
     return {
         "runs": table(
             first_code,
-            {
-                1: lambda run: n0(r(run)["tokens_per_s_per_gpu"]),
-                2: lambda run: pct(r(run)["mfu"]),
-                3: lambda run: f(r(run)["step_time_mean_s"], 4),
-                4: lambda run: f(r(run)["step_time_median_s"], 4),
-                5: lambda run: worst_step(r(run)),
-                6: lambda run: f"{r(run)['step_time_cv_percent']:.2f}%",
-                7: lambda run: f(r(run)["peak_memory_gib"], 2),
-                8: lambda run: f(r(run)["first_loss"], 5),
-                9: lambda run: f(r(run)["final_loss"], 5),
-            },
+            result_cells(r, 1),
         ),
         "experts": f"{overrides[0]} experts, top-{overrides[1]}",
         "bf16.tps": n0(bf16["tokens_per_s_per_gpu"]),
