@@ -17,7 +17,9 @@ Per count it writes the wall time (host and GPU, synchronised around a batch) an
 the kernels alone only where the host is ahead). At the smallest count the GPU work is a fraction of the wall time,
 so the wall time is the host's: ``host_fwd_s`` and ``host_bwd_s`` (fwd_bwd less fwd) are the floors the planner
 takes. Under ``fp8-cs`` the layer runs inside TransformerEngine's ``fp8_autocast`` with current scaling, as the
-FP8-CS runs do. Also written: the host CPU (``lscpu``'s model name) and the installed torch, TE and megatron-core.
+FP8-CS runs do. ``--block layer`` times the whole decoder layer instead (TE attention, causal, no RoPE, then the
+MoE block): the attention block's host work, which the MoE block's figures leave out (not yet run). Also written:
+the host CPU (``lscpu``'s model name) and the installed torch, TE and megatron-core.
 Needs megatron-core, Transformer Engine and a CUDA GPU (the engine's image); it is not run by the tests.
 """
 
@@ -47,7 +49,7 @@ def model_shape(name: str, ep: int) -> dict:
             "ffn": shape.moe_ffn_hidden_size}
 
 
-def build(s: dict, precision: str):
+def build(s: dict, precision: str, block: str = "moe"):
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -79,6 +81,9 @@ def build(s: dict, precision: str):
         kwargs["moe_router_force_load_balancing"] = True
     config = TransformerConfig(**kwargs)
     spec = get_gpt_layer_with_transformer_engine_spec(num_experts=s["experts"], moe_grouped_gemm=True)
+    if block == "layer":  # the whole decoder layer: the attention block (TE, causal, no RoPE) and the MoE block
+        layer = build_module(spec, config=config, layer_number=1).cuda()
+        return layer, "moe_router_force_load_balancing" in kwargs
     mlp = spec.submodules.mlp  # a ModuleSpec, or (megatron-core 0.19) a partial of MoELayer with its submodules
     layer = (mlp(config=config) if callable(mlp) and not isinstance(mlp, type) else build_module(mlp, config=config)).cuda()
     return layer, "moe_router_force_load_balancing" in kwargs
@@ -160,6 +165,8 @@ def main() -> None:
     ap.add_argument("--ep", type=int, nargs="+", default=[8], help="expert parallelism: the local experts are experts / ep")
     ap.add_argument("--precision", nargs="+", default=["bf16"], choices=["bf16", "fp8-cs"])
     ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="token counts, the smallest first")
+    ap.add_argument("--block", choices=["moe", "layer"], default="moe",
+                    help="the MoE block alone (the planner's figures), or the whole decoder layer with its attention")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--batch", type=int, default=20, help="passes per timed batch")
     ap.add_argument("--json", type=Path)
@@ -170,7 +177,7 @@ def main() -> None:
     for model, ep in ((m, e) for m in args.model for e in args.ep):
         s = model_shape(model, ep)
         for precision in args.precision:
-            layer, balanced = build(s, precision)
+            layer, balanced = build(s, precision, args.block)
             rows = [probe(layer, t, s["hidden"], precision, args.repeats, args.batch) for t in sorted(args.tokens)]
             first = rows[0]
             one = {"shape": s, "precision": precision, "balanced_routing": balanced, "rows": rows,
@@ -186,7 +193,7 @@ def main() -> None:
             del layer
             torch.cuda.empty_cache()
     out = {"device": torch.cuda.get_device_name(0), "host_cpu": host_cpu(), "cpu_count": os.cpu_count(),
-           "versions": versions(), "repeats": args.repeats, "batch": args.batch,
+           "versions": versions(), "block": args.block, "repeats": args.repeats, "batch": args.batch,
            "cuda_graphs": [], "dispatcher": "alltoall", "probes": probes}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
