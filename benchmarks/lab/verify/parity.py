@@ -330,19 +330,26 @@ def _train(engine, recipe, cfg, batch, steps: int, local: int, pin_routing: bool
             "max_step_loss_rel_diff": max(abs(m.loss - r.loss) / r.loss for m, r in zip(mine, theirs))}
 
 
-def engine_dtypes(engine) -> dict[str, torch.dtype]:
-    """The dtype the engine holds each parameter in, under the reference's names (every rank holds each name in
-    one dtype: its experts alike)."""
+def engine_parameters_named(engine):
+    """Each of the engine's parameters as ``(engine name, its target in the reference's names or None where no
+    mapping covers it, the parameter)``."""
     from muse_stack.engines.mcore.weights import local_to_global, mcore_to_hf
 
     off = engine.load_kwargs
-    out: dict[str, torch.dtype] = {}
     for name, p in engine.model.module.named_parameters():
         try:
             target = mcore_to_hf(local_to_global(name, off["layer_offset"], off["expert_offset"]))
         except KeyError:
-            continue
-        if out.setdefault(target.hf_name, p.dtype) != p.dtype:
+            target = None
+        yield name, target, p
+
+
+def engine_dtypes(engine) -> dict[str, torch.dtype]:
+    """The dtype the engine holds each parameter in, under the reference's names (every rank holds each name in
+    one dtype: its experts alike)."""
+    out: dict[str, torch.dtype] = {}
+    for _, target, p in engine_parameters_named(engine):
+        if target is not None and out.setdefault(target.hf_name, p.dtype) != p.dtype:
             raise SystemExit(f"the engine holds {target.hf_name} in {out[target.hf_name]} and {p.dtype}")
     return out
 
@@ -378,16 +385,11 @@ def engine_by_reference_name(engine, value_of, shapes: dict[str, tuple] | None =
     """``value_of(p)`` for each of the engine's parameters, under the reference's names and in its shapes: each
     expert's tensor set into the stacked one (an expert this rank lacks stays NaN; ``shapes`` gives the stacked
     shape, else the highest expert index seen). Returns the dict and the engine names no mapping covers."""
-    from muse_stack.engines.mcore.weights import local_to_global, mcore_to_hf
-
-    off = engine.load_kwargs
     out: dict[str, torch.Tensor] = {}
     experts: dict[str, dict[int, torch.Tensor]] = {}
     unmapped: list[str] = []
-    for name, p in engine.model.module.named_parameters():
-        try:
-            target = mcore_to_hf(local_to_global(name, off["layer_offset"], off["expert_offset"]))
-        except KeyError:
+    for name, target, p in engine_parameters_named(engine):
+        if target is None:
             unmapped.append(name)
             continue
         if target.expert is None:

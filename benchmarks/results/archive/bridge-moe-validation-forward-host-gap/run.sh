@@ -3,12 +3,4 @@
 # muse_stack/plan/published/bridge-moe.yaml priced as it ran, every run's host time the fitted forward figure
 # (scale.moe_sync_gap_s), graphed or not. The code and data that made it are the tree before the commit that added
 # this folder; this remakes both files from an export of that tree, leaving this tree's calibration as it is.
-set -euo pipefail
-here=$PWD/benchmarks/results/archive/bridge-moe-validation-forward-host-gap
-added=$(git log --format=%H --diff-filter=A -1 -- benchmarks/results/archive/bridge-moe-validation-forward-host-gap/result.json)
-tree=$(mktemp -d)
-trap 'rm -rf "$tree"' EXIT
-git archive "$added^" | tar -x -C "$tree"
-cd "$tree"
-PYTHONPATH=$tree python benchmarks/scripts/plan/validate_bridge.py --fit --json "$here/fit.json"
-PYTHONPATH=$tree python benchmarks/scripts/plan/validate_bridge.py --json "$here/validation.json"
+exec bash benchmarks/scripts/plan/rebuild_archive.sh benchmarks/results/archive/bridge-moe-validation-forward-host-gap

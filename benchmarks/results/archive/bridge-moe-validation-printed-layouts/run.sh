@@ -3,12 +3,4 @@
 # with the page's printed columns (the file before its run_settings), the two constants fitted to the GB300 rows
 # as printed. The code and data that made it are the tree before the commit that added this folder; this remakes
 # both files from an export of that tree, leaving this tree's calibration as it is.
-set -euo pipefail
-here=$PWD/benchmarks/results/archive/bridge-moe-validation-printed-layouts
-added=$(git log --format=%H --diff-filter=A -1 -- benchmarks/results/archive/bridge-moe-validation-printed-layouts/result.json)
-tree=$(mktemp -d)
-trap 'rm -rf "$tree"' EXIT
-git archive "$added^" | tar -x -C "$tree"
-cd "$tree"
-PYTHONPATH=$tree python benchmarks/scripts/plan/validate_bridge.py --fit --json "$here/fit.json"
-PYTHONPATH=$tree python benchmarks/scripts/plan/validate_bridge.py --json "$here/validation.json"
+exec bash benchmarks/scripts/plan/rebuild_archive.sh benchmarks/results/archive/bridge-moe-validation-printed-layouts
