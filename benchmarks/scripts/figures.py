@@ -1421,6 +1421,7 @@ def project_readme() -> dict:
         "shipped-worst": f(max(r["step_time_worst_ratio"] for r in manual), 3),
         "fp8-mfu": pct(data("fp8-slice/fp8-alltoall/results.json")["mfu"]),
         "fp8-allgather-mfu": pct(data("fp8-allgather/fp8-allgather/results.json")["mfu"]),
+        "fp8-300-mfu": pct(data(f"{FP8_CONVERGE}/fp8-allgather-300/results.json")["mfu"]),
     }
     for i, s in enumerate(SITTINGS):
         out[f"sitting{i + 1}.ratio"] = f"{sitting_summary(s)['ratio_of_medians']:.3f}x"
@@ -1491,14 +1492,16 @@ def gpu_engine_doc() -> dict:
     clip = Runs("clip-skip-and-gated-residual")
     skip = clip.base / clip.tps("te-clip-scale") - 1
     both = clip.tps("shipped-third") / clip.tps("before") - 1
-    allgather = fp8_allgather()
+    allgather, converge = fp8_allgather(), fp8_converge()
     return {
         "gpu-table": table(lambda c: GPU_ENGINE_ROWS[c[2]], run_columns(3)),
         "clip.skip": spct(skip),
         "clip.twice-drift": pct(2 * clip.drift),
         "clip.both": spct(both),
     } | {f"fp8-allgather.{k}": allgather[k] for k in ("experts", "fp8.tps", "bf16.tps", "speedup", "fp8.mfu",
-                                                         "bf16.mfu", "passed", "verify.equal")}
+                                                         "bf16.mfu", "passed", "verify.equal")} \
+        | {f"fp8-300.{k}": converge[k] for k in ("fp8.tps", "bf16.tps", "speedup", "fp8.mfu", "bf16.mfu", "passed",
+                                                 "final", "slow.fp8")}
 
 
 # ---- runner tables: gc-steady, fp8-slice, slice-1gpu-b200-set, overhead ---------------------------------------------
@@ -1556,19 +1559,17 @@ def fp8_slice() -> dict:
 FP8_ALLGATHER = "fp8-allgather"
 
 
-def fp8_allgather() -> dict:
-    """results/fp8-allgather: bf16 and FP8 on the shipped allgather dispatcher (one H100, the slice cut to fit), their
-    compare, and the engine's padded FP8 expert path against megatron-core's expert forward."""
+def fp8_pair(folder: str, bf16_run: str, fp8_run: str, compare: str) -> dict:
+    """bf16 against FP8 on the shipped allgather dispatcher in results/``folder``: the run table, the speed and memory
+    figures and ``compare``'s verdict, read from each run's results.json and recipe.yaml and the compare file."""
 
     def r(run):
-        return data(f"{FP8_ALLGATHER}/{run}/results.json")
+        return data(f"{folder}/{run}/results.json")
 
-    bf16, fp8 = r("bf16-allgather"), r("fp8-allgather")
-    cmp = data(f"{FP8_ALLGATHER}/compare-bf16-allgather-fp8-allgather.json")
+    bf16, fp8 = r(bf16_run), r(fp8_run)
+    cmp = data(f"{folder}/{compare}")
     checks = {c["name"]: c for c in cmp["convergence"]["checks"]}
-    verify = data(f"{FP8_ALLGATHER}/fp8-experts.json")
-    mine, theirs = verify["engine_forward"], verify["megatron_core_forward"]
-    recipe = (RESULTS / FP8_ALLGATHER / "fp8-allgather" / "recipe.yaml").read_text()
+    recipe = (RESULTS / folder / fp8_run / "recipe.yaml").read_text()
     overrides = re.search(r"num_local_experts: (\d+)", recipe).group(1), re.search(r"num_experts_per_tok: (\d+)",
                                                                                     recipe).group(1)
     return {
@@ -1595,14 +1596,49 @@ def fp8_allgather() -> dict:
         "diff": f"{cmp['fingerprint_diff']['verdict']}: "
         + ", ".join(f"`{k}`" for k in cmp["fingerprint_diff"]["numerics"]),
         "goal-gap": f"{100 * (0.65 - fp8['mfu']):.1f} points",
+        "active": n0(fp8["active_params"]),
+    }
+
+
+def fp8_allgather() -> dict:
+    """results/fp8-allgather: bf16 and FP8 on the shipped allgather dispatcher (one H100, the slice cut to fit), their
+    compare, and the engine's padded FP8 expert path against megatron-core's expert forward."""
+    verify = data(f"{FP8_ALLGATHER}/fp8-experts.json")
+    mine, theirs = verify["engine_forward"], verify["megatron_core_forward"]
+    return fp8_pair(FP8_ALLGATHER, "bf16-allgather", "fp8-allgather", "compare-bf16-allgather-fp8-allgather.json") | {
         "verify.losses": ", ".join(f(x, 6) for x in mine["losses"]),
         "verify.equal": "equal bit for bit" if (mine["losses"], mine["grad_norms"]) == (theirs["losses"],
                                                                                       theirs["grad_norms"])
         else "not equal",
         "verify.grad": ", ".join(f(x, 4) for x in mine["grad_norms"]),
-        "active": n0(fp8["active_params"]),
         "shipped-peak": f(data("fp8-slice/bf16/results.json")["peak_memory_gib"], 2),
     }
+
+
+FP8_CONVERGE = "fp8-allgather-300"
+
+
+def fp8_converge() -> dict:
+    """results/fp8-allgather-300: the 300-step FP8 run against bf16 on the shipped dispatcher, judged by compare; the
+    window's slow steps are the by-hand collections (each step's ``gc_s`` in metrics.jsonl)."""
+    pair = fp8_pair(FP8_CONVERGE, "bf16-allgather-300", "fp8-allgather-300", "compare-300-steps.json")
+    slow = {}
+    for run in ("bf16-allgather-300", "fp8-allgather-300"):
+        res = data(f"{FP8_CONVERGE}/{run}/results.json")
+        rows = [json.loads(line) for line in (RESULTS / FP8_CONVERGE / run / "metrics.jsonl").read_text().splitlines()
+                if line.strip()]
+        start, end = res["window"]
+        median = res["step_time_median_s"]
+        over = [x for x in rows if start <= x["step"] <= end and x["step_time_s"] > 1.2 * median]
+        collected = [x for x in over if x.get("gc_s", 0) > 0]
+        without = [(x["step_time_s"] - x["gc_s"]) / median for x in rows if start <= x["step"] <= end]
+        slow[run] = (
+            f"{len(over)} window step(s) above 1.2x the median"
+            + (f" (steps {', '.join(str(x['step']) for x in over)}, {len(collected)} of them with a by-hand "
+               f"collection of {', '.join(f(x['gc_s'], 3) for x in collected)} s)" if over else "")
+            + f"; less the collections, the worst step is {max(without):.3f}x the median"
+        )
+    return pair | {"slow.bf16": slow["bf16-allgather-300"], "slow.fp8": slow["fp8-allgather-300"]}
 
 
 def b200_set() -> dict:
@@ -2023,6 +2059,7 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/gc-steady/README.md": gc_steady,
     "benchmarks/results/fp8-slice/README.md": fp8_slice,
     "benchmarks/results/fp8-allgather/README.md": fp8_allgather,
+    "benchmarks/results/fp8-allgather-300/README.md": fp8_converge,
     "benchmarks/results/slice-1gpu-b200-set/README.md": b200_set,
     "benchmarks/results/overhead/README.md": overhead,
     "benchmarks/results/adam/README.md": adam_folder,
