@@ -1556,6 +1556,32 @@ def fp8_slice() -> dict:
     }
 
 
+HOST_PROBE = "host-sync-probe"
+
+
+def host_probe() -> dict:
+    """results/host-sync-probe: the whole decoder layer's host time at the smallest token count against the MoE
+    block's alone, per model (bf16, EP 8): the layer probe and the MoE probe ran on two lent machines a day apart."""
+    moe = {(p["shape"]["model"], p["shape"]["ep"], p["precision"]): p
+           for p in data(f"{HOST_PROBE}/host_sync.json")["probes"]}
+    rows = []
+    for name in ("host_sync_layer.json", "host_sync_layer_models.json"):
+        for p in data(f"{HOST_PROBE}/{name}")["probes"]:
+            m = moe[(p["shape"]["model"], p["shape"]["ep"], p["precision"])]
+            small = min(p["rows"], key=lambda r: r["tokens"])
+            larger = sorted(p["rows"], key=lambda r: r["tokens"])[1]
+            rows.append(f"| {p['shape']['model']} | {p['shape']['experts']} | {p['host_fwd_s'] * 1e3:.2f} | "
+                        f"{m['host_fwd_s'] * 1e3:.2f} | {(p['host_fwd_s'] - m['host_fwd_s']) * 1e3:+.2f} | "
+                        f"{p['host_bwd_s'] * 1e3:.2f} | {m['host_bwd_s'] * 1e3:.2f} | "
+                        f"{(p['host_bwd_s'] - m['host_bwd_s']) * 1e3:+.2f} | "
+                        f"{small['fwd_wall_s'] * 1e3:.2f} at {small['tokens']:,}, {larger['fwd_wall_s'] * 1e3:.2f} "
+                        f"at {larger['tokens']:,} |")
+    head = ("| model (bf16, EP 8) | local experts | layer fwd (ms) | MoE block fwd (ms) | difference | layer bwd (ms) "
+            "| MoE block bwd (ms) | difference | layer fwd wall by tokens (ms) |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    return {"layer-table": "\n\n" + head + "\n" + "\n".join(rows) + "\n\n"}
+
+
 FP8_ALLGATHER = "fp8-allgather"
 
 
@@ -2060,6 +2086,7 @@ DOCS: dict[str, Callable[[], dict]] = {
     "benchmarks/results/fp8-slice/README.md": fp8_slice,
     "benchmarks/results/fp8-allgather/README.md": fp8_allgather,
     "benchmarks/results/fp8-allgather-300/README.md": fp8_converge,
+    "benchmarks/results/host-sync-probe/README.md": host_probe,
     "benchmarks/results/slice-1gpu-b200-set/README.md": b200_set,
     "benchmarks/results/overhead/README.md": overhead,
     "benchmarks/results/adam/README.md": adam_folder,

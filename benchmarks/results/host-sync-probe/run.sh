@@ -15,3 +15,7 @@ python3 benchmarks/scripts/plan/host_sync_probe.py --model qwen3-30b-a3b --ep 2 
 nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv > "$OUT/nvidia-smi.csv"
 lscpu | grep -E "Model name|^CPU\(s\)|Thread|Socket|MHz|L3" > "$OUT/lscpu.txt"
 # the fit (CPU): python benchmarks/scripts/plan/fit_host.py --write
+# The whole decoder layer (its attention block and the MoE block), bf16 at EP 8, run on a later machine:
+#   python3 benchmarks/scripts/plan/host_sync_probe.py --block layer --json "$OUT/host_sync_layer.json"
+#   python3 benchmarks/scripts/plan/host_sync_probe.py --block layer --model deepseek-v3 gpt-oss-120b qwen3-235b-a22b \
+#     --tokens 128 1024 --json "$OUT/host_sync_layer_models.json"
