@@ -281,6 +281,9 @@ SITTINGS = (
     "2026-12-03-triton-adam",
     "2026-12-04",
 )
+#: the like-for-like sitting: Bridge given the engine's own mapping of the recipe (the precision-aware optimizer and
+#: gradient-accumulation fusion included), on another card (an H100) and the slice cut to fit it, so apart from SITTINGS
+LIKE = "2026-12-08-like-for-like-h100"
 
 
 def bridge_run(sitting: str, i: int) -> dict:
@@ -310,6 +313,112 @@ def target_53(runner: dict) -> tuple[float, float]:
     return tps, 8 * 4096 / tps
 
 
+def _one(values: list, what: str):
+    """The value every run of a sitting recorded (they are the same settings, one per process); an error otherwise."""
+    if any(v != values[0] for v in values[1:]):
+        raise ValueError(f"side-by-side/{LIKE}: the runs differ in {what}: {values}")
+    return values[0]
+
+
+def _word(v) -> str:
+    return f"`{json.dumps(v)}`" if isinstance(v, (bool, type(None))) else f"`{v}`"
+
+
+#: the settings both sides record: row -> (the runner's value from results.json and recipe.yaml, Bridge's from
+#: bridge-slice.json's settings)
+LIKE_SETTINGS: dict[str, tuple[Callable[[dict, dict], object], Callable[[dict], object]]] = {
+    "gradient-accumulation fusion": (lambda r, rec: r["engine_info"]["levers"]["gradient_accumulation_fusion"],
+                                     lambda b: b["gradient_accumulation_fusion"]),
+    "precision-aware optimizer": (lambda r, rec: rec["optimizer"]["precision_aware"],
+                                  lambda b: b["use_precision_aware_optimizer"]),
+    "parameter remainders": (lambda r, rec: rec["optimizer"]["param_remainders"],
+                             lambda b: b["store_param_remainders"]),
+    "distributed optimizer": (lambda r, rec: r["engine_info"]["distributed_optimizer"],
+                              lambda b: b["use_distributed_optimizer"]),
+    "dispatcher": (lambda r, rec: r["engine_info"]["dispatcher"], lambda b: b["moe_token_dispatcher_type"]),
+    "permutation fusion": (lambda r, rec: r["engine_info"]["levers"]["moe_permute_fusion"],
+                           lambda b: b["moe_permute_fusion"]),
+    "router fusion": (lambda r, rec: r["engine_info"]["levers"]["moe_router_fusion"],
+                      lambda b: b["moe_router_fusion"]),
+    "experts, top-k": (lambda r, rec: (rec["model"]["overrides"]["num_local_experts"],
+                                       rec["model"]["overrides"]["num_experts_per_tok"]),
+                       lambda b: (b["num_moe_experts"], b["moe_router_topk"])),
+    "MBS, GBS, sequence": (lambda r, rec: (rec["batch"]["mbs"], rec["batch"]["gbs"], rec["batch"]["seq_length"]),
+                           lambda b: (b["mbs"], b["gbs"], b["seq_length"])),
+    "collector by hand": (lambda r, rec: r["gc"]["manual"], lambda b: b["manual_gc"]),
+}
+#: the runner's levers with a Bridge setting in LIKE_SETTINGS, or off on both sides by bridge_slice.py's construction
+#: (no overlap at one GPU; the engine's optimizer mapping carries optimizer_cuda_graph off)
+LIKE_SHARED_LEVERS = ("gradient_accumulation_fusion", "moe_permute_fusion", "moe_router_fusion", "overlap_grad_reduce",
+                      "optimizer_cuda_graph")
+
+
+def like_for_like() -> dict:
+    """The like-for-like sitting's figures and the differences its files record beside the ratio."""
+    import yaml
+
+    folder = RESULTS / "side-by-side" / LIKE
+    runner = runner_runs(LIKE)
+    bridge = [bridge_run(LIKE, i) for i in (1, 2, 3)]
+    recipe = _one([yaml.safe_load((folder / f"runner{i}" / "recipe.yaml").read_text()) for i in (1, 2, 3)], "recipe")
+    prints = [json.loads((folder / f"runner{i}" / "fingerprint.json").read_text()) for i in (1, 2, 3)]
+    settings = _one([{k: v for k, v in b["settings"].items() if k != "cli"} for b in bridge], "Bridge's settings")
+    summary = sitting_summary(LIKE)
+    head, row = (folder / "nvidia-smi.csv").read_text().strip().splitlines()
+    gpu = dict(zip([h.strip() for h in head.split(",")], [c.strip() for c in row.split(",")], strict=True))
+    cpu = _one([p["host"]["cpu"] for p in prints], "host CPU")
+    rev = _one([p["identity"]["source_revision"] for p in prints], "source revision")
+    flops = _one([r["flops_per_token"]["training"] for r in runner] + [b["flops_per_token"] for b in bridge],
+                 "model FLOPs per token")
+    levers = _one([r["engine_info"]["levers"] for r in runner], "the runner's levers")
+    compiled = _one([r["engine_info"]["torch_compile_elementwise"] for r in runner], "torch_compile_elementwise")
+    experts = LIKE_SETTINGS["experts, top-k"]
+    if experts[0](runner[0], recipe) != experts[1](settings):
+        raise ValueError(f"side-by-side/{LIKE}: the runner's experts differ from Bridge's")
+
+    def setting_cell(side: int):
+        def cell(name: str) -> Whole:
+            v = LIKE_SETTINGS[name][0](runner[0], recipe) if side == 0 else LIKE_SETTINGS[name][1](settings)
+            return Whole(", ".join(map(str, v)) if isinstance(v, tuple) else _word(v))
+
+        return cell
+
+    own = {k: v for k, v in levers.items() if k not in LIKE_SHARED_LEVERS} | {"torch_compile_elementwise": compiled}
+    unexpressed = _one([b["not_expressed"] for b in bridge], "not_expressed")
+    without = _one([b["recipe_fields_without_provider_field"] for b in bridge], "recipe_fields_without_provider_field")
+    return {
+        "gpu": f"{gpu['name']} ({n0(float(gpu['memory.total [MiB]'].split()[0]))} MiB, "
+        f"{float(gpu['power.limit [W]'].split()[0]):.0f} W, max SM clock {gpu['clocks.max.sm [MHz]'].split()[0]} MHz, "
+        f"driver {gpu['driver_version']})",
+        "host": f'"{cpu["model"]}", {cpu["logical_cpus"]} cores',
+        "revision": f"`{rev['revision'][:7]}`, {'dirty' if rev['dirty'] else 'a clean tree'}",
+        "versions": ", ".join(f"{k} {v}" for k, v in _one([b["versions"] for b in bridge], "versions").items()),
+        "experts": "{} experts, top-{}".format(*experts[1](settings)),
+        "active": n0(_one([r["active_params"] for r in runner], "active parameters")),
+        "gflop": f(flops / 1e9, 2),
+        "peak": n0(_one([r["peak_tflops"] for r in runner] + [b["peak_tflops"] for b in bridge], "peak")),
+        "peak-source": _one([r["peak_source"] for r in runner] + [b["peak_source"] for b in bridge], "peak source"),
+        "runner-median": n0(summary["runner_median"]),
+        "bridge-median": n0(summary["bridge_median"]),
+        "ratio": f"{summary['ratio_of_medians']:.3f}x",
+        "ahead": pct(summary["ratio_of_medians"] - 1, 1),
+        "mfu": pct(statistics.median(r["mfu"] for r in runner)),
+        "worst": f(max(r["step_time_worst_ratio"] for r in runner), 3),
+        "runner-memory": f(max(r["peak_memory_gib"] for r in runner), 2),
+        "bridge-memory": f(max(b["peak_memory_gib"] for b in bridge), 2),
+        "settings": table(lambda c: c[0], {1: setting_cell(0), 2: setting_cell(1)}),
+        "wgrad": _one([b["output_layer_wgrad_accumulation"] for b in bridge], "output_layer_wgrad_accumulation"),
+        "without-field": ", ".join(f"`{x}`" for x in without) or "none",
+        "fp32-residual": _word(settings["fp32_residual_connection"]),
+        "cross-entropy": _word(settings["cross_entropy_fusion_impl"]) if settings["cross_entropy_loss_fusion"]
+        else "none (unfused)",
+        "router-gain": spct(options_gain("router-fusion")),
+        "not-expressed": "\n" + "\n".join(f"  - {x}" for x in unexpressed) + "\n",
+        "runner-own": "\n" + "\n".join(f"  - `{k}`: {_word(v) if isinstance(v, bool) or v is None else v}"
+                                        for k, v in own.items()) + "\n",
+    }
+
+
 def side_by_side() -> dict:
     out: dict = {}
 
@@ -326,7 +435,7 @@ def side_by_side() -> dict:
             5: lambda s: f(max(r["step_time_worst_ratio"] for r in runner_runs(s)), 3),
         },
     )
-    for s in SITTINGS:
+    for s in (*SITTINGS, LIKE):
 
         def run(name, s=s):
             kind, i = name[:-1], int(name[-1])
@@ -352,6 +461,7 @@ def side_by_side() -> dict:
         out[f"{s}.runner-median"] = n0(summary["runner_median"])
         out[f"{s}.bridge-median"] = n0(summary["bridge_median"])
         out[f"{s}.ratio"] = f"{summary['ratio_of_medians']:.3f}x"
+    out.update(prefixed("like", like_for_like()))
     # the second sitting's profile
     p = data("side-by-side/2026-12-03/profile-shipped.json")
     idle = profile_idle(p)
@@ -1423,10 +1533,7 @@ def project_readme() -> dict:
         "fp8-allgather-mfu": pct(data("fp8-allgather/fp8-allgather/results.json")["mfu"]),
         "fp8-300-mfu": pct(data(f"{FP8_CONVERGE}/fp8-allgather-300/results.json")["mfu"]),
     }
-    for i, s in enumerate(SITTINGS):
-        out[f"sitting{i + 1}.ratio"] = f"{sitting_summary(s)['ratio_of_medians']:.3f}x"
-        if i >= 2:
-            out[f"sitting{i + 1}.mfu"] = pct(sitting_mfu(s))
+    out |= {k: v for k, v in sitting_ratios().items() if k not in ("sitting1.mfu", "sitting2.mfu")}
     out["replay.mfu"] = replay()["isolated.mfu"]
     demo = demo_runs()
     out |= {"demo.reference": demo["reference.final"], "demo.avx2": demo["cpu-avx2.final"],
@@ -1501,7 +1608,18 @@ def gpu_engine_doc() -> dict:
     } | {f"fp8-allgather.{k}": allgather[k] for k in ("experts", "fp8.tps", "bf16.tps", "speedup", "fp8.mfu",
                                                          "bf16.mfu", "passed", "verify.equal")} \
         | {f"fp8-300.{k}": converge[k] for k in ("fp8.tps", "bf16.tps", "speedup", "fp8.mfu", "bf16.mfu", "passed",
-                                                 "final", "slow.fp8")}
+                                                 "final", "slow.fp8")} | sitting_ratios()
+
+
+def sitting_ratios() -> dict:
+    """Each side-by-side sitting's ratio of medians and runner median MFU (the seven H200 sittings by number), and
+    the like-for-like sitting's."""
+    out = {}
+    for i, s in enumerate(SITTINGS):
+        out[f"sitting{i + 1}.ratio"] = f"{sitting_summary(s)['ratio_of_medians']:.3f}x"
+        out[f"sitting{i + 1}.mfu"] = pct(sitting_mfu(s))
+    like = like_for_like()
+    return out | {f"like.{k}": like[k] for k in ("ratio", "mfu", "experts")}
 
 
 # ---- runner tables: gc-steady, fp8-slice, slice-1gpu-b200-set, overhead ---------------------------------------------

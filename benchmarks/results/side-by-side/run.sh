@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Side by side on one H200, in one sitting: `muse-stack run slice-1gpu` as shipped and Megatron-Bridge
-# 0.6.2's own pretrain loop on the same shapes and settings (benchmarks/scripts/bridge_slice.py),
-# alternated three times each (runner, Bridge, runner, Bridge, ...), each its own process. Kept per run:
-# results.json, metrics.jsonl, fingerprint.json, recipe.yaml (runner) and bridge-slice.json (Bridge).
+# Side by side on one GPU, in one sitting: `muse-stack run slice-1gpu` and Megatron-Bridge 0.6.2's own pretrain
+# loop on the same shapes (benchmarks/scripts/bridge_slice.py; the settings that still differ are listed in
+# benchmarks/results/side-by-side/README.md), alternated three times each (runner, Bridge, runner, Bridge, ...),
+# each its own process. Kept per run: results.json, metrics.jsonl, fingerprint.json, recipe.yaml (runner) and
+# bridge-slice.json (Bridge).
 # Needs TE 2.20.2 + megatron-core 0.19.2 in /tmp/site (benchmarks/scripts/stage-gpu.sh te-install) and Bridge's
 # wheels installed by `bash benchmarks/scripts/bridge/stage.sh install DIR` into /tmp/site-bridge.
 #   usage: OUT=dir [SHAPE_OVERRIDES="a.b=c ..."] [RUNNER_OVERRIDES="a.b=c ..."] bash benchmarks/results/side-by-side/run.sh [N]
