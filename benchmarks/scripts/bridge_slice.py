@@ -119,7 +119,9 @@ def provider_kwargs(recipe, cfg, args, provider_cls) -> tuple[dict, list[str]]:
         transformer_impl="transformer_engine", attention_backend=args.attention_backend,
         bias_activation_fusion=True, bias_dropout_fusion=True, masked_softmax_fusion=True, persist_layer_norm=True,
         apply_rope_fusion=True, gradient_accumulation_fusion=accum,
-        moe_permute_fusion=True, moe_router_fusion=not args.no_router_fusion,
+        # the fusions the recipe resolves (engine_options: the runner's own), --no-router-fusion forcing the router's off
+        moe_permute_fusion=mapped.get("moe_permute_fusion", True),
+        moe_router_fusion=bool(mapped.get("moe_router_fusion", True)) and not args.no_router_fusion,
         cross_entropy_loss_fusion=args.cross_entropy != "off",
         cross_entropy_fusion_impl=args.cross_entropy if args.cross_entropy != "off" else "native",
         use_transformer_engine_op_fuser=False, cuda_graph_impl="none",
