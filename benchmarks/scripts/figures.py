@@ -2025,6 +2025,230 @@ def planning_record() -> dict:
     return out
 
 
+# ---- results/mm-slice-profile-h100 (slice-1gpu-mm cut to fit an H100: a profile, a run, and the plan) ------------
+
+MM_H100 = "mm-slice-profile-h100"
+#: launch sites listed in the README's table, the largest first
+MM_SITES = 10
+
+
+def profiled_steps(p: dict) -> int:
+    """The steps a profile_step.py profile covers (its method says "..., then N steps under torch.profiler")."""
+    m = re.search(r"then (\d+) steps? under torch\.profiler", p["method"])
+    if not m:
+        raise ValueError(f"the profile's method {p['method']!r} does not say how many steps it profiled")
+    return int(m.group(1))
+
+
+def short_operators(ops: str, keep: int = 3) -> str:
+    """A launch site's innermost ``keep`` operators, each shape list with a run of equal shapes written once and
+    counted ("f[[3,16,96],[3,16,96],[3,16]]" -> "f[[3,16,96] x2,[3,16]]")."""
+
+    def collapse(m: re.Match) -> str:
+        shapes = re.findall(r"\[[^\[\]]*\]", m.group(0)[1:-1])
+        out: list[list] = []
+        for shape in shapes:
+            if out and out[-1][0] == shape:
+                out[-1][1] += 1
+            else:
+                out.append([shape, 1])
+        return "[" + ",".join(sh + (f" x{n}" if n > 1 else "") for sh, n in out) + "]"
+
+    return " > ".join(re.sub(r"\[(?:\[[^\[\]]*\],?)+\]", collapse, op) for op in ops.split(" > ")[-keep:])
+
+
+def mm_h100_plans() -> tuple:
+    """The plan for the run's recipe as it ran (run/recipe.yaml), and for the same recipe with 8 experts (the first
+    attempt), by the planner as committed; the towers' memory traffic per step that plan prices."""
+    import yaml
+
+    from muse_stack.machine.hardware import gpu_spec
+    from muse_stack.plan.cost import tower_elementwise_time
+    from muse_stack.plan.planner import make_plan
+    from muse_stack.plan.towers import tower_plan
+    from muse_stack.recipes.catalogue import load_recipe
+    from muse_stack.recipes.overrides import parse_override
+    from muse_stack.resolve.recipe import finalize
+
+    path = RESULTS / MM_H100 / "run" / "recipe.yaml"
+    ran = yaml.safe_load(path.read_text())
+    for text in data(f"{MM_H100}/profile.json")["overrides"]:  # the profile ran the shape the run ran
+        keys, value = parse_override(text)
+        node = ran
+        for key in keys:
+            node = node[key]
+        if node != value:
+            raise ValueError(f"{MM_H100}: the profile ran {text}, run/recipe.yaml has {node!r}: not one shape")
+    resolved = finalize(load_recipe(str(path)))
+    plan, _ = make_plan(resolved)
+    eight, _ = make_plan(finalize(load_recipe(str(path), ["model.overrides.num_local_experts=8"])))
+    recipe = resolved.recipe
+    traffic = plan.time.microbatches * tower_elementwise_time(
+        tower_plan(resolved), gpu_spec(recipe.hardware.gpu), sequences=recipe.batch.mbs,
+        recomputed=recipe.recompute_towers())
+    return plan, eight, traffic
+
+
+def mm_slice_profile_h100() -> dict:
+    """results/mm-slice-profile-h100: the profile's time by class, idle gaps, largest kernels and launch sites; the
+    run against the plan for its recipe; the plan's terms beside the profile's classes; the first attempt (8
+    experts) and the shipped shape's H200 figures it is not comparable with."""
+    p = data(f"{MM_H100}/profile.json")
+    run = data(f"{MM_H100}/run/results.json")
+    plan, eight, traffic = mm_h100_plans()
+    t = plan.time
+    secs = {c["class"]: c["seconds_per_step"] for c in p["classes"]}
+    shares = {c["class"]: c["share_of_kernel_time"] for c in p["classes"]}
+    steps = profiled_steps(p)
+    out: dict = {
+        "classes": table(lambda c: c[0], {1: lambda k: f(secs[k], 3), 2: lambda k: pct(shares[k], 1)}),
+        "kernel-s": f(p["kernel_seconds_per_step"], 2),
+        "elementwise-s": f(secs["norms and elementwise"], 2),
+        "elementwise-share": pct(shares["norms and elementwise"], 0),
+        "dense-s": f(secs["dense GEMM"], 2),
+        "attention-s": f(secs["attention"], 2),
+        "router-ms": f(1e3 * secs["router and permutation"], 1),
+        "kernels": n0(p["kernels"] / steps),
+        "profiled-steps": str(steps),
+        "wall-s": f(p["wall_seconds_per_step_profiled"], 2),
+    }
+    idle = profile_idle(p)
+    out.update(prefixed("idle", {k: idle[k] for k in ("span", "busy", "idle-ms", "idle-pct", "short-ms", "short-count",
+                                                      "mid-ms", "mid-count", "long-ms", "long-count")}))
+    out["idle-s"] = f(p["idle_seconds_per_step"], 2)
+    gaps = p["longest_gaps"]
+    first = gaps[0]
+    out["gap.ms"] = f(1e3 * first["seconds"], 1)
+    out["gap.at"] = f(first["at_s"], 2)
+    out["gap.span"] = f(steps * p["span_seconds_per_step"], 2)
+    out["gap.call-share"] = pct(first["runtime_call_share"], 2)
+    grouped = [g["seconds"] for g in gaps if "_GroupedLinear" in g["operators"]]
+    out["gap.grouped-linear"] = str(len(grouped))
+    out["gap.grouped-linear-ms"] = f"{1e3 * min(grouped):.1f}-{1e3 * max(grouped):.1f}"
+    out["gap.listed"] = str(len(gaps))
+    blocked = p["idle_after_blocking_calls"]
+    out["blocked-count"] = f"{blocked['count_per_step']:g}"
+    out["blocked-ms"] = f(1e3 * blocked["seconds_per_step"], 2)
+    # the elementwise class's largest kernels: the README names each by a part of its name
+    ew = next(c for c in p["classes"] if c["class"] == "norms and elementwise")
+    attn = next(c for c in p["classes"] if c["class"] == "attention")
+
+    def top_ms(cls: dict) -> Callable[[str], str]:
+        def ms(key: str) -> str:
+            hits = [v for name, v in cls["top_kernels"] if key in name]
+            if len(hits) != 1:
+                raise ValueError(f"{MM_H100}: {len(hits)} top kernels of {cls['class']} hold {key!r}")
+            return f(1e3 * hits[0], 1)
+
+        return ms
+
+    out["elementwise-kernels"] = table(first_code, {1: top_ms(ew)})
+    copies = sum(v for name, v in ew["top_kernels"] if "copy_kernel" in name)
+    out["copies-ms"] = f(1e3 * copies, 0)
+    out["copies-share"] = pct(copies / secs["norms and elementwise"], 0)
+    top5 = sum(v for _, v in ew["top_kernels"])
+    out["top5-ms"] = n0(1e3 * top5)
+    out["top5-share"] = pct(top5 / secs["norms and elementwise"], 0)
+    out["attention-kernels"] = table(first_code, {1: top_ms(attn)})
+    router = next(c for c in p["classes"] if c["class"] == "router and permutation")
+    out["router.sites"] = str(len(router["top_sites"]))
+    out["router.gather-sites"] = str(sum("IndexBackward0" in s["operators"] for s in router["top_sites"]))
+    out["router.gather-ms"] = f(1e3 * site_ms(router, "IndexBackward0"), 1)
+    ran = (RESULTS / MM_H100 / "run" / "recipe.yaml").read_text()
+    experts = re.search(r"num_local_experts: (\d+)", ran).group(1)
+    top = re.search(r"num_experts_per_tok: (\d+)", ran).group(1)
+    out["experts"] = f"{experts} experts, top-{top}"
+    # the largest launch sites of every class, the largest first
+    sites = sorted(((s, c["class"]) for c in p["classes"] for s in c["top_sites"]),
+                   key=lambda x: -x[0]["seconds_per_step"])
+    if len(sites) < MM_SITES:
+        raise ValueError(f"{MM_H100}: the profile lists {len(sites)} launch sites, fewer than {MM_SITES}")
+
+    def site(i: str) -> tuple[dict, str]:
+        return sites[int(i) - 1]
+
+    out["sites"] = table(
+        lambda c: c[0],
+        {
+            1: lambda i: f(1e3 * site(i)[0]["seconds_per_step"], 1),
+            2: lambda i: Whole(site(i)[1]),
+            3: lambda i: Whole(f"`{site(i)[0]['kernel'].removeprefix('void ')}`"),
+            4: lambda i: Whole(f"`{short_operators(site(i)[0]['operators'])}`" if site(i)[0]["operators"]
+                               else "none open"),
+        },
+    )
+    out["sites.count"] = str(MM_SITES)
+    # the run, against the plan for its recipe
+    mem = run["device_memory"]
+    flops = run["flops_per_token"]
+    out.update({
+        "run.tps": n0(run["tokens_per_s_per_gpu"]),
+        "run.mfu": pct(run["mfu"], 1),
+        "run.peak-tflops": n0(run["peak_tflops"]),
+        "run.gflop": f(flops["training"] / 1e9, 1),
+        "run.towers-gflop": f(flops["towers_training"] / 1e9, 1),
+        "run.median": f(run["step_time_median_s"], 3),
+        "run.mean": f(run["step_time_mean_s"], 3),
+        "run.worst": f(run["step_time_worst_ratio"], 2),
+        "run.worst-step": str(run["step_time_worst_step"]),
+        "run.cv": f"{run['step_time_cv_percent']:.1f}%",
+        "run.peak": f(run["peak_memory_gib"], 2),
+        "run.used": f(mem["device_used_gib"], 2),
+        "run.total": f(mem["device_total_gib"], 2),
+        "run.first-loss": f(run["first_loss"], 3),
+        "run.final-loss": f(run["final_loss"], 3),
+        "run.window": "-".join(map(str, run["window"])),
+        "profile-over-run": spct(p["wall_seconds_per_step_profiled"] / run["step_time_median_s"] - 1, 1),
+        "plan.tps": n0(t.tokens_per_s_per_gpu),
+        "plan.step": f(t.step_s, 3),
+        "plan.peak": f(plan.peak_memory_gib, 2),
+        "plan.used": f(plan.used.used_gib, 2),
+        "plan.gpu": f(plan.gpu_memory_gib, 2),
+        "plan.dominant": t.dominant,
+        "vs.tps": spct(run["tokens_per_s_per_gpu"] / t.tokens_per_s_per_gpu - 1, 1),
+        "vs.step": spct(run["step_time_median_s"] / t.step_s - 1, 1),
+        "vs.peak": spct(run["peak_memory_gib"] / plan.peak_memory_gib - 1, 1),
+        "vs.used": spct(mem["device_used_gib"] / plan.used.used_gib - 1, 1),
+        "eight.peak": f(eight.peak_memory_gib, 1),
+        "eight.limit": f(eight.gpu_memory_gib * (1 - eight.calibration.headroom_fraction), 1),
+        "eight.gpu": f(eight.gpu_memory_gib, 1),
+        "eight.fits": "fits" if eight.fits else "does not fit",
+        "eight.headroom": pct(eight.calibration.headroom_fraction, 0),
+    })
+    # the plan's terms beside the profile's classes
+    terms = dict(t.terms_s)
+    towers = terms.pop("towers")
+    priced = {
+        "GEMMs and attention": terms.pop("dense_gemm") + terms.pop("attention") + towers - traffic,
+        "memory-bound passes": terms.pop("elementwise") + traffic,
+        "experts' grouped GEMM": terms.pop("expert_gemm"),
+        "optimizer": terms.pop("optimizer"),
+        "GPU idle": terms.pop("host_exposed"),
+        "the step": t.step_s,
+    }
+    if any(v for v in terms.values()):
+        raise ValueError(f"{MM_H100}: the plan prices terms the README's table lacks: {terms}")
+    measured = {
+        "GEMMs and attention": secs["dense GEMM"] + secs["attention"],
+        "memory-bound passes": secs["norms and elementwise"] + secs["router and permutation"] + secs["loss"],
+        "experts' grouped GEMM": secs["grouped expert GEMM"],
+        "optimizer": secs["optimizer"] + secs["communication"],
+        "GPU idle": p["idle_seconds_per_step"],
+        "the step": p["span_seconds_per_step"],
+    }
+    out["terms"] = table(lambda c: c[0].strip("*"), {1: lambda k: f(priced[k], 3), 2: lambda k: f(measured[k], 3)})
+    out["plan.traffic"] = f(traffic, 2)
+    out["plan.towers"] = f(towers, 2)
+    # the first attempt, and the shipped shape on an H200
+    oom = re.search(r"([\d.]+) GiB is allocated by PyTorch", (RESULTS / MM_H100 / "8-experts-profile.log").read_text())
+    out["eight.oom-allocated"] = oom.group(1)
+    h200 = data("mm-slice/grouped-attention/results.json")
+    out["h200.mfu"] = pct(h200["mfu"], 1)
+    out["h200.peak"] = f(h200["peak_memory_gib"], 2)
+    out["h200.first-peak"] = f(data("mm-slice/results.json")["peak_memory_gib"], 2)
+    return out
+
+
 # ---- benchmarks/README.md ---------------------------------------------------------------------------------------------
 
 
@@ -2200,6 +2424,7 @@ DOCS: dict[str, Callable[[], dict]] = {
     "docs/images.md": images_doc,
     "benchmarks/results/demo-tiny-cpu/README.md": demo_folder,
     "benchmarks/results/towers-parity-pinned-routing/README.md": towers_pinned,
+    "benchmarks/results/mm-slice-profile-h100/README.md": mm_slice_profile_h100,
     "benchmarks/results/gc-steady/README.md": gc_steady,
     "benchmarks/results/fp8-slice/README.md": fp8_slice,
     "benchmarks/results/fp8-allgather/README.md": fp8_allgather,
