@@ -554,6 +554,8 @@ class MegatronEngine:
 
     def _perception_info(self) -> dict[str, Any] | None:
         """The towers as this rank holds them (None: a text model, or not the first stage)."""
+        from muse_stack.engines.mcore import towers
+
         host = getattr(self.model.module, "perception", None)
         if host is None:
             return None
@@ -564,6 +566,7 @@ class MegatronEngine:
                 "frozen": sorted(n for n, m in host.named_children() if any(True for _ in m.parameters())
                                  and not any(p.requires_grad for p in m.parameters())),
                 "vision_blocks_recomputed": bool(host.vision_tower.recompute),
+                "vision_blocks_chains": towers.describe_chains(host.vision_tower),
                 "dtype": str(next(host.parameters()).dtype)}
 
     def _post_expert_norm_backward(self) -> str | None:

@@ -191,6 +191,13 @@ def _multi_kernel_blocker(recipe: Recipe, done: Resolved) -> Block | None:
     return None
 
 
+def _towers_blocker(recipe: Recipe, done: Resolved) -> Block | None:
+    if recipe.model.towers is None and recipe.data.kind != "multimodal":
+        return Block("the recipe has no perception towers (a text recipe: no model.towers, data.kind is not "
+                     "multimodal)")
+    return None
+
+
 def _router_blocker(recipe: Recipe, done: Resolved) -> Block | None:
     if recipe.numerics.deterministic:
         return Block("numerics.deterministic is verified bitwise with megatron-core's unfused routing; TE's fused "
@@ -319,6 +326,19 @@ ROWS: tuple[EngineOption, ...] = (
                                  "a candidate, not shipped: the compiled elementwise chains with TorchInductor's "
                                  "multi-kernel (persistent row reductions up to 16,384 columns, benchmarked against "
                                  "looped ones)"),)),
+    EngineOption(
+        key="compile_towers", default="off",
+        description="the vision tower's blocks through their chained forward, each chain compiled with torch.compile "
+                    "(muse_stack/engines/mcore/towers.py): the pre-norms with their one cast to the GEMM dtype, RoPE "
+                    "on q and k, the exact GELU between the MLP's GEMMs and each residual add, one kernel each; v "
+                    "and the GEMM outputs stay in the GEMM dtype. A candidate, not yet measured on a GPU: unset, "
+                    "off. The same fp32 chains compiled: the last bits may differ",
+        blocker=_towers_blocker,
+        prices=Unpriced("a candidate the engine does not ship: the towers' elementwise traffic is counted from "
+                        "their blocks as written (muse_stack/plan/tower_traffic.json)"),
+        install=Install(module="muse_stack.engines.mcore.towers", stage="model"),
+        attribution=(Attribution("compiled-towers", True,
+                                 "a candidate, not shipped: the vision tower's elementwise chains compiled"),)),
     EngineOption(
         key="gradient_accumulation", formerly="fusions", default="on",
         description="megatron-core's gradient_accumulation_fusion: TE's weight-gradient GEMMs (the experts' grouped "

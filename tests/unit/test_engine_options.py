@@ -86,9 +86,11 @@ def test_engine_steps_flags_are_the_tables_attributions():
 
 @pytest.mark.parametrize("flag", list(options.attribution_flags()))
 def test_each_attribution_runs_on_the_slice(flag):
-    """h200.sh attributes each option on slice-1gpu: each flag's override is a recipe the engine check accepts."""
+    """h200.sh attributes each option on slice-1gpu, and an option of the perception towers on slice-1gpu-mm: each
+    flag's override is a recipe the engine check accepts."""
     row, attribution = options.attribution_flags()[flag]
-    recipe = load_recipe("slice-1gpu", [row.override(attribution.value)])
+    name = "slice-1gpu" if row.blocker(load_recipe("slice-1gpu"), {}) is None else "slice-1gpu-mm"
+    recipe = load_recipe(name, [row.override(attribution.value)])
     check(recipe)
     assert resolve(recipe)[row.key].value is attribution.value
 

@@ -51,6 +51,9 @@ shape: whole windows, and the partial ones of the last row and column), not one 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -117,6 +120,53 @@ def attention_groups(group: torch.Tensor) -> list[torch.Tensor]:
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+# ---- the elementwise work between the GEMMs, as four chains ----------------------------------------------------
+# A block's forward as written above casts the normed activations to the GEMM dtype once per projection, returns
+# every GEMM output to the wide dtype and back, and runs RoPE, GELU and the residual adds as separate kernels. With
+# chains (``MuseSparkVisionEncoderLayer.chains``, set by an engine: the megatron engine's
+# ``engine_options.compile_towers`` compiles each with torch.compile) a block computes the same values: v and the
+# GEMM outputs stay in the GEMM dtype (the round trips are exact), and each norm with its casts, RoPE, GELU and each
+# residual add reads and writes the activations once when compiled.
+
+
+def chain_normed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, out_dtype: torch.dtype,
+                 copies: int) -> tuple[torch.Tensor, ...]:
+    """LayerNorm of ``x`` in its dtype (as :func:`layer_norm`), handed to each of ``copies`` GEMMs in ``out_dtype``:
+    one cast per GEMM, as the written block makes, so that the GEMMs' input gradients are summed in ``x``'s dtype."""
+    normed = F.layer_norm(x, (x.shape[-1],), weight.to(x.dtype), bias.to(x.dtype), eps)
+    return tuple(normed.to(out_dtype) for _ in range(copies))
+
+
+def chain_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, wide: torch.dtype,
+               out_dtype: torch.dtype) -> torch.Tensor:
+    """2D RoPE of ``t`` [N, heads, head_dim] in ``wide``, handed to the attention in ``out_dtype``."""
+    t = t.to(wide)
+    return (t * cos[:, None] + rotate_half(t) * sin[:, None]).to(out_dtype)
+
+
+def chain_gelu(h: torch.Tensor, wide: torch.dtype, out_dtype: torch.dtype) -> torch.Tensor:
+    """The exact GELU of ``h`` in ``wide``, handed to the second GEMM in ``out_dtype``."""
+    return F.gelu(h.to(wide)).to(out_dtype)
+
+
+def chain_residual(x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    """``x + branch`` in ``x``'s dtype."""
+    return x + branch.to(x.dtype)
+
+
+class VisionChains(NamedTuple):
+    """The four chains a block runs between its GEMMs (each a function of tensors, dtypes and floats)."""
+
+    normed: Callable[..., torch.Tensor]
+    rope: Callable[..., torch.Tensor]
+    gelu: Callable[..., torch.Tensor]
+    residual: Callable[..., torch.Tensor]
+
+
+#: the chains as plain PyTorch (each op its own kernel)
+EAGER_CHAINS = VisionChains(chain_normed, chain_rope, chain_gelu, chain_residual)
 
 
 def resampled_position_table(table: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -194,6 +244,21 @@ class MuseSparkVisionAttention(nn.Module):
             out[idx.reshape(-1)] = attended.reshape(-1, self.num_heads, self.head_dim).to(out.dtype)
         return dense(self.proj, out.reshape(n, -1)).to(dtype)
 
+    def forward_chained(self, h: tuple[torch.Tensor, ...], *, cos: torch.Tensor, sin: torch.Tensor,
+                        groups: list[torch.Tensor], chains: VisionChains, wide: torch.dtype) -> torch.Tensor:
+        """:meth:`forward` of ``h``, the normed input already in the GEMM dtype once for each of q, k and v, with
+        RoPE as ``chains.rope``; returns the projection's output in the GEMM dtype."""
+        n, gemm = h[0].shape[0], h[0].dtype
+        q, k, v = (F.linear(x, p.weight, p.bias).view(n, self.num_heads, self.head_dim) for x, p in
+                   zip(h, (self.q_proj, self.k_proj, self.v_proj), strict=True))
+        q, k = chains.rope(q, cos, sin, wide, gemm), chains.rope(k, cos, sin, wide, gemm)
+        out = torch.empty_like(q)
+        for idx in groups:
+            qg, kg, vg = (t[idx].transpose(1, 2) for t in (q, k, v))
+            attended = F.scaled_dot_product_attention(qg, kg, vg).transpose(1, 2)
+            out[idx.reshape(-1)] = attended.reshape(-1, self.num_heads, self.head_dim)
+        return F.linear(out.reshape(n, -1), self.proj.weight, self.proj.bias)
+
 
 class MuseSparkVisionMLP(nn.Module):
     def __init__(self, config: VisionConfig) -> None:
@@ -204,6 +269,12 @@ class MuseSparkVisionMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dense(self.fc2, F.gelu(dense(self.fc1, x).to(x.dtype))).to(x.dtype)
 
+    def forward_chained(self, h: torch.Tensor, *, chains: VisionChains, wide: torch.dtype) -> torch.Tensor:
+        """:meth:`forward` of ``h``, the normed input already in the GEMM dtype, with the GELU as ``chains.gelu``;
+        returns the second GEMM's output in the GEMM dtype."""
+        return F.linear(chains.gelu(F.linear(h, self.fc1.weight, self.fc1.bias), wide, h.dtype), self.fc2.weight,
+                        self.fc2.bias)
+
 
 class MuseSparkVisionEncoderLayer(nn.Module):
     def __init__(self, config: VisionConfig, layer_idx: int) -> None:
@@ -213,12 +284,23 @@ class MuseSparkVisionEncoderLayer(nn.Module):
         self.attn = MuseSparkVisionAttention(config)
         self.norm2 = nn.LayerNorm(config.hidden_size, eps=VISION_BLOCK_NORM_EPS)
         self.mlp = MuseSparkVisionMLP(config)
+        #: the elementwise chains between the GEMMs (:class:`VisionChains`), an engine's setting; None: the block
+        #: as written, op by op. Not under autocast (there the autocast dtype, not the weights', rules the GEMMs)
+        self.chains: VisionChains | None = None
 
     def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor, frames: list[torch.Tensor],
                 windows: list[torch.Tensor]) -> torch.Tensor:
         """``frames`` and ``windows``: the patches of each frame and of each window
         (:func:`attention_groups`)."""
         groups = windows if self.layer_type == "window_attention" else frames
+        chains = self.chains
+        if chains is not None and not torch.is_autocast_enabled(x.device.type):
+            gemm, wide = self.attn.q_proj.weight.dtype, x.dtype
+            h = chains.normed(x, self.norm1.weight, self.norm1.bias, self.norm1.eps, gemm, 3)
+            x = chains.residual(x, self.attn.forward_chained(h, cos=cos, sin=sin, groups=groups, chains=chains,
+                                                             wide=wide))
+            (h,) = chains.normed(x, self.norm2.weight, self.norm2.bias, self.norm2.eps, gemm, 1)
+            return chains.residual(x, self.mlp.forward_chained(h, chains=chains, wide=wide))
         x = x + self.attn(layer_norm(self.norm1, x), cos=cos, sin=sin, groups=groups)
         return x + self.mlp(layer_norm(self.norm2, x))
 

@@ -1,0 +1,105 @@
+"""GPU time of the vision tower's forward and backward, its blocks as written against their chained forward in
+plain PyTorch and compiled (``engine_options.compile_towers``: muse_stack/engines/mcore/towers.py).
+
+    python benchmarks/scripts/towers_step.py --out towers-step.json
+
+The tower is the released one (``VisionConfig()``: 50 blocks of width 1536, MLP 8960), bf16 weights on one GPU,
+its blocks recomputed in the backward as ``slice-1gpu-mm`` runs them (``--no-recompute``: kept). The patches are
+one micro-batch of images of ``--grid`` (t,h,w in patches; the default's three receipts of about 60 x 70 patches
+make about 3,100 merged tokens, the slice's 3,072 a row). Needs torch only (no Transformer Engine).
+
+Each mode's time is the median of ``--reps`` forward-and-backward passes, each bracketed by CUDA events (so the
+GPU's idle time between kernels counts), after ``--warmup`` untimed ones (the compiled mode compiles in them).
+One more pass under torch.profiler counts its GPU kernels. The chained mode's output is checked equal to the
+written blocks' output bit for bit, and the compiled mode's largest relative difference from it is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the lab package
+
+from lab.benchio import cuda_median_seconds  # noqa: E402
+
+MODES = ("written", "chained", "compiled")
+
+
+def grid(text: str) -> torch.Tensor:
+    return torch.tensor([[int(v) for v in item.split(",")] for item in text.split(";")])
+
+
+def kernels_per_pass(fn) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--grid", type=grid, default=grid("1,60,72;1,56,72;1,60,68"),
+                    help="images as t,h,w patches, separated by ';'")
+    ap.add_argument("--no-recompute", action="store_true")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    from muse_stack.engines.mcore import towers
+    from muse_stack.models.muse_spark.tower_config import VisionConfig
+    from muse_stack.models.muse_spark.vision import EAGER_CHAINS, MuseSparkVisionModel
+
+    torch.manual_seed(0)
+    cfg = VisionConfig()
+    model = MuseSparkVisionModel(cfg).to(device="cuda", dtype=torch.bfloat16)
+    model.recompute = not args.no_recompute
+    patches = int(args.grid.prod(dim=1).sum())
+    pixels = torch.randn(patches, cfg.patch_dim, device="cuda")
+    gthw = args.grid.cuda()
+    chains = {"written": None, "chained": EAGER_CHAINS, "compiled": towers.compiled_chains()}
+    outputs, rows = {}, {}
+    for mode in args.modes:
+        towers.set_chains(model, chains[mode])
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            out = model(pixels, gthw)
+            out.float().square().mean().backward()
+            return out
+
+        outputs[mode] = step().detach()
+        seconds = cuda_median_seconds(step, args.reps, args.warmup)
+        rows[mode] = {"fwd_bwd_ms": seconds * 1e3, "kernels_per_pass": kernels_per_pass(step)}
+        print(f"{mode:>9}: {seconds * 1e3:9.2f} ms forward and backward, {rows[mode]['kernels_per_pass']:,} kernels",
+              flush=True)
+    checks = {}
+    if "written" in outputs and "chained" in outputs:
+        checks["chained_equals_written"] = bool(torch.equal(outputs["written"], outputs["chained"]))
+    if "written" in outputs and "compiled" in outputs:
+        ref = outputs["written"].float()
+        checks["compiled_max_rel_diff"] = float(((outputs["compiled"].float() - ref).abs().max()
+                                                 / ref.abs().max()).item())
+    record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "config": {"blocks": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+                         "intermediate": cfg.intermediate_size, "heads": cfg.num_attention_heads},
+              "grid": args.grid.tolist(), "patches": patches, "recompute": model.recompute,
+              "method": f"median of {args.reps} forward+backward passes after {args.warmup} warm-up passes, CUDA "
+                        "events around each; kernels counted over one more pass under torch.profiler",
+              "modes": rows, "checks": checks}
+    print(json.dumps(checks))
+    if args.out:
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""The vision tower's elementwise chains compiled (``engine_options.compile_towers``).
+
+The towers run the reference modules (:mod:`muse_stack.models.muse_spark.vision`), whose blocks keep their
+activations in fp32 between bf16 GEMMs: each block casts the normed activations once per projection, returns every
+GEMM output to fp32, and runs its LayerNorms, RoPE, exact GELU and residual adds as separate kernels. On one GPU
+that elementwise work and its casts were more than half of the multimodal step's kernel time
+(``benchmarks/results/mm-slice-profile-h100/``). With this option every block runs its chained forward
+(:class:`~muse_stack.models.muse_spark.vision.VisionChains`: the same values, one cast where the written forward
+makes several), each chain one ``torch.compile`` graph whose fp32 intermediates stay in registers. One compiled set
+serves every block; automatic dynamic shapes compile a chain again once the patch count changes, then with that
+dimension symbolic. Nothing here needs megatron-core.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from muse_stack.models.muse_spark.vision import EAGER_CHAINS, MuseSparkVisionEncoderLayer, VisionChains
+
+
+def compiled_chains(backend: Any = "inductor") -> VisionChains:
+    """The four chains, each compiled by ``torch.compile`` on ``backend`` (lazily, at its first call)."""
+    return VisionChains(*(torch.compile(fn, dynamic=None, backend=backend) for fn in EAGER_CHAINS))
+
+
+_COMPILED: dict[str, VisionChains] = {}
+
+
+def set_chains(model: torch.nn.Module, chains: VisionChains | None) -> int:
+    """Every vision block of ``model`` runs ``chains`` (None: its forward as written); returns the blocks set."""
+    blocks = 0
+    for m in model.modules():
+        if isinstance(m, MuseSparkVisionEncoderLayer):
+            m.chains = chains
+            blocks += 1
+    return blocks
+
+
+def install_compile_towers(model: torch.nn.Module, on: bool) -> str | None:
+    """``engine_options.compile_towers`` on every vision block of ``model`` (this rank's), compiled by
+    TorchInductor; why it is off though asked (None: as asked, or no vision tower on this rank: a later pipeline
+    stage)."""
+    if on and "inductor" not in _COMPILED:
+        _COMPILED["inductor"] = compiled_chains("inductor")
+    set_chains(model, _COMPILED["inductor"] if on else None)
+    return None
+
+
+def describe_chains(model: torch.nn.Module) -> str | None:
+    """How the vision blocks of ``model`` run their elementwise work, asked of the blocks (None: no block)."""
+    kinds = set()
+    for m in model.modules():
+        if isinstance(m, MuseSparkVisionEncoderLayer):
+            kinds.add("as written, op by op" if m.chains is None else
+                      "chained, plain PyTorch" if m.chains is EAGER_CHAINS else
+                      "chained, each chain compiled by torch.compile (engine_options.compile_towers)")
+    return ", ".join(sorted(kinds)) or None
