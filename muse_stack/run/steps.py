@@ -19,6 +19,7 @@ The data position and the random state are the run's checkpoint components
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator
 
 from muse_stack.engines.base import StepStats
@@ -44,31 +45,68 @@ def micro_batches(recipe: Recipe, dp_size: int) -> int:
 
 class TrainData:
     """This data-parallel rank's stream of training micro-batches, as a checkpoint component: its
-    state is the stream's position (the epoch and the rows of its order consumed by all ranks)."""
+    state is the stream's position (the epoch and the rows of its order consumed by all ranks).
+
+    While a step runs, one background thread makes the next step's micro-batches (an image-text row's
+    images are decoded, resized and cut into patches there: tens of ms a micro-batch, which the GPU would
+    otherwise wait for between two steps), as a DataLoader's worker prefetches. The batches and their order
+    are the stream's, so training is the same; the position a checkpoint records is that of the batches
+    handed out, not of the ones made ahead, and a seek first drops what was made ahead. ``prefetch=False``
+    makes each step's batches when it asks for them."""
 
     #: the same on every rank: a rank the checkpoint has no file for takes rank 0's
     shared = True
 
-    def __init__(self, data: Any, recipe: Recipe, *, rank: int, world_size: int, micro_batches: int) -> None:
+    def __init__(self, data: Any, recipe: Recipe, *, rank: int, world_size: int, micro_batches: int,
+                 prefetch: bool = True) -> None:
         self.micro_batches = micro_batches
         self.stream = data.batches(recipe.batch.mbs, seed=recipe.training.data_seed, rank=rank,
                                    world_size=world_size, epochs=None)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="muse-batches") if prefetch else None
+        self._ahead: Future | None = None  #: the next step's batches and the position after them, being made
+        self._position = self.stream.position()  #: the position after the batches handed out
 
-    def next_step(self) -> list[dict[str, Any]]:
-        """The micro-batches of one optimizer step."""
-        return [next(self.stream) for _ in range(self.micro_batches)]
+    def _make(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        return [next(self.stream) for _ in range(self.micro_batches)], self.stream.position()
+
+    def next_step(self, more: bool = True) -> list[dict[str, Any]]:
+        """The micro-batches of one optimizer step (an error making them is raised here, for this step);
+        ``more``: another step follows, whose batches are made ahead."""
+        ahead, self._ahead = self._ahead, None
+        batches, self._position = ahead.result() if ahead is not None else self._make()
+        if self._pool is not None and more:
+            self._ahead = self._pool.submit(self._make)
+        return batches
+
+    def _drop_ahead(self) -> None:
+        """Wait for the batches being made ahead and put the stream back where the handed-out ones end."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.exception()  # made or failed: either way the stream goes back, and a failure recurs in its step
+            self.stream.seek(self._position)
+
+    def close(self) -> None:
+        """Stop making batches ahead (the stream stays at the handed-out position)."""
+        self._drop_ahead()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def state_dict(self) -> dict[str, Any]:
-        return self.stream.position()
+        return dict(self._position)
 
     def load_state_dict(self, position: dict[str, Any]) -> None:
+        self._drop_ahead()
         self.stream.seek(position)
+        self._position = self.stream.position()
 
     def no_state(self, step: int) -> None:
         """A checkpoint written before checkpoints held the data position: skip what the finished
         steps consumed."""
+        self._drop_ahead()
         for _ in range(step * self.micro_batches):
             next(self.stream)
+        self._position = self.stream.position()
 
 
 class TrainSteps:
@@ -96,7 +134,7 @@ class TrainSteps:
         self.rng.restore_pending()
         self.lr = self.lr_at(step)
         self.engine.set_lr(self.lr)
-        return self.engine.train_step(self.data.next_step())
+        return self.engine.train_step(self.data.next_step(more=step < self.total_steps))
 
     def evaluate(self, held: Any) -> tuple[float, int]:
         """The loss over the held-out split (:class:`muse_stack.data.split.HeldOut`): its

@@ -427,6 +427,8 @@ class Trainer:
     def finish(self) -> dict[str, Any]:
         """Results, plots and the loggers' end; the loggers are closed whatever happens."""
         try:
+            if getattr(self, "steps", None) is not None:
+                self.steps.data.close()  # no more batches made ahead
             return self._finish()
         finally:
             self.loggers.close()

@@ -122,14 +122,14 @@ def test_resume_positions_the_data_without_producing_the_batches_before_it(tmp_p
     for step in (1, 2, 3):
         steps.step(step)
     folder = _save(steps, tmp_path / "run", 3)
-    expected = next(steps.data.stream)["input_ids"]
+    expected = steps.data.next_step()[0]["input_ids"]
     again = _steps(tmp_path, ["batch.gbs=4"])
     made = []
     real = batches.collate
     monkeypatch.setattr(batches, "collate", lambda rows, index: made.append(1) or real(rows, index))
     assert _load(again, tmp_path / "run") == 3
     assert made == []  # nothing replayed
-    assert torch.equal(next(again.data.stream)["input_ids"], expected)
+    assert torch.equal(again.data.next_step()[0]["input_ids"], expected)
     state = torch.load(checkpoints.rank_file(folder, 0), weights_only=True)
     assert state["data"]["row"] == 3 * 4 and state["data"]["epoch"] == 0
 
@@ -316,10 +316,10 @@ def test_a_checkpoint_written_before_still_resumes(tmp_path, one_thread_env):
     folder = _save(steps, tmp_path / "run", 2)
     saved = checkpoints.load_rank_state(folder, 0)
     _as_written_before(folder, {"rng": saved["rng"]["torch_cpu"]})
-    expected = next(steps.data.stream)["input_ids"]
+    expected = steps.data.next_step()[0]["input_ids"]
     again = _steps(tmp_path, ["batch.gbs=4"])
     assert _load(again, tmp_path / "run") == 2
-    assert torch.equal(next(again.data.stream)["input_ids"], expected)
+    assert torch.equal(again.data.next_step()[0]["input_ids"], expected)
     assert torch.equal(torch.get_rng_state(), saved["rng"]["torch_cpu"])
 
 
@@ -349,7 +349,7 @@ def test_a_rank_the_checkpoint_has_no_file_for_takes_rank_0s_data_position(tmp_p
     steps.step(3)
     saved = checkpoints.load_rank_state(folder, 0)
     checkpoints.save_rank_state(folder, 0, {**saved, "data": steps.data.state_dict()})  # a position after step 3
-    expected = next(steps.data.stream)["input_ids"]
+    expected = steps.data.next_step()[0]["input_ids"]
     again = _steps(tmp_path, ["batch.gbs=4"])
     manager = checkpoints.CheckpointManager(tmp_path / "run", again.engine, interval=None, keep=None, rank=1,
                                             states=again.states())
@@ -357,7 +357,7 @@ def test_a_rank_the_checkpoint_has_no_file_for_takes_rank_0s_data_position(tmp_p
         assert manager.load(again.total_steps) == 2
     assert "rank 1 has no saved random state" in caplog.text
     assert again.rng._pending is None
-    assert torch.equal(next(again.data.stream)["input_ids"], expected)
+    assert torch.equal(again.data.next_step()[0]["input_ids"], expected)
 
 
 def test_a_position_between_micro_steps_continues_at_the_next_one(tmp_path, caplog):
@@ -393,3 +393,58 @@ def test_an_adapter_resume_names_a_missing_base_and_takes_its_new_place(tmp_path
     rc, _, err = cli("run", "--resume", part.path, "--no-progress", "--pretrained-checkpoint", tmp_path / "moved",
                      "--allow-change")
     assert rc == 0, err
+
+
+# ---- the next step's batches made ahead ------------------------------------------------------------
+def _train_data(prefetch: bool, gbs: int = 4):
+    from muse_stack.data import build_for_recipe
+    from muse_stack.recipes.catalogue import load_recipe
+    from muse_stack.run.steps import TrainData
+
+    recipe = load_recipe("tiny-cpu", [*QUICK, f"batch.gbs={gbs}"])
+    data = build_for_recipe(recipe, progress=False)
+    return TrainData(data, recipe, rank=0, world_size=1, micro_batches=gbs // recipe.batch.mbs, prefetch=prefetch)
+
+
+def _ids(step: list[dict]) -> list[torch.Tensor]:
+    return [mb["input_ids"] for mb in step]
+
+
+def test_batches_made_ahead_are_the_streams_and_the_position_is_of_those_handed_out():
+    """Made ahead in a thread or on demand, the steps' micro-batches are the same, in the same order, across an
+    epoch's end; the position a checkpoint records is where the handed-out ones end (not the ones made ahead), and
+    a seek to it continues with the same batches; close leaves the stream there."""
+    ahead, plain = _train_data(True), _train_data(False)
+    steps = ahead.stream.steps // ahead.micro_batches + 2  # past the first epoch's end
+    for _ in range(steps):
+        assert all(torch.equal(a, b) for a, b in zip(_ids(ahead.next_step()), _ids(plain.next_step()), strict=True))
+        assert ahead.state_dict() == plain.state_dict() == plain.stream.position()
+    position = ahead.state_dict()
+    expected = _ids(plain.next_step())
+    other = _train_data(True)
+    other.next_step()  # a step handed out and the next one made ahead, then a resume elsewhere
+    other.load_state_dict(position)
+    assert all(torch.equal(a, b) for a, b in zip(_ids(other.next_step()), expected, strict=True))
+    ahead.close()
+    assert ahead.stream.position() == position
+    assert all(torch.equal(a, b) for a, b in zip(_ids(ahead.next_step()), expected, strict=True))
+
+
+def test_an_error_making_a_step_ahead_is_raised_at_that_step(monkeypatch):
+    """A batch that cannot be made (a corrupt image, say) fails the step it belongs to, as it would unprefetched;
+    the step before it is handed out whole."""
+    from muse_stack.data import batches
+
+    data = _train_data(True)
+    real, calls = batches.collate, []
+
+    def failing(rows, index):
+        calls.append(1)
+        if len(calls) > data.micro_batches:  # the second step's batches
+            raise ValueError("image 0 of the batch is corrupt")
+        return real(rows, index)
+
+    monkeypatch.setattr(batches, "collate", failing)
+    assert len(data.next_step()) == data.micro_batches
+    with pytest.raises(ValueError, match="corrupt"):
+        data.next_step()
