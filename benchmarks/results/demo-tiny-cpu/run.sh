@@ -18,4 +18,4 @@ run mkl-avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
 for v in cpu-avx2 cpu-default one-thread mkl-avx2; do
   .venv/bin/muse-stack compare "$D/reference" "$D/$v" --no-plot
 done
-python benchmarks/scripts/render.py   # this folder's README and the project README's example from the runs
+PYTHONPATH=. .venv/bin/python benchmarks/scripts/render.py   # this folder's README and the project README's example from the runs
