@@ -10,6 +10,7 @@ make about 3,100 merged tokens, the slice's 3,072 a row). Needs torch only (no T
 
 Each mode's time is the median of ``--reps`` forward-and-backward passes, each bracketed by CUDA events (so the
 GPU's idle time between kernels counts), after ``--warmup`` untimed ones (the compiled mode compiles in them).
+``--device cpu`` with a small ``--config`` checks the script itself (tests/lab/test_towers_step.py).
 One more pass under torch.profiler counts its GPU kernels. The chained mode's output is checked equal to the
 written blocks' output bit for bit, and the compiled mode's largest relative difference from it is reported.
 """
@@ -43,6 +44,23 @@ def kernels_per_pass(fn) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def median_seconds(fn, reps: int, warmup: int, device: str) -> float:
+    """CUDA events around each call on a GPU; the wall clock on a CPU (a check of the script, not a figure)."""
+    if device == "cuda":
+        return cuda_median_seconds(fn, reps, warmup)
+    import statistics
+    import time
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--grid", type=grid, default=grid("1,60,72;1,56,72;1,60,68"),
@@ -52,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: the script's own check with a small tower (--config), timed by the wall clock")
+    ap.add_argument("--config", default="{}", type=json.loads,
+                    help='VisionConfig fields that differ from the released tower, as JSON (e.g. \'{"num_hidden_layers": 2}\')')
     args = ap.parse_args(argv)
 
     from muse_stack.engines.mcore import towers
@@ -59,12 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     from muse_stack.models.muse_spark.vision import EAGER_CHAINS, MuseSparkVisionModel
 
     torch.manual_seed(0)
-    cfg = VisionConfig()
-    model = MuseSparkVisionModel(cfg).to(device="cuda", dtype=torch.bfloat16)
+    cfg = VisionConfig(**args.config)
+    model = MuseSparkVisionModel(cfg).to(device=args.device, dtype=torch.bfloat16)
     model.recompute = not args.no_recompute
     patches = int(args.grid.prod(dim=1).sum())
-    pixels = torch.randn(patches, cfg.patch_dim, device="cuda")
-    gthw = args.grid.cuda()
+    pixels = torch.randn(patches, cfg.patch_dim, device=args.device)
+    gthw = args.grid.to(args.device)
     chains = {"written": None, "chained": EAGER_CHAINS, "compiled": towers.compiled_chains()}
     outputs, rows = {}, {}
     for mode in args.modes:
@@ -77,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
             return out
 
         outputs[mode] = step().detach()
-        seconds = cuda_median_seconds(step, args.reps, args.warmup)
-        rows[mode] = {"fwd_bwd_ms": seconds * 1e3, "kernels_per_pass": kernels_per_pass(step)}
-        print(f"{mode:>9}: {seconds * 1e3:9.2f} ms forward and backward, {rows[mode]['kernels_per_pass']:,} kernels",
+        seconds = median_seconds(step, args.reps, args.warmup, args.device)
+        rows[mode] = {"fwd_bwd_ms": seconds * 1e3,
+                      "kernels_per_pass": kernels_per_pass(step) if args.device == "cuda" else None}
+        print(f"{mode:>9}: {seconds * 1e3:9.2f} ms forward and backward, {rows[mode]['kernels_per_pass']} kernels",
               flush=True)
     checks = {}
     if "written" in outputs and "chained" in outputs:
@@ -88,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = outputs["written"].float()
         checks["compiled_max_rel_diff"] = float(((outputs["compiled"].float() - ref).abs().max()
                                                  / ref.abs().max()).item())
-    record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    record = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
               "config": {"blocks": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
                          "intermediate": cfg.intermediate_size, "heads": cfg.num_attention_heads},
               "grid": args.grid.tolist(), "patches": patches, "recompute": model.recompute,
