@@ -1608,7 +1608,8 @@ def gpu_engine_doc() -> dict:
     } | {f"fp8-allgather.{k}": allgather[k] for k in ("experts", "fp8.tps", "bf16.tps", "speedup", "fp8.mfu",
                                                          "bf16.mfu", "passed", "verify.equal")} \
         | {f"fp8-300.{k}": converge[k] for k in ("fp8.tps", "bf16.tps", "speedup", "fp8.mfu", "bf16.mfu", "passed",
-                                                 "final", "slow.fp8")} | sitting_ratios()
+                                                 "final", "slow.fp8")} | sitting_ratios() \
+        | {"mm-profile.elementwise-share": mm_slice_profile_h100()["elementwise-share"]}
 
 
 def sitting_ratios() -> dict:
