@@ -23,7 +23,9 @@ as it is.
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +153,19 @@ def hbm_gbps(kernels: dict, path: Path) -> float:
                          "bandwidth; a bandwidth share needs one")
     return GPUS[gpu].hbm_gbps
 
+
+
+def fit_cli(argv: list[str] | None, what: str, compute: Callable[[], dict], show: Callable[[dict], None],
+            write: Callable[[dict], Any]) -> int:
+    """A fit script's command line: ``compute()`` from the committed results, ``show`` it, and with ``--write``
+    ``write`` it into the planner's calibration (``what``: the help's name for it)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--write", action="store_true",
+                    help=f"write {what} into the planner's calibration (muse_stack/plan/calibration.json)")
+    args = ap.parse_args(argv)
+    out = compute()
+    show(out)
+    if args.write:
+        write(out)
+        print(f"written to {rel(CALIBRATION)}")
+    return 0

@@ -16,7 +16,6 @@ layer of a run without CUDA graphs at ``max(GPU, host)`` in each pass with them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -75,21 +74,16 @@ def write_calibration(out: dict, path: Path = datafiles.CALIBRATION) -> str:
     return datafiles.write_calibration({"scale": entries}, path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--write", action="store_true",
-                    help="write the fit into the planner's calibration (muse_stack/plan/calibration.json)")
-    args = ap.parse_args(argv)
-    out = fit()
+def show(out: dict) -> None:
     for k, v in out.items():
         if k != "residuals_s":
             print(f"{k}: {v * 1e3:.4f} ms")
     for k, res in out["residuals_s"].items():
         print(f"{k} residuals (ms): " + ", ".join(f"{n} {r * 1e3:+.2f}" for n, r in res.items()))
-    if args.write:
-        write_calibration(out)
-        print(f"written to {datafiles.rel(datafiles.CALIBRATION)}")
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return datafiles.fit_cli(argv, "the fit", fit, show, write_calibration)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ it, to ``DIGITS`` significant digits, into the planner's calibration (``checkpoi
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -37,17 +36,12 @@ def write_calibration(out: dict, path: Path = datafiles.CALIBRATION) -> str:
     return datafiles.write_calibration({"checkpoint": {"write_gb_per_s": entry}}, path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--write", action="store_true",
-                    help="write the rate into the planner's calibration (muse_stack/plan/calibration.json)")
-    args = ap.parse_args(argv)
-    out = measure()
+def show(out: dict) -> None:
     print(f"{out['bytes'] / 1e9:.1f} GB in {out['seconds']:.1f} s: {out['write_gb_per_s']:.4f} GB/s")
-    if args.write:
-        write_calibration(out)
-        print(f"written to {datafiles.rel(datafiles.CALIBRATION)}")
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return datafiles.fit_cli(argv, "the rate", measure, show, write_calibration)
 
 
 if __name__ == "__main__":
