@@ -329,7 +329,7 @@ ROWS: tuple[EngineOption, ...] = (
     EngineOption(
         key="compile_towers", default="off",
         description="the vision tower's blocks through their chained forward, each chain compiled with torch.compile "
-                    "(muse_stack/engines/mcore/towers.py): the pre-norms with their one cast to the GEMM dtype, RoPE "
+                    "(muse_stack/engines/mcore/towers.py): each pre-norm with its casts to the GEMM dtype, RoPE "
                     "on q and k, the exact GELU between the MLP's GEMMs and each residual add, one kernel each; v "
                     "and the GEMM outputs stay in the GEMM dtype. A candidate, not yet measured on a GPU: unset, "
                     "off. The same fp32 chains compiled: the last bits may differ",

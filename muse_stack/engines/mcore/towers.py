@@ -5,14 +5,15 @@ activations in fp32 between bf16 GEMMs: each block casts the normed activations 
 GEMM output to fp32, and runs its LayerNorms, RoPE, exact GELU and residual adds as separate kernels. On one GPU
 that elementwise work and its casts were more than half of the multimodal step's kernel time
 (``benchmarks/results/mm-slice-profile-h100/``). With this option every block runs its chained forward
-(:class:`~muse_stack.models.muse_spark.vision.VisionChains`: the same values, one cast where the written forward
-makes several), each chain one ``torch.compile`` graph whose fp32 intermediates stay in registers. One compiled set
+(:class:`~muse_stack.models.muse_spark.vision.VisionChains`: the same values; v and the GEMM outputs stay in the
+GEMM dtype), each chain one ``torch.compile`` graph whose fp32 intermediates stay in registers. One compiled set
 serves every block; automatic dynamic shapes compile a chain again once the patch count changes, then with that
 dimension symbolic. Nothing here needs megatron-core.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -25,7 +26,10 @@ def compiled_chains(backend: Any = "inductor") -> VisionChains:
     return VisionChains(*(torch.compile(fn, dynamic=None, backend=backend) for fn in EAGER_CHAINS))
 
 
-_COMPILED: dict[str, VisionChains] = {}
+@functools.cache
+def inductor_chains() -> VisionChains:
+    """The one compiled set every block of this process runs (TorchInductor)."""
+    return compiled_chains("inductor")
 
 
 def set_chains(model: torch.nn.Module, chains: VisionChains | None) -> int:
@@ -42,9 +46,7 @@ def install_compile_towers(model: torch.nn.Module, on: bool) -> str | None:
     """``engine_options.compile_towers`` on every vision block of ``model`` (this rank's), compiled by
     TorchInductor; why it is off though asked (None: as asked, or no vision tower on this rank: a later pipeline
     stage)."""
-    if on and "inductor" not in _COMPILED:
-        _COMPILED["inductor"] = compiled_chains("inductor")
-    set_chains(model, _COMPILED["inductor"] if on else None)
+    set_chains(model, inductor_chains() if on else None)
     return None
 
 

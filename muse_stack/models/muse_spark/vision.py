@@ -212,6 +212,17 @@ class MuseSparkVisionPatchEmbedder(nn.Module):
         return embeds + pos
 
 
+def attend_groups(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: list[torch.Tensor]) -> torch.Tensor:
+    """Bidirectional attention of ``q``, ``k``, ``v`` [N, heads, head_dim] within each group of patches
+    (:func:`attention_groups`: one call per group size), in ``q``'s dtype."""
+    out = torch.empty_like(q)
+    for idx in groups:  # [groups of this size, patches of each]
+        qg, kg, vg = (t[idx].transpose(1, 2) for t in (q, k, v))  # [groups, heads, patches, head_dim]
+        attended = F.scaled_dot_product_attention(qg, kg, vg).transpose(1, 2)
+        out[idx.reshape(-1)] = attended.reshape(-1, *q.shape[1:]).to(out.dtype)
+    return out
+
+
 class MuseSparkVisionAttention(nn.Module):
     """Bidirectional multi-head attention with biases and 2D RoPE, within groups of patches."""
 
@@ -237,12 +248,7 @@ class MuseSparkVisionAttention(nn.Module):
         k = k * cos[:, None] + rotate_half(k) * sin[:, None]
         if not torch.is_autocast_enabled(x.device.type):  # the attention's matmuls in the weights' dtype
             q, k, v = (t.to(self.q_proj.weight.dtype) for t in (q, k, v))
-        out = torch.empty_like(q)
-        for idx in groups:  # [groups of this size, patches of each]
-            qg, kg, vg = (t[idx].transpose(1, 2) for t in (q, k, v))  # [groups, heads, patches, head_dim]
-            attended = F.scaled_dot_product_attention(qg, kg, vg).transpose(1, 2)
-            out[idx.reshape(-1)] = attended.reshape(-1, self.num_heads, self.head_dim).to(out.dtype)
-        return dense(self.proj, out.reshape(n, -1)).to(dtype)
+        return dense(self.proj, attend_groups(q, k, v, groups).reshape(n, -1)).to(dtype)
 
     def forward_chained(self, h: tuple[torch.Tensor, ...], *, cos: torch.Tensor, sin: torch.Tensor,
                         groups: list[torch.Tensor], chains: VisionChains, wide: torch.dtype) -> torch.Tensor:
@@ -252,12 +258,7 @@ class MuseSparkVisionAttention(nn.Module):
         q, k, v = (F.linear(x, p.weight, p.bias).view(n, self.num_heads, self.head_dim) for x, p in
                    zip(h, (self.q_proj, self.k_proj, self.v_proj), strict=True))
         q, k = chains.rope(q, cos, sin, wide, gemm), chains.rope(k, cos, sin, wide, gemm)
-        out = torch.empty_like(q)
-        for idx in groups:
-            qg, kg, vg = (t[idx].transpose(1, 2) for t in (q, k, v))
-            attended = F.scaled_dot_product_attention(qg, kg, vg).transpose(1, 2)
-            out[idx.reshape(-1)] = attended.reshape(-1, self.num_heads, self.head_dim)
-        return F.linear(out.reshape(n, -1), self.proj.weight, self.proj.bias)
+        return F.linear(attend_groups(q, k, v, groups).reshape(n, -1), self.proj.weight, self.proj.bias)
 
 
 class MuseSparkVisionMLP(nn.Module):
