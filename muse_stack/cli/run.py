@@ -41,7 +41,7 @@ def _report(outcome, *, as_json: bool) -> None:
             raise typer.Exit(1)
         return
     if outcome.status == "dry-run":
-        console.print(_dry_run_line(r), highlight=False, markup=False)
+        console.print(_dry_run_line(r), highlight=False, markup=False, soft_wrap=True)  # one line: its path whole
         return
     if not r:
         if outcome.status != "completed":
