@@ -2002,6 +2002,28 @@ def towers_pinned() -> dict:
     return out
 
 
+#: docs/planning.md's example of the towers' stage: the recipe and the overrides its text names
+PLANNING_TOWERS = ("sft-192-mm", ["batch.mbs=1", "batch.gbs=384", "batch.seq_length=4096"])
+
+
+def planning_towers() -> dict:
+    """docs/planning.md's towers stage: what the planner as committed puts on stage 0 of its example."""
+    from muse_stack.plan.planner import make_plan
+    from muse_stack.recipes.catalogue import load_recipe
+
+    name, overrides = PLANNING_TOWERS
+    out = {}
+    for key, extra in (("", []), ("bf16-", ["engine_options.towers_bf16_activations=true"])):
+        plan, _ = make_plan(load_recipe(name, [*overrides, *extra]), strict=False)
+        stage = plan.memory[0]
+        out |= {f"towers.{key}stage0-gib": f"{stage.total_gib:.1f}",
+                f"towers.{key}fits": "fits" if plan.fits else "does not fit"}
+        if not key:
+            out["towers.stage0-params"] = f"{stage.params / 1e9:.2f}B"
+            out["towers.limit"] = f"{plan.gpu_memory_gib * (1 - plan.calibration.headroom_fraction):.1f}"
+    return out
+
+
 def planning_record() -> dict:
     """docs/planning.md's figures of the B200 record out of sample (results/plan/validate.json)."""
     v = data("plan/validate.json")
@@ -2247,6 +2269,14 @@ def mm_slice_profile_h100() -> dict:
     out["h200.mfu"] = pct(h200["mfu"], 1)
     out["h200.peak"] = f(h200["peak_memory_gib"], 2)
     out["h200.first-peak"] = f(data("mm-slice/results.json")["peak_memory_gib"], 2)
+    # the planner as committed on that H200 run's recipe: a shape and card its memory model was not set on here
+    from muse_stack.plan.planner import make_plan
+    from muse_stack.recipes.catalogue import load_recipe
+
+    h200_plan, _ = make_plan(load_recipe(str(RESULTS / "mm-slice" / "grouped-attention" / "recipe.yaml")),
+                             strict=False)
+    out["h200.plan-peak"] = f(h200_plan.peak_memory_gib, 2)
+    out["h200.vs-peak"] = spct(h200["peak_memory_gib"] / h200_plan.peak_memory_gib - 1, 1)
     return out
 
 
@@ -2443,7 +2473,7 @@ DOCS: dict[str, Callable[[], dict]] = {
     "docs/planning.md": lambda: {k: v for k, v in bridge_moe_folder().items()
                                  if k in ("bridge.median", "bridge.max", "bridge.unfit", "bridge.within", "first.median",
                                           "first.max", "second.median", "second.max")}
-    | planning_record(),
+    | planning_record() | planning_towers(),
     "benchmarks/results/plan-sweep/README.md": plan_sweep,
     "benchmarks/results/plan-sweep/2026-12-03/README.md": plan_sweep_earlier("2026-12-03", partial=True),
     "benchmarks/results/plan-sweep/2026-12-02/README.md": plan_sweep_earlier("2026-12-02"),

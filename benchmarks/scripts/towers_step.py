@@ -1,5 +1,6 @@
 """GPU time of the vision tower's forward and backward, its blocks as written against their chained forward in
-plain PyTorch and compiled (``engine_options.compile_towers``: muse_stack/engines/mcore/towers.py).
+plain PyTorch and compiled (``engine_options.compile_towers``: muse_stack/engines/mcore/towers.py), each with its
+activations in fp32 (as shipped) and in bf16 (``engine_options.towers_bf16_activations``: the ``bf16-`` modes).
 
     python benchmarks/scripts/towers_step.py --out towers-step.json
 
@@ -11,8 +12,9 @@ make about 3,100 merged tokens, the slice's 3,072 a row). Needs torch only (no T
 Each mode's time is the median of ``--reps`` forward-and-backward passes, each bracketed by CUDA events (so the
 GPU's idle time between kernels counts), after ``--warmup`` untimed ones (the compiled mode compiles in them).
 ``--device cpu`` with a small ``--config`` checks the script itself (tests/lab/test_towers_step.py).
-One more pass under torch.profiler counts its GPU kernels. The chained mode's output is checked equal to the
-written blocks' output bit for bit, and the compiled mode's largest relative difference from it is reported.
+One more pass under torch.profiler counts its GPU kernels. Each chained mode's output is checked equal to the
+written blocks' output (of the same activations) bit for bit, and each compiled mode's largest relative difference
+from it is reported; so is the bf16 tower's from the fp32 one's.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 
 from lab.benchio import cuda_median_seconds  # noqa: E402
 
-MODES = ("written", "chained", "compiled")
+#: the blocks' chains, by mode; a ``bf16-`` mode runs the same with bf16 activations
+CHAINS = ("written", "chained", "compiled")
+MODES = CHAINS + tuple(f"bf16-{c}" for c in CHAINS)
 
 
 def grid(text: str) -> torch.Tensor:
@@ -90,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     chains = {"written": None, "chained": EAGER_CHAINS, "compiled": towers.compiled_chains()}
     outputs, rows = {}, {}
     for mode in args.modes:
-        towers.set_chains(model, chains[mode])
+        towers.set_chains(model, chains[mode.removeprefix("bf16-")])
+        towers.install_towers_bf16_activations(model, mode.startswith("bf16-"))
 
         def step():
             model.zero_grad(set_to_none=True)
@@ -102,15 +107,22 @@ def main(argv: list[str] | None = None) -> int:
         seconds = median_seconds(step, args.reps, args.warmup, args.device)
         rows[mode] = {"fwd_bwd_ms": seconds * 1e3,
                       "kernels_per_pass": kernels_per_pass(step) if args.device == "cuda" else None}
-        print(f"{mode:>9}: {seconds * 1e3:9.2f} ms forward and backward, {rows[mode]['kernels_per_pass']} kernels",
+        print(f"{mode:>14}: {seconds * 1e3:9.2f} ms forward and backward, {rows[mode]['kernels_per_pass']} kernels",
               flush=True)
     checks = {}
-    if "written" in outputs and "chained" in outputs:
-        checks["chained_equals_written"] = bool(torch.equal(outputs["written"], outputs["chained"]))
-    if "written" in outputs and "compiled" in outputs:
-        ref = outputs["written"].float()
-        checks["compiled_max_rel_diff"] = float(((outputs["compiled"].float() - ref).abs().max()
-                                                 / ref.abs().max()).item())
+
+    def max_rel_diff(a: str, b: str) -> float:
+        ref = outputs[a].float()
+        return float(((outputs[b].float() - ref).abs().max() / ref.abs().max()).item())
+
+    for act in ("", "bf16-"):
+        written = f"{act}written"
+        if written in outputs and f"{act}chained" in outputs:
+            checks[f"{act}chained_equals_written"] = bool(torch.equal(outputs[written], outputs[f"{act}chained"]))
+        if written in outputs and f"{act}compiled" in outputs:
+            checks[f"{act}compiled_max_rel_diff"] = max_rel_diff(written, f"{act}compiled")
+    if "written" in outputs and "bf16-written" in outputs:
+        checks["bf16_written_max_rel_diff"] = max_rel_diff("written", "bf16-written")
     record = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
               "config": {"blocks": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
                          "intermediate": cfg.intermediate_size, "heads": cfg.num_attention_heads},

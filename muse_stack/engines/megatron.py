@@ -567,6 +567,7 @@ class MegatronEngine:
                                  and not any(p.requires_grad for p in m.parameters())),
                 "vision_blocks_recomputed": bool(host.vision_tower.recompute),
                 "vision_blocks_chains": towers.describe_chains(host.vision_tower),
+                "vision_activations": towers.describe_activations(host.vision_tower),
                 "dtype": str(next(host.parameters()).dtype)}
 
     def _post_expert_norm_backward(self) -> str | None:

@@ -235,7 +235,7 @@ def estimate(resolved, world: int, stages: list[int], dp: int | None,
                 per_mb = n * per_layer_full
                 working = 0
             if s == 0 and towers is not None:  # the towers' own activations, per micro-batch of mbs sequences
-                per_mb += batch.mbs * towers.activation_bytes_per_sequence(w_bytes, recipe.recompute_towers())
+                per_mb += batch.mbs * towers.activation_bytes_per_sequence(recipe.recompute_towers())
             activations = (per_mb * in_flight + working) / GIB
             if s == pp - 1:
                 logits = tokens * model.vocab_size / tp * cal.logits_bytes / GIB

@@ -20,10 +20,13 @@ Stated choices (each reported in the plan's assumptions):
   k, v, the attention output and projection input, the MLP's two I-wide tensors); when the vision
   blocks are recomputed (``recompute.towers``, on by default under full recompute) only each
   layer's input, ``bytes x D``; the projector ``bytes x (out + 2 P + H)`` per
-  merged token. A tower that does not train keeps none.
+  merged token. A tower that does not train keeps none. ``bytes`` is the towers' activation dtype's
+  (``TowerPlan.activations_dtype``): fp32 between the bf16 GEMMs as the towers run by default (so a recomputed
+  block's kept input is fp32), bf16 under ``engine_options.towers_bf16_activations``.
 * **Memory traffic** outside the GEMMs and attention (norms, casts between the bf16 GEMMs and the fp32
   activations, RoPE, GELU, residual adds, the attention groups' gathers and scatters, and their backward):
-  bytes per patch counted by running the towers' code (:mod:`muse_stack.models.muse_spark.traffic`), read
+  bytes per patch counted by running the towers' code (:mod:`muse_stack.models.muse_spark.traffic`) with the
+  recipe's parameter and activation dtypes, read
   from ``tower_traffic.json`` beside this module (``benchmarks/scripts/plan/tower_traffic.py --write``
   writes it for every tower shape of the shipped recipes); a shape it does not hold is counted when it is
   planned, where torch is installed.
@@ -100,13 +103,23 @@ def towers_params_dtype(precision: str | None) -> str:
     return "bfloat16" if precision in ("bf16", "fp8") else "float32"
 
 
-def traffic_shape(towers: TowersConfig, text_hidden_size: int, dtype: str) -> dict[str, Any]:
+def towers_activations_dtype(params_dtype: str, bf16_activations: bool) -> str:
+    """The dtype of the vision tower's activations between its GEMMs (``MuseSparkVisionModel.activations_dtype``):
+    the bf16 weights' dtype under ``engine_options.towers_bf16_activations``, else fp32 (float64 for float64
+    weights)."""
+    if bf16_activations and params_dtype == "bfloat16":
+        return "bfloat16"
+    return "float64" if params_dtype == "float64" else "float32"
+
+
+def traffic_shape(towers: TowersConfig, text_hidden_size: int, dtype: str, activations: str) -> dict[str, Any]:
     """What the towers' memory traffic per patch depends on: the vision tower's configuration but its
-    number and kinds of layers (counted per layer), the projector's widths and the parameters' dtype."""
+    number and kinds of layers (counted per layer), the projector's widths, the parameters' dtype and the
+    activations' (:func:`towers_activations_dtype`)."""
     vision = towers.vision_config.model_dump(mode="json", exclude={"num_hidden_layers", "layer_types"})
     return {"vision_config": vision,
             "out_hidden_size": towers.out_hidden_size, "projector_hidden_size": towers.projector_hidden_size,
-            "text_hidden_size": text_hidden_size, "params_dtype": dtype}
+            "text_hidden_size": text_hidden_size, "params_dtype": dtype, "activations_dtype": activations}
 
 
 def count_traffic(shape: dict[str, Any]) -> TrafficCount:
@@ -120,7 +133,8 @@ def count_traffic(shape: dict[str, Any]) -> TrafficCount:
     towers = TowersConfig(vision_config=vision, out_hidden_size=shape["out_hidden_size"],
                           projector_hidden_size=shape["projector_hidden_size"],
                           audio_config={"out_hidden_size": shape["text_hidden_size"]})  # the audio tower does not run
-    got = count(towers, shape["text_hidden_size"], getattr(torch, shape["params_dtype"]))
+    got = count(towers, shape["text_hidden_size"], getattr(torch, shape["params_dtype"]),
+                activations_dtype=getattr(torch, shape["activations_dtype"]))
     return TrafficCount(shape=shape, frames=counting_frames(towers)[:2], forward=got.forward, backward=got.backward,
                         backward_recomputed=got.backward_recomputed, backward_projector=got.backward_projector)
 
@@ -157,6 +171,12 @@ class TowerPlan:
     image_tokens_per_sequence: int | None  # merged tokens; None without a sequence length
     image_tokens_source: str
     params_dtype: str = "bfloat16"  # the towers' parameters (params_dtype)
+    activations_dtype: str = "float32"  # the vision tower's activations between its GEMMs
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of one activation element (:attr:`activations_dtype`)."""
+        return {"bfloat16": 2, "float32": 4, "float64": 8}[self.activations_dtype]
 
     @property
     def params(self) -> int:
@@ -175,8 +195,9 @@ class TowerPlan:
         return tower_flops_per_sequence(self.towers, self.text_hidden_size, self.image_tokens_per_sequence,
                                         vision_trains=self.vision_trains, projector_trains=self.projector_trains)
 
-    def activation_bytes_per_sequence(self, act_bytes: int, recomputed: bool) -> float:
+    def activation_bytes_per_sequence(self, recomputed: bool) -> float:
         """Bytes the towers keep for the backward pass per sequence (see the module docstring)."""
+        act_bytes = self.activation_bytes
         if not self.image_tokens_per_sequence:
             return 0.0
         v = self.towers.vision_config
@@ -194,8 +215,8 @@ class TowerPlan:
     def traffic(self) -> tuple[TrafficCount, bool]:
         """The towers' memory traffic per patch (see the module docstring) and whether it was read from
         TRAFFIC_FILE (else counted now)."""
-        return _traffic(json.dumps(traffic_shape(self.towers, self.text_hidden_size, self.params_dtype),
-                                   sort_keys=True))
+        return _traffic(json.dumps(traffic_shape(self.towers, self.text_hidden_size, self.params_dtype,
+                                                 self.activations_dtype), sort_keys=True))
 
     def traffic_bytes_per_patch(self, recomputed: bool) -> float:
         """Bytes per patch the towers move outside their GEMMs and attention in one micro-batch: the forward,
@@ -218,7 +239,9 @@ class TowerPlan:
         frozen = ", ".join(k for k, v in parts.items() if not v) or "nothing"
         return [f"perception towers: {self.params:,} parameters whole on every GPU of the first pipeline stage "
                 f"(not split over TP; replicated over DP, optimizer state sharded over DP x CP); training {trains}, "
-                f"frozen {frozen}",
+                f"frozen {frozen}; the vision tower's activations in {self.activations_dtype} between its GEMMs "
+                + ("(engine_options.towers_bf16_activations)" if self.activations_dtype == "bfloat16" else
+                   f"(its GEMMs in {self.params_dtype})"),
                 f"perception workload: one image of {self.image_tokens_per_sequence or '?'} merged tokens per sequence "
                 f"({self.image_tokens_source}), the whole image on every CP rank; the audio tower does not run on "
                 "image-text data"]
@@ -227,9 +250,12 @@ class TowerPlan:
 def tower_plan(resolved) -> TowerPlan | None:
     """The towers of a resolved image-text recipe (or one whose model states ``model.towers``;
     :class:`muse_stack.resolve.recipe.ResolvedRecipe`), else None."""
+    from muse_stack.recipes import options as engine_options
+
     recipe, towers = resolved.recipe, resolved.towers
     if towers is None:
         return None
+    params_dtype = towers_params_dtype(recipe.precision)
     frozen = set(recipe.frozen)
     base = recipe.peft is not None or "base" in frozen
     stated = recipe.data.details.get("image_tokens_per_sequence")
@@ -256,4 +282,6 @@ def tower_plan(resolved) -> TowerPlan | None:
                      audio_trains=not base and "audio_tower" not in frozen,
                      projector_trains=not base and not frozen & set(PROJECTOR_NAMES),
                      image_tokens_per_sequence=tokens, image_tokens_source=source,
-                     params_dtype=towers_params_dtype(recipe.precision))
+                     params_dtype=params_dtype,
+                     activations_dtype=towers_activations_dtype(
+                         params_dtype, engine_options.is_on(engine_options.resolve(recipe), "towers_bf16_activations")))

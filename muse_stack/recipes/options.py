@@ -198,6 +198,16 @@ def _towers_blocker(recipe: Recipe, done: Resolved) -> Block | None:
     return None
 
 
+def _towers_bf16_blocker(recipe: Recipe, done: Resolved) -> Block | None:
+    towers = _towers_blocker(recipe, done)
+    if towers is not None:
+        return towers
+    if recipe.precision == "fp32":
+        return Block("precision: fp32 keeps the weights, and so the towers' GEMMs, in fp32: the activations "
+                     "already are in the weights' dtype", "state precision: bf16")
+    return None
+
+
 def _router_blocker(recipe: Recipe, done: Resolved) -> Block | None:
     if recipe.numerics.deterministic:
         return Block("numerics.deterministic is verified bitwise with megatron-core's unfused routing; TE's fused "
@@ -339,6 +349,21 @@ ROWS: tuple[EngineOption, ...] = (
         install=Install(module="muse_stack.engines.mcore.towers", stage="model"),
         attribution=(Attribution("compiled-towers", True,
                                  "a candidate, not shipped: the vision tower's elementwise chains compiled"),)),
+    EngineOption(
+        key="towers_bf16_activations", default="off",
+        description="the vision tower's activations in the weights' dtype (bf16) between its GEMMs, as transformers "
+                    "runs the tower in bf16 (muse_stack/engines/mcore/towers.py): no cast around any GEMM, and the "
+                    "norms, GELU, residual adds and attention gathers read and write bf16; LayerNorm and GELU "
+                    "compute in fp32 inside their kernels, RoPE in fp32 as transformers does. A candidate, not yet "
+                    "measured on a GPU: unset, off. Changes numerics: the residual stream is rounded to bf16 at "
+                    "every add (tests/unit/test_towers_bf16_activations.py holds it to transformers' own bf16 "
+                    "tower)",
+        blocker=_towers_bf16_blocker,
+        prices=Priced("the towers' term: their memory traffic counted with bf16 activations "
+                      "(muse_stack/plan/tower_traffic.json), and the memory plan's kept vision activations at 2 bytes"),
+        install=Install(module="muse_stack.engines.mcore.towers", stage="model"),
+        attribution=(Attribution("bf16-towers", True,
+                                 "a candidate, not shipped: the vision tower's activations in bf16"),)),
     EngineOption(
         key="gradient_accumulation", formerly="fusions", default="on",
         description="megatron-core's gradient_accumulation_fusion: TE's weight-gradient GEMMs (the experts' grouped "

@@ -101,7 +101,8 @@ def _plan_figures(recipe) -> tuple:
             tuple(m.total_gib for m in plan.memory))
 
 
-PLANNED = ("slice-1gpu", "proxy-2gpu")  # one GPU, and a data-parallel one (a gradient reduce to overlap)
+#: one GPU, a data-parallel one (a gradient reduce to overlap), and one with the perception towers
+PLANNED = ("slice-1gpu", "proxy-2gpu", "slice-1gpu-mm")
 
 
 def test_the_planner_entry_of_each_row_is_what_the_plan_does():

@@ -3,7 +3,8 @@
     python benchmarks/scripts/plan/tower_traffic.py [--write]
 
 For each shipped recipe that holds the towers, the shape its plan reads (:func:`muse_stack.plan.towers.traffic_shape`:
-the vision tower's configuration, the projector's widths, the parameters' dtype) is counted once by running the
+the vision tower's configuration, the projector's widths, the parameters' and the activations' dtypes), and the same
+shape with ``engine_options.towers_bf16_activations`` where the option applies, is counted once by running the
 towers' code on the CPU (:func:`muse_stack.plan.towers.count_traffic`: the bytes the ops outside the GEMMs and
 attention read and write, per patch, forward, backward and recomputed forward). It prints them; ``--write`` writes
 them to ``muse_stack/plan/tower_traffic.json``, of which this script is the only writer (the file is validated by
@@ -30,14 +31,22 @@ def shipped_shapes() -> dict[str, tuple[dict, list[str]]]:
     from muse_stack.recipes.catalogue import load_recipe, recipe_names
     from muse_stack.resolve.recipe import finalize
 
+    from muse_stack.recipes import options
+
     shapes: dict[str, tuple] = {}
     for name in recipe_names():
-        plan = tower_plan(finalize(load_recipe(name)))
-        if plan is None:
-            continue
-        shape = traffic_shape(plan.towers, plan.text_hidden_size, plan.params_dtype)
-        key = json.dumps(shape, sort_keys=True)
-        shapes.setdefault(key, (shape, []))[1].append(name)
+        variants = [(name, load_recipe(name))]
+        if variants[0][1].engine == "megatron" and \
+                options.why_not(variants[0][1], "towers_bf16_activations") is None:
+            bf16 = options.row("towers_bf16_activations").override(True)
+            variants.append((f"{name} {bf16}", load_recipe(name, [bf16])))
+        for label, recipe in variants:
+            plan = tower_plan(finalize(recipe))
+            if plan is None:
+                continue
+            shape = traffic_shape(plan.towers, plan.text_hidden_size, plan.params_dtype, plan.activations_dtype)
+            key = json.dumps(shape, sort_keys=True)
+            shapes.setdefault(key, (shape, []))[1].append(label)
     return shapes
 
 

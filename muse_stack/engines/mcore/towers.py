@@ -1,4 +1,5 @@
-"""The vision tower's elementwise chains compiled (``engine_options.compile_towers``).
+"""The vision tower's elementwise chains compiled (``engine_options.compile_towers``), and its activations in
+the weights' dtype (``engine_options.towers_bf16_activations``).
 
 The towers run the reference modules (:mod:`muse_stack.models.muse_spark.vision`), whose blocks keep their
 activations in fp32 between bf16 GEMMs: each block casts the normed activations once per projection, returns every
@@ -8,7 +9,13 @@ that elementwise work and its casts were more than half of the multimodal step's
 (:class:`~muse_stack.models.muse_spark.vision.VisionChains`: the same values; v and the GEMM outputs stay in the
 GEMM dtype), each chain one ``torch.compile`` graph whose fp32 intermediates stay in registers. One compiled set
 serves every block; automatic dynamic shapes compile a chain again once the patch count changes, then with that
-dimension symbolic. Nothing here needs megatron-core.
+dimension symbolic.
+
+With ``towers_bf16_activations`` the tower keeps its activations in the weights' dtype (bf16) between the GEMMs,
+as transformers runs it in bf16 (:class:`~muse_stack.models.muse_spark.vision.MuseSparkVisionModel`'s
+``activations_dtype``): no cast around any GEMM, and every pass over the activations reads and writes half the
+bytes. It changes numerics (the residual stream is rounded to bf16 at each add); with the chains above, the chains
+run on bf16 activations. Nothing here needs megatron-core.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from typing import Any
 
 import torch
 
-from muse_stack.models.muse_spark.vision import EAGER_CHAINS, MuseSparkVisionEncoderLayer, VisionChains
+from muse_stack.models.muse_spark.vision import (EAGER_CHAINS, MuseSparkVisionEncoderLayer, MuseSparkVisionModel,
+                                                 VisionChains, wide_dtype)
 
 
 def compiled_chains(backend: Any = "inductor") -> VisionChains:
@@ -58,4 +66,27 @@ def describe_chains(model: torch.nn.Module) -> str | None:
             kinds.add("as written, op by op" if m.chains is None else
                       "chained, plain PyTorch" if m.chains is EAGER_CHAINS else
                       "chained, each chain compiled by torch.compile (engine_options.compile_towers)")
+    return ", ".join(sorted(kinds)) or None
+
+
+def install_towers_bf16_activations(model: torch.nn.Module, on: bool) -> str | None:
+    """``engine_options.towers_bf16_activations`` on every vision tower of ``model`` (this rank's): its activations
+    in its weights' dtype (on) or in fp32 (off); why it is off though asked (None: as asked, or no vision tower on
+    this rank: a later pipeline stage)."""
+    for m in model.modules():
+        if isinstance(m, MuseSparkVisionModel):
+            m.activations_dtype = m.patch_embedder.patch_embedding.weight.dtype if on else None
+    return None
+
+
+def describe_activations(model: torch.nn.Module) -> str | None:
+    """The dtype of the vision tower's activations between its GEMMs, asked of the towers (None: no tower)."""
+    kinds = set()
+    for m in model.modules():
+        if isinstance(m, MuseSparkVisionModel):
+            weights = m.patch_embedder.patch_embedding.weight.dtype
+            act = m.activations_dtype or wide_dtype(weights)
+            kinds.add(f"{str(act).removeprefix('torch.')}"
+                      + (" (the weights' dtype: engine_options.towers_bf16_activations)" if m.activations_dtype
+                         else f", the GEMMs in {str(weights).removeprefix('torch.')}"))
     return ", ".join(sorted(kinds)) or None

@@ -10,7 +10,8 @@ roofline and at the attention efficiency. Views count nothing (they move no data
 The engine's setup is reproduced: the modules built as ``build_perception`` builds them, every parameter in
 the recipe's parameter dtype (bf16, or fp32 under ``precision: fp32``), no autocast, ``pixel_values`` in fp32
 as the data gives them. The activations are then fp32 between the GEMMs (``wide_dtype``), each GEMM's input
-cast to the weights' dtype and its output back.
+cast to the weights' dtype and its output back; or, as ``engine_options.towers_bf16_activations`` sets them, in the
+weights' dtype (``activations_dtype``), with no cast around the GEMMs.
 
 Float values never steer the towers' code (only the integer patch coordinates and group indices do), so the
 recorder computes no float kernel: it takes each float op's output shape, dtype and strides from the op on
@@ -210,14 +211,18 @@ def _host(towers: TowersConfig, text_hidden_size: int, params_dtype: torch.dtype
 
 def run_image_path(towers: TowersConfig, text_hidden_size: int, params_dtype: torch.dtype, frames, *,
                    layer_types: list[str], vision_trains: bool = True, projector_trains: bool = True,
-                   recompute: bool = False) -> dict[str, int]:
+                   recompute: bool = False, activations_dtype: torch.dtype | None = None) -> dict[str, int]:
     """Bytes of one micro-batch's image path (``frames``: rows (t, h, w) of ``image_grid_thw``) through towers
     of the vision layers ``layer_types``: its forward and, where a part trains, its backward (``recompute``:
-    the vision blocks recomputed in it)."""
+    the vision blocks recomputed in it; ``activations_dtype``: the vision tower's, as an engine sets it, None
+    for its own fp32)."""
     from muse_stack.models.muse_spark.perception import media_features
+    from muse_stack.models.muse_spark.vision import wide_dtype
 
     host = _host(towers, text_hidden_size, params_dtype, layer_types)
     host.vision_tower.recompute = recompute
+    if activations_dtype is not None and activations_dtype != wide_dtype(params_dtype):
+        host.vision_tower.activations_dtype = activations_dtype
     for name, trains in (("vision_tower", vision_trains), ("audio_tower", False),
                          ("vision_adapter", projector_trains), ("vision_projection", projector_trains)):
         getattr(host, name).requires_grad_(trains)
@@ -256,15 +261,17 @@ def _layer_split(got: dict[str, int]) -> dict[str, int]:
             "full_attention": got["full"] - got["window"] + per_window}
 
 
-def count_frames(towers: TowersConfig, text_hidden_size: int, params_dtype: torch.dtype, frames) -> dict:
+def count_frames(towers: TowersConfig, text_hidden_size: int, params_dtype: torch.dtype, frames,
+                 activations_dtype: torch.dtype | None = None) -> dict:
     """Bytes of one micro-batch of ``frames``, by quantity of :class:`TowerTraffic` and part."""
     def runs(**kw) -> dict[str, dict[str, int]]:
-        return {name: run_image_path(towers, text_hidden_size, params_dtype, frames, layer_types=types, **kw)
+        return {name: run_image_path(towers, text_hidden_size, params_dtype, frames, layer_types=types,
+                                     activations_dtype=activations_dtype, **kw)
                 for name, types in LAYER_RUNS.items()}
 
     kept, recomputed = runs(), runs(recompute=True)
     projector = run_image_path(towers, text_hidden_size, params_dtype, frames, layer_types=LAYER_RUNS["window"],
-                               vision_trains=False)["backward"]
+                               vision_trains=False, activations_dtype=activations_dtype)["backward"]
     return {"forward": _layer_split({k: v["forward"] for k, v in kept.items()}),
             "backward": _layer_split({k: v["backward"] for k, v in kept.items()}),
             "backward_recomputed": _layer_split({k: v["backward"] for k, v in recomputed.items()}),
@@ -275,11 +282,12 @@ def _patches(frames) -> int:
     return sum(t * h * w for t, h, w in frames)
 
 
-def count(towers: TowersConfig, text_hidden_size: int, params_dtype: torch.dtype) -> TowerTraffic:
+def count(towers: TowersConfig, text_hidden_size: int, params_dtype: torch.dtype, *,
+          activations_dtype: torch.dtype | None = None) -> TowerTraffic:
     """Bytes per patch (see the module docstring): the slope between the first two
-    :func:`counting_frames`."""
+    :func:`counting_frames`; ``activations_dtype`` the vision tower's (None: its own fp32)."""
     frames = counting_frames(towers)[:2]
-    small, large = (count_frames(towers, text_hidden_size, params_dtype, [f]) for f in frames)
+    small, large = (count_frames(towers, text_hidden_size, params_dtype, [f], activations_dtype) for f in frames)
     span = _patches([frames[1]]) - _patches([frames[0]])
 
     def slope(a, b):

@@ -42,7 +42,13 @@ the reference.
 
 Numerics: activations in fp32, or float64 when the weights are float64; matmuls in the weights'
 dtype, the attention's two (scores and weighted values) included: with bf16 weights q, k and v
-enter the attention in bf16 (a fused kernel), and its output returns to fp32.
+enter the attention in bf16 (a fused kernel), and its output returns to fp32. An engine may set
+the activations to the weights' dtype instead (``MuseSparkVisionModel.activations_dtype``: the megatron
+engine's ``engine_options.towers_bf16_activations``), as transformers runs the tower in bf16: the
+residual stream, the norms' and the GELU's outputs and the residual adds in bf16 (LayerNorm and GELU
+compute in fp32 inside their kernels and round their output), no cast around any GEMM; RoPE stays in
+fp32 (the tables are fp32 whatever the activations, so q and k are promoted, rotated and rounded back,
+as transformers' ``apply_rotary_pos_emb_vision`` does).
 
 Attention groups (frames, windows) are found once per forward (:func:`attention_groups`) and
 grouped by size, so each layer runs one attention call per distinct group size (a few per image
@@ -203,9 +209,11 @@ class MuseSparkVisionPatchEmbedder(nn.Module):
         self.patch_embedding = nn.Linear(config.patch_dim, config.hidden_size, bias=False)
         self.position_embedding_table = nn.Embedding(config.pos_emb_height * config.pos_emb_width, config.hidden_size)
 
-    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The patches' embeddings in ``dtype`` (None: :func:`wide_dtype` of the GEMM's)."""
         embeds = dense(self.patch_embedding, pixel_values)
-        embeds = embeds.to(wide_dtype(embeds.dtype))
+        embeds = embeds.to(dtype or wide_dtype(embeds.dtype))
         table = self.position_embedding_table.weight.to(embeds.dtype)
         # per frame: a (w rows, h cols) resampling read in the (h, w) patches' raster order
         pos = torch.cat([resampled_position_table(table, w, h).repeat(t, 1) for t, h, w in grid_thw.tolist()])
@@ -321,6 +329,9 @@ class MuseSparkVisionModel(nn.Module):
         self.rope_theta = config.rope_theta
         #: recompute each block in the backward (keep only the blocks' inputs): an engine's setting
         self.recompute = False
+        #: the activations' dtype between the GEMMs, an engine's setting (see the module docstring); None: fp32
+        #: (:func:`wide_dtype` of the weights')
+        self.activations_dtype: torch.dtype | None = None
 
     def check_inputs(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> None:
         from muse_stack.util.errors import InputError
@@ -349,9 +360,9 @@ class MuseSparkVisionModel(nn.Module):
         """``pixel_values`` [N, T*3*P*P], ``grid_thw`` [M, 3] -> merged features [N / m^2, D m^2]."""
         self.check_inputs(pixel_values, grid_thw)
         cfg = self.config
-        x = self.patch_embedder(pixel_values, grid_thw)
+        x = self.patch_embedder(pixel_values, grid_thw, self.activations_dtype)
         frame, row, col = patch_coordinates(grid_thw, x.device)
-        cos, sin = axial_rope_cos_sin(row, col, cfg.head_dim, self.rope_theta, x.dtype)
+        cos, sin = axial_rope_cos_sin(row, col, cfg.head_dim, self.rope_theta, wide_dtype(x.dtype))
         # window (row // S, col // S) of the frame, tiled from its top-left corner; numbered globally
         rows_of_windows = -(-int(grid_thw[:, 1].max()) // self.window)
         cols_of_windows = -(-int(grid_thw[:, 2].max()) // self.window)
