@@ -12,7 +12,13 @@ make about 3,100 merged tokens, the slice's 3,072 a row). Needs torch only (no T
 Each mode's time is the median of ``--reps`` forward-and-backward passes, each bracketed by CUDA events (so the
 GPU's idle time between kernels counts), after ``--warmup`` untimed ones (the compiled mode compiles in them).
 ``--device cpu`` with a small ``--config`` checks the script itself (tests/lab/test_towers_step.py).
-One more pass under torch.profiler counts its GPU kernels. Each chained mode's output is checked equal to the
+One more pass under torch.profiler counts its GPU kernels and sums their time by class (GEMM, attention, and the
+memory-bound rest: norms, casts, RoPE, GELU, residual adds, gathers and scatters, by profile_step.py's classifier).
+The bytes that rest reads and writes in one pass are counted by running the same pass under the planner's traffic
+recorder (muse_stack/models/muse_spark/traffic.py, which prices the towers' memory traffic; not in the compiled modes,
+whose chains run kernels of their own rather than aten ops), so their ratio is the
+bandwidth the towers' memory-bound kernels reach (``memory_bound_gbps``), to set against the datasheet HBM figure
+the planner prices them at (muse_stack/machine/machines.yaml). Each chained mode's output is checked equal to the
 written blocks' output (of the same activations) bit for bit, and each compiled mode's largest relative difference
 from it is reported; so is the bf16 tower's from the fp32 one's.
 """
@@ -27,8 +33,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the lab package
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/scripts/: profile_step's classifier
 
 from lab.benchio import cuda_median_seconds  # noqa: E402
+from profile_step import classify  # noqa: E402
 
 #: the blocks' chains, by mode; a ``bf16-`` mode runs the same with bf16 activations
 CHAINS = ("written", "chained", "compiled")
@@ -39,13 +47,32 @@ def grid(text: str) -> torch.Tensor:
     return torch.tensor([[int(v) for v in item.split(",")] for item in text.split(";")])
 
 
-def kernels_per_pass(fn) -> int:
+#: profile_step.py's classes of a kernel, as this script sums them
+KERNEL_CLASSES = {"dense GEMM": "gemm", "attention": "attention"}
+
+
+def profile_pass(fn) -> dict:
+    """One pass of ``fn`` under torch.profiler: its GPU kernels and their time (ms) by class (:data:`KERNEL_CLASSES`,
+    the rest ``memory_bound``)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    ms = dict.fromkeys(("gemm", "attention", "memory_bound"), 0.0)
+    for e in kernels:
+        ms[KERNEL_CLASSES.get(classify(e.name, []), "memory_bound")] += e.time_range.elapsed_us() / 1e3
+    return {"kernels": len(kernels), "kernel_ms": ms}
+
+
+def counted_bytes(fn) -> int:
+    """The bytes one pass of ``fn`` moves outside its GEMMs and attention, as the planner counts them."""
+    from muse_stack.models.muse_spark.traffic import TrafficRecorder
+
+    with TrafficRecorder() as recorder:
+        fn()
+    return recorder.bytes
 
 
 def median_seconds(fn, reps: int, warmup: int, device: str) -> float:
@@ -105,8 +132,13 @@ def main(argv: list[str] | None = None) -> int:
 
         outputs[mode] = step().detach()
         seconds = median_seconds(step, args.reps, args.warmup, args.device)
-        rows[mode] = {"fwd_bwd_ms": seconds * 1e3,
-                      "kernels_per_pass": kernels_per_pass(step) if args.device == "cuda" else None}
+        profiled = profile_pass(step) if args.device == "cuda" else {"kernels": None, "kernel_ms": None}
+        # a compiled chain runs kernels of its own, not aten ops: the recorder cannot count them
+        moved = None if mode.endswith("compiled") else counted_bytes(step)
+        memory_ms = profiled["kernel_ms"]["memory_bound"] if profiled["kernel_ms"] else None
+        rows[mode] = {"fwd_bwd_ms": seconds * 1e3, "kernels_per_pass": profiled["kernels"],
+                      "kernel_ms": profiled["kernel_ms"], "counted_bytes": moved,
+                      "memory_bound_gbps": moved / memory_ms / 1e6 if memory_ms and moved else None}
         print(f"{mode:>14}: {seconds * 1e3:9.2f} ms forward and backward, {rows[mode]['kernels_per_pass']} kernels",
               flush=True)
     checks = {}
@@ -128,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                          "intermediate": cfg.intermediate_size, "heads": cfg.num_attention_heads},
               "grid": args.grid.tolist(), "patches": patches, "recompute": model.recompute,
               "method": f"median of {args.reps} forward+backward passes after {args.warmup} warm-up passes, CUDA "
-                        "events around each; kernels counted over one more pass under torch.profiler",
+                        "events around each; kernels counted and their time summed by class over one more pass "
+                        "under torch.profiler; the memory-bound kernels' bytes counted by the planner's traffic "
+                        "recorder over one more pass",
               "modes": rows, "checks": checks}
     print(json.dumps(checks))
     if args.out:

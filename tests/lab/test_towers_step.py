@@ -28,3 +28,10 @@ def test_the_script_runs_its_six_modes_on_a_small_tower(tmp_path):
     # tower is tests/unit/test_towers_bf16_activations.py)
     assert record["checks"]["bf16_written_max_rel_diff"] > 0.0
     assert record["patches"] == 8 * 12 + 6 * 6 and record["config"]["blocks"] == 2
+    # the memory-bound bytes of a pass, as the planner counts them: fewer with bf16 activations (no casts, half the
+    # bytes a pass); no kernels to time them against on a CPU
+    rows = record["modes"]
+    assert 0 < rows["bf16-written"]["counted_bytes"] < rows["written"]["counted_bytes"]
+    assert rows["chained"]["counted_bytes"] <= rows["written"]["counted_bytes"]
+    assert rows["compiled"]["counted_bytes"] is None and rows["bf16-compiled"]["counted_bytes"] is None
+    assert all(row["kernel_ms"] is None and row["memory_bound_gbps"] is None for row in rows.values())
