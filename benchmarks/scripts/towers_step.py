@@ -1,6 +1,8 @@
 """GPU time of the vision tower's forward and backward, its blocks as written against their chained forward in
 plain PyTorch and compiled (``engine_options.compile_towers``: muse_stack/engines/mcore/towers.py), each with its
-activations in fp32 (as shipped) and in bf16 (``engine_options.towers_bf16_activations``: the ``bf16-`` modes).
+activations in fp32 (as shipped) and in bf16 (``engine_options.towers_bf16_activations``: the ``bf16-`` modes), and
+with its attention in one variable-length call a layer (``engine_options.towers_varlen_attention``: the ``varlen-``
+modes, written, with bf16 activations, and with all three candidates together).
 
     python benchmarks/scripts/towers_step.py --out towers-step.json
 
@@ -38,9 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/scripts/:
 from lab.benchio import cuda_median_seconds  # noqa: E402
 from profile_step import classify  # noqa: E402
 
-#: the blocks' chains, by mode; a ``bf16-`` mode runs the same with bf16 activations
+#: the blocks' chains, by mode; a ``bf16-`` mode runs the same with bf16 activations, a ``varlen-`` one with the
+#: variable-length attention
 CHAINS = ("written", "chained", "compiled")
-MODES = CHAINS + tuple(f"bf16-{c}" for c in CHAINS)
+MODES = CHAINS + tuple(f"bf16-{c}" for c in CHAINS) + ("varlen-written", "varlen-bf16-written",
+                                                      "varlen-bf16-compiled")
 
 
 def grid(text: str) -> torch.Tensor:
@@ -121,8 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     chains = {"written": None, "chained": EAGER_CHAINS, "compiled": towers.compiled_chains()}
     outputs, rows = {}, {}
     for mode in args.modes:
-        towers.set_chains(model, chains[mode.removeprefix("bf16-")])
-        towers.install_towers_bf16_activations(model, mode.startswith("bf16-"))
+        words = mode.split("-")
+        towers.set_chains(model, chains[words[-1]])
+        towers.install_towers_bf16_activations(model, "bf16" in words)
+        why = towers.install_towers_varlen_attention(model, "varlen" in words)
+        if why:
+            print(f"{mode:>20}: skipped, {why}", flush=True)
+            continue
 
         def step():
             model.zero_grad(set_to_none=True)
@@ -139,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         rows[mode] = {"fwd_bwd_ms": seconds * 1e3, "kernels_per_pass": profiled["kernels"],
                       "kernel_ms": profiled["kernel_ms"], "counted_bytes": moved,
                       "memory_bound_gbps": moved / memory_ms / 1e6 if memory_ms and moved else None}
-        print(f"{mode:>14}: {seconds * 1e3:9.2f} ms forward and backward, {rows[mode]['kernels_per_pass']} kernels",
+        print(f"{mode:>20}: {seconds * 1e3:9.2f} ms forward and backward, {rows[mode]['kernels_per_pass']} kernels",
               flush=True)
     checks = {}
 
@@ -155,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             checks[f"{act}compiled_max_rel_diff"] = max_rel_diff(written, f"{act}compiled")
     if "written" in outputs and "bf16-written" in outputs:
         checks["bf16_written_max_rel_diff"] = max_rel_diff("written", "bf16-written")
+    for mode in outputs:
+        if mode.startswith("varlen-") and mode.removeprefix("varlen-") in outputs:
+            checks[f"{mode}_max_rel_diff"] = max_rel_diff(mode.removeprefix("varlen-"), mode)
     record = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
               "config": {"blocks": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
                          "intermediate": cfg.intermediate_size, "heads": cfg.num_attention_heads},

@@ -568,6 +568,7 @@ class MegatronEngine:
                 "vision_blocks_recomputed": bool(host.vision_tower.recompute),
                 "vision_blocks_chains": towers.describe_chains(host.vision_tower),
                 "vision_activations": towers.describe_activations(host.vision_tower),
+                "vision_attention": towers.describe_attention(host.vision_tower),
                 "dtype": str(next(host.parameters()).dtype)}
 
     def _post_expert_norm_backward(self) -> str | None:

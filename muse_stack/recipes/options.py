@@ -365,6 +365,22 @@ ROWS: tuple[EngineOption, ...] = (
         attribution=(Attribution("bf16-towers", True,
                                  "a candidate, not shipped: the vision tower's activations in bf16"),)),
     EngineOption(
+        key="towers_varlen_attention", default="off",
+        description="each vision layer's attention in one variable-length call over its frames or windows "
+                    "(PyTorch's varlen_attn), the blocks running on the patches in window order as transformers "
+                    "orders them (muse_stack/engines/mcore/towers.py): no gather or scatter per layer, one kernel "
+                    "per layer instead of one per group size. A candidate, not yet measured on a GPU: unset, off; "
+                    "off where this torch has no varlen_attn (the fingerprint says why). The same function; "
+                    "another attention kernel and another order of the weight gradients' sums: the last bits may "
+                    "differ",
+        blocker=_towers_blocker,
+        prices=Unpriced("a candidate the engine does not ship: the towers' traffic is counted with their grouped "
+                        "attention's gathers and scatters (muse_stack/plan/tower_traffic.json)"),
+        install=Install(module="muse_stack.engines.mcore.towers", stage="model"),
+        attribution=(Attribution("varlen-towers", True,
+                                 "a candidate, not shipped: the vision tower's attention in one variable-length "
+                                 "call a layer"),)),
+    EngineOption(
         key="gradient_accumulation", formerly="fusions", default="on",
         description="megatron-core's gradient_accumulation_fusion: TE's weight-gradient GEMMs (the experts' grouped "
                     "GEMMs among them) accumulate in fp32 straight into main_grad. Unset: on. false changes "

@@ -252,6 +252,8 @@ def hf_full():
 
 
 OURS_VISION = ours_from(HF_VISION, MuseSparkVisionModel, VisionConfig(**VISION))
+OURS_VISION_VARLEN = ours_from(HF_VISION, MuseSparkVisionModel, VisionConfig(**VISION))
+OURS_VISION_VARLEN.attention = "varlen"
 
 
 def towers_config() -> TowersConfig:
@@ -347,10 +349,14 @@ def test_config_errors_name_the_field():
 
 # ---------------------------------------------------------------- function
 
-def test_vision_tower_matches_transformers_on_images_and_video():
+@pytest.mark.parametrize("attention", ["grouped", "varlen"])
+def test_vision_tower_matches_transformers_on_images_and_video(attention):
+    """Either way the layers attend (``MuseSparkVisionModel.attention``: one call per group size, or the patches
+    in window order and one variable-length call, whose CPU stand-in attends per window)."""
     hf = hf_vision()
     cfg = VisionConfig(**VISION)
     ours = ours_from(hf, MuseSparkVisionModel, cfg)
+    ours.attention = attention
     for pixel_values, grid in (image_inputs(IMAGES), video_inputs(FRAMES)):
         expected = run_hf_vision(hf, pixel_values, grid)
         with torch.no_grad():
@@ -376,10 +382,11 @@ def test_vision_tower_matches_transformers_on_any_grid(grids, seed):
     gen = torch.Generator().manual_seed(seed)
     pixel_values = torch.randn(int(grid.prod(1).sum()), cfg.patch_dim, generator=gen, dtype=torch.float64)
     expected = run_hf_vision(hf, pixel_values, grid)
-    with torch.no_grad():
-        got = OURS_VISION(pixel_values, grid)
     tol = bound(vision_chain(cfg, int(grid[:, 1:].prod(1).max())), cfg.num_hidden_layers, expected)
-    torch.testing.assert_close(got, expected, rtol=0, atol=tol)
+    for ours in (OURS_VISION, OURS_VISION_VARLEN):
+        with torch.no_grad():
+            got = ours(pixel_values, grid)
+        torch.testing.assert_close(got, expected, rtol=0, atol=tol)
 
 
 def test_vision_tower_matches_transformers_as_shipped():

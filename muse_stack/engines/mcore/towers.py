@@ -15,7 +15,12 @@ With ``towers_bf16_activations`` the tower keeps its activations in the weights'
 as transformers runs it in bf16 (:class:`~muse_stack.models.muse_spark.vision.MuseSparkVisionModel`'s
 ``activations_dtype``): no cast around any GEMM, and every pass over the activations reads and writes half the
 bytes. It changes numerics (the residual stream is rounded to bf16 at each add); with the chains above, the chains
-run on bf16 activations. Nothing here needs megatron-core.
+run on bf16 activations.
+
+With ``towers_varlen_attention`` each vision layer attends in one variable-length call over its frames or windows
+(PyTorch's ``varlen_attn``), the blocks running on the patches in window order, where each group is a contiguous
+run of rows: no gather or scatter per layer and one attention kernel per layer instead of one per group size.
+Nothing here needs megatron-core.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 import torch
 
 from muse_stack.models.muse_spark.vision import (EAGER_CHAINS, MuseSparkVisionEncoderLayer, MuseSparkVisionModel,
-                                                 VisionChains, wide_dtype)
+                                                 VisionChains, varlen_kernel, wide_dtype)
 
 
 def compiled_chains(backend: Any = "inductor") -> VisionChains:
@@ -89,4 +94,25 @@ def describe_activations(model: torch.nn.Module) -> str | None:
             kinds.add(f"{str(act).removeprefix('torch.')}"
                       + (" (the weights' dtype: engine_options.towers_bf16_activations)" if m.activations_dtype
                          else f", the GEMMs in {str(weights).removeprefix('torch.')}"))
+    return ", ".join(sorted(kinds)) or None
+
+
+def install_towers_varlen_attention(model: torch.nn.Module, on: bool) -> str | None:
+    """``engine_options.towers_varlen_attention`` on every vision tower of ``model`` (this rank's); why it is off
+    though asked (this torch has no ``varlen_attn``), else None."""
+    why = None
+    if on and varlen_kernel() is None:
+        why = f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn (PyTorch 2.9 and later)"
+    for m in model.modules():
+        if isinstance(m, MuseSparkVisionModel):
+            m.attention = "varlen" if on and why is None else "grouped"
+    return why
+
+
+def describe_attention(model: torch.nn.Module) -> str | None:
+    """How the vision tower's layers attend, asked of the towers (None: no tower)."""
+    kinds = {"one variable-length call a layer over the patches in window order (torch's varlen_attn; "
+             "engine_options.towers_varlen_attention)" if m.attention == "varlen" else
+             "one attention call per group size, its groups gathered (torch's scaled_dot_product_attention)"
+             for m in model.modules() if isinstance(m, MuseSparkVisionModel)}
     return ", ".join(sorted(kinds)) or None

@@ -53,6 +53,13 @@ as transformers' ``apply_rotary_pos_emb_vision`` does).
 Attention groups (frames, windows) are found once per forward (:func:`attention_groups`) and
 grouped by size, so each layer runs one attention call per distinct group size (a few per image
 shape: whole windows, and the partial ones of the last row and column), not one per group.
+An engine may instead run each layer's attention as one variable-length call
+(``MuseSparkVisionModel.attention = "varlen"``: the megatron engine's
+``engine_options.towers_varlen_attention``): the blocks then run on the patches in window order (each frame
+whole, and within it each window's patches together, in raster order, as transformers orders them), where every
+frame and every window is a contiguous run of rows, so a layer attends over their cumulative lengths
+(:class:`Segments`) with PyTorch's ``varlen_attn`` and gathers nothing; the patches return to their order
+before ``ln_post``. The function is the same; only the kernels differ.
 """
 
 from __future__ import annotations
@@ -220,6 +227,54 @@ class MuseSparkVisionPatchEmbedder(nn.Module):
         return embeds + pos
 
 
+class Segments(NamedTuple):
+    """Contiguous attention groups of rows: ``cu_seqlens`` [groups + 1] (int32, their cumulative lengths) and
+    the longest one's length."""
+
+    cu_seqlens: torch.Tensor
+    max_len: int
+
+
+def segments(group: torch.Tensor) -> Segments:
+    """The :class:`Segments` of ``group`` [N] (each row's group id), whose equal ids are contiguous."""
+    counts = torch.unique_consecutive(group, return_counts=True)[1]
+    cu = F.pad(counts.cumsum(0), (1, 0)).to(torch.int32)
+    return Segments(cu, int(counts.max()))
+
+
+def varlen_kernel() -> Callable[..., torch.Tensor] | None:
+    """PyTorch's variable-length attention (``torch.nn.attention.varlen.varlen_attn``, CUDA), None where this torch
+    has none."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def attend_per_segment(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                       max_q: int, max_k: int) -> torch.Tensor:
+    """``varlen_attn``'s function where its kernel does not run (a CPU): one attention call per segment."""
+    bounds = cu_q.tolist()
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    parts = [F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in seg)).transpose(0, 1)
+             for seg in zip(*(torch.split(t, lengths) for t in (q, k, v)))]
+    return torch.cat(parts)
+
+
+def attend_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """Bidirectional attention of ``q``, ``k``, ``v`` [N, heads, head_dim] within each contiguous segment, in one
+    variable-length call on a GPU (:func:`varlen_kernel`), per segment elsewhere."""
+    kernel = varlen_kernel() if q.is_cuda else None
+    return (kernel or attend_per_segment)(q, k, v, seg.cu_seqlens, seg.cu_seqlens, seg.max_len, seg.max_len)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: list[torch.Tensor] | Segments) -> torch.Tensor:
+    """The attention of a layer within its groups: :func:`attend_segments` for :class:`Segments`, else
+    :func:`attend_groups`."""
+    return attend_segments(q, k, v, groups) if isinstance(groups, Segments) else attend_groups(q, k, v, groups)
+
+
 def attend_groups(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: list[torch.Tensor]) -> torch.Tensor:
     """Bidirectional attention of ``q``, ``k``, ``v`` [N, heads, head_dim] within each group of patches
     (:func:`attention_groups`: one call per group size), in ``q``'s dtype."""
@@ -245,9 +300,10 @@ class MuseSparkVisionAttention(nn.Module):
         self.proj = nn.Linear(d, d)
 
     def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
-                groups: list[torch.Tensor]) -> torch.Tensor:
+                groups: list[torch.Tensor] | Segments) -> torch.Tensor:
         """``x`` [N, D] (normed); each patch attends to the patches of its own group (its frame, or
-        its window within the frame): ``groups`` as :func:`attention_groups` makes them."""
+        its window within the frame): ``groups`` as :func:`attention_groups` makes them, or the :class:`Segments`
+        of rows in window order."""
         n = x.shape[0]
         dtype = x.dtype
         q, k, v = (dense(p, x).to(dtype).view(n, self.num_heads, self.head_dim) for p in
@@ -256,17 +312,18 @@ class MuseSparkVisionAttention(nn.Module):
         k = k * cos[:, None] + rotate_half(k) * sin[:, None]
         if not torch.is_autocast_enabled(x.device.type):  # the attention's matmuls in the weights' dtype
             q, k, v = (t.to(self.q_proj.weight.dtype) for t in (q, k, v))
-        return dense(self.proj, attend_groups(q, k, v, groups).reshape(n, -1)).to(dtype)
+        return dense(self.proj, attend(q, k, v, groups).reshape(n, -1)).to(dtype)
 
     def forward_chained(self, h: tuple[torch.Tensor, ...], *, cos: torch.Tensor, sin: torch.Tensor,
-                        groups: list[torch.Tensor], chains: VisionChains, wide: torch.dtype) -> torch.Tensor:
+                        groups: list[torch.Tensor] | Segments, chains: VisionChains,
+                        wide: torch.dtype) -> torch.Tensor:
         """:meth:`forward` of ``h``, the normed input already in the GEMM dtype once for each of q, k and v, with
         RoPE as ``chains.rope``; returns the projection's output in the GEMM dtype."""
         n, gemm = h[0].shape[0], h[0].dtype
         q, k, v = (F.linear(x, p.weight, p.bias).view(n, self.num_heads, self.head_dim) for x, p in
                    zip(h, (self.q_proj, self.k_proj, self.v_proj), strict=True))
         q, k = chains.rope(q, cos, sin, wide, gemm), chains.rope(k, cos, sin, wide, gemm)
-        return F.linear(attend_groups(q, k, v, groups).reshape(n, -1), self.proj.weight, self.proj.bias)
+        return F.linear(attend(q, k, v, groups).reshape(n, -1), self.proj.weight, self.proj.bias)
 
 
 class MuseSparkVisionMLP(nn.Module):
@@ -297,10 +354,10 @@ class MuseSparkVisionEncoderLayer(nn.Module):
         #: as written, op by op. Not under autocast (there the autocast dtype, not the weights', rules the GEMMs)
         self.chains: VisionChains | None = None
 
-    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor, frames: list[torch.Tensor],
-                windows: list[torch.Tensor]) -> torch.Tensor:
-        """``frames`` and ``windows``: the patches of each frame and of each window
-        (:func:`attention_groups`)."""
+    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
+                frames: list[torch.Tensor] | Segments, windows: list[torch.Tensor] | Segments) -> torch.Tensor:
+        """``frames`` and ``windows``: the patches of each frame and of each window (:func:`attention_groups`, or
+        :class:`Segments` of the rows in window order)."""
         groups = windows if self.layer_type == "window_attention" else frames
         chains = self.chains
         if chains is not None and not torch.is_autocast_enabled(x.device.type):
@@ -332,6 +389,9 @@ class MuseSparkVisionModel(nn.Module):
         #: the activations' dtype between the GEMMs, an engine's setting (see the module docstring); None: fp32
         #: (:func:`wide_dtype` of the weights')
         self.activations_dtype: torch.dtype | None = None
+        #: how a layer attends within its groups, an engine's setting: "grouped" (one call per group size) or
+        #: "varlen" (the patches in window order, one variable-length call; see the module docstring)
+        self.attention: str = "grouped"
 
     def check_inputs(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> None:
         from muse_stack.util.errors import InputError
@@ -367,12 +427,22 @@ class MuseSparkVisionModel(nn.Module):
         rows_of_windows = -(-int(grid_thw[:, 1].max()) // self.window)
         cols_of_windows = -(-int(grid_thw[:, 2].max()) // self.window)
         window = (frame * rows_of_windows + row // self.window) * cols_of_windows + col // self.window
-        groups = {"frames": attention_groups(frame), "windows": attention_groups(window)}
         x = layer_norm(self.ln_pre, x)
+        order = None
+        if self.attention == "varlen":
+            # window order: the window ids grow with the frame, then the window's row and column, and a stable sort
+            # keeps each window's patches in raster order
+            order = torch.argsort(window, stable=True)
+            x, cos, sin = (t.index_select(0, order) for t in (x, cos, sin))
+            groups = {"frames": segments(frame[order]), "windows": segments(window[order])}
+        else:
+            groups = {"frames": attention_groups(frame), "windows": attention_groups(window)}
         for layer in self.layers:
             if self.recompute and torch.is_grad_enabled():
                 x = checkpoint(layer, x, use_reentrant=False, cos=cos, sin=sin, **groups)
             else:
                 x = layer(x, cos=cos, sin=sin, **groups)
+        if order is not None:  # back to the patches' order
+            x = x.index_select(0, torch.argsort(order))
         x = layer_norm(self.ln_post, x)
         return pixel_shuffle(x, grid_thw, cfg.merge_size)
