@@ -307,6 +307,15 @@ def _first_writes_blocker(recipe: Recipe, done: Resolved) -> Block | None:
                  else "drop engine_options.gradient_accumulation=false")
 
 
+def _towers_candidate(key: str, description: str, blocker: Blocker, prices: Priced | Unpriced, label: str,
+                      what: str) -> EngineOption:
+    """A candidate of the perception towers: off unless stated, installed on the model by
+    muse_stack/engines/mcore/towers.py, measured by ``engine_steps.py --<label>``."""
+    return EngineOption(key=key, default="off", description=description, blocker=blocker, prices=prices,
+                        install=Install(module="muse_stack.engines.mcore.towers", stage="model"),
+                        attribution=(Attribution(label, True, f"a candidate, not shipped: {what}"),))
+
+
 #: the planner's reason for the options whose time is in its fitted constants
 _FITTED = ("as the engine ships it, its time is inside the fitted efficiencies, passes and host times of "
            "TimeCalibration (fitted to runs that ran it)")
@@ -336,50 +345,41 @@ ROWS: tuple[EngineOption, ...] = (
                                  "a candidate, not shipped: the compiled elementwise chains with TorchInductor's "
                                  "multi-kernel (persistent row reductions up to 16,384 columns, benchmarked against "
                                  "looped ones)"),)),
-    EngineOption(
-        key="compile_towers", default="off",
-        description="the vision tower's blocks through their chained forward, each chain compiled with torch.compile "
-                    "(muse_stack/engines/mcore/towers.py): each pre-norm with its casts to the GEMM dtype, RoPE "
-                    "on q and k, the exact GELU between the MLP's GEMMs and each residual add, one kernel each; v "
-                    "and the GEMM outputs stay in the GEMM dtype. A candidate, not yet measured on a GPU: unset, "
-                    "off. The same fp32 chains compiled: the last bits may differ",
-        blocker=_towers_blocker,
-        prices=Unpriced("a candidate the engine does not ship: the towers' elementwise traffic is counted from "
-                        "their blocks as written (muse_stack/plan/tower_traffic.json)"),
-        install=Install(module="muse_stack.engines.mcore.towers", stage="model"),
-        attribution=(Attribution("compiled-towers", True,
-                                 "a candidate, not shipped: the vision tower's elementwise chains compiled"),)),
-    EngineOption(
-        key="towers_bf16_activations", default="off",
-        description="the vision tower's activations in the weights' dtype (bf16) between its GEMMs, as transformers "
-                    "runs the tower in bf16 (muse_stack/engines/mcore/towers.py): no cast around any GEMM, and the "
-                    "norms, GELU, residual adds and attention gathers read and write bf16; LayerNorm and GELU "
-                    "compute in fp32 inside their kernels, RoPE in fp32 as transformers does. A candidate, not yet "
-                    "measured on a GPU: unset, off. Changes numerics: the residual stream is rounded to bf16 at "
-                    "every add (tests/unit/test_towers_bf16_activations.py holds it to transformers' own bf16 "
-                    "tower)",
-        blocker=_towers_bf16_blocker,
-        prices=Priced("the towers' term: their memory traffic counted with bf16 activations "
-                      "(muse_stack/plan/tower_traffic.json), and the memory plan's kept vision activations at 2 bytes"),
-        install=Install(module="muse_stack.engines.mcore.towers", stage="model"),
-        attribution=(Attribution("bf16-towers", True,
-                                 "a candidate, not shipped: the vision tower's activations in bf16"),)),
-    EngineOption(
-        key="towers_varlen_attention", default="off",
-        description="each vision layer's attention in one variable-length call over its frames or windows "
-                    "(PyTorch's varlen_attn), the blocks running on the patches in window order as transformers "
-                    "orders them (muse_stack/engines/mcore/towers.py): no gather or scatter per layer, one kernel "
-                    "per layer instead of one per group size. A candidate, not yet measured on a GPU: unset, off; "
-                    "off where this torch has no varlen_attn (the fingerprint says why). The same function; "
-                    "another attention kernel and another order of the weight gradients' sums: the last bits may "
-                    "differ",
-        blocker=_towers_blocker,
-        prices=Unpriced("a candidate the engine does not ship: the towers' traffic is counted with their grouped "
-                        "attention's gathers and scatters (muse_stack/plan/tower_traffic.json)"),
-        install=Install(module="muse_stack.engines.mcore.towers", stage="model"),
-        attribution=(Attribution("varlen-towers", True,
-                                 "a candidate, not shipped: the vision tower's attention in one variable-length "
-                                 "call a layer"),)),
+    _towers_candidate(
+        "compile_towers",
+        "the vision tower's blocks through their chained forward, each chain compiled with torch.compile "
+        "(muse_stack/engines/mcore/towers.py): each pre-norm with its casts to the GEMM dtype, RoPE on q and k, the "
+        "exact GELU between the MLP's GEMMs and each residual add, one kernel each; v and the GEMM outputs stay in "
+        "the GEMM dtype. A candidate, not yet measured on a GPU: unset, off. The same fp32 chains compiled: the last "
+        "bits may differ",
+        _towers_blocker,
+        Unpriced("a candidate the engine does not ship: the towers' elementwise traffic is counted from their blocks "
+                 "as written (muse_stack/plan/tower_traffic.json)"),
+        "compiled-towers", "the vision tower's elementwise chains compiled"),
+    _towers_candidate(
+        "towers_bf16_activations",
+        "the vision tower's activations in the weights' dtype (bf16) between its GEMMs, as transformers runs the "
+        "tower in bf16 (muse_stack/engines/mcore/towers.py): no cast around any GEMM, and the norms, GELU, residual "
+        "adds and attention gathers read and write bf16; LayerNorm and GELU compute in fp32 inside their kernels, "
+        "RoPE in fp32 as transformers does. A candidate, not yet measured on a GPU: unset, off. Changes numerics: "
+        "the residual stream is rounded to bf16 at every add (tests/unit/test_towers_bf16_activations.py holds it "
+        "to transformers' own bf16 tower)",
+        _towers_bf16_blocker,
+        Priced("the towers' term: their memory traffic counted with bf16 activations "
+               "(muse_stack/plan/tower_traffic.json), and the memory plan's kept vision activations at 2 bytes"),
+        "bf16-towers", "the vision tower's activations in bf16"),
+    _towers_candidate(
+        "towers_varlen_attention",
+        "each vision layer's attention in one variable-length call over its frames or windows (PyTorch's "
+        "varlen_attn), the blocks running on the patches in window order as transformers orders them "
+        "(muse_stack/engines/mcore/towers.py): no gather or scatter per layer, one kernel per layer instead of one "
+        "per group size. A candidate, not yet measured on a GPU: unset, off; off where this torch has no "
+        "varlen_attn (the fingerprint says why). The same function; another attention kernel and another order of "
+        "the weight gradients' sums: the last bits may differ",
+        _towers_blocker,
+        Unpriced("a candidate the engine does not ship: the towers' traffic is counted with their grouped "
+                 "attention's gathers and scatters (muse_stack/plan/tower_traffic.json)"),
+        "varlen-towers", "the vision tower's attention in one variable-length call a layer"),
     EngineOption(
         key="gradient_accumulation", formerly="fusions", default="on",
         description="megatron-core's gradient_accumulation_fusion: TE's weight-gradient GEMMs (the experts' grouped "
