@@ -2277,6 +2277,9 @@ def mm_slice_profile_h100() -> dict:
                              strict=False)
     out["h200.plan-peak"] = f(h200_plan.peak_memory_gib, 2)
     out["h200.vs-peak"] = spct(h200["peak_memory_gib"] / h200_plan.peak_memory_gib - 1, 1)
+    out["h200.plan-step"] = f(h200_plan.time.step_s, 3)
+    out["h200.median"] = f(h200["step_time_median_s"], 3)
+    out["h200.vs-step"] = spct(h200["step_time_median_s"] / h200_plan.time.step_s - 1, 1)
     return out
 
 
