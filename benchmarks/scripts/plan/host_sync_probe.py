@@ -18,7 +18,12 @@ the kernels alone only where the host is ahead). At the smallest count the GPU w
 so the wall time is the host's: ``host_fwd_s`` and ``host_bwd_s`` (fwd_bwd less fwd) are the floors the planner
 takes. Under ``fp8-cs`` the layer runs inside TransformerEngine's ``fp8_autocast`` with current scaling, as the
 FP8-CS runs do. ``--block layer`` times the whole decoder layer instead (TE attention, causal, no RoPE, then the
-MoE block): the attention block's host work, which the MoE block's figures leave out (not yet run). Also written:
+MoE block): the attention block's host work, which the MoE block's figures leave out. Its attention is one generic
+GQA block (32 heads, 4 query groups, 128 channels) for every model, or with ``--attention model`` the model's own
+where it is GQA (its heads, query groups and head width, and the settings of :data:`MODEL_SETTINGS`: Qwen3's
+query-key norms; GPT-OSS's sink logits, biases and clamped quick-GEGLU experts, and with ``--window sliding`` its
+128-key window), so that, at token counts where the GPU outlasts the host, a layer's GPU time is measured with the
+model's own kernels. Also written:
 the host CPU (``lscpu``'s model name) and the installed torch, TE and megatron-core.
 Needs megatron-core, Transformer Engine and a CUDA GPU (the engine's image); it is not run by the tests.
 """
@@ -35,6 +40,17 @@ from dataclasses import fields
 from pathlib import Path
 
 TOKENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+#: each GQA model's megatron-core settings besides its widths, as Megatron-Bridge's providers give them
+#: (src/megatron/bridge/models/qwen/qwen_provider.py at 07d0d14ac, Qwen3MoEModelProvider;
+#: src/megatron/bridge/models/gpt_oss/gpt_oss_provider.py at 12bc34a8e, GPTOSSProvider); "sliding" is GPT-OSS's
+#: window, on its sliding layers only (window_attn_skip_freq 2)
+MODEL_SETTINGS = {
+    "qwen3-30b-a3b": {"qk_layernorm": True},
+    "qwen3-235b-a22b": {"qk_layernorm": True},
+    "gpt-oss-120b": {"softmax_type": "learnable", "add_bias_linear": True, "glu_linear_offset": 1.0,
+                     "activation_func_clamp_value": 7.0, "bias_activation_fusion": True, "quick_gelu": True,
+                     "sliding": (128, 0)},
+}
 
 
 def model_shape(name: str, ep: int) -> dict:
@@ -46,10 +62,36 @@ def model_shape(name: str, ep: int) -> dict:
         raise SystemExit(f"--ep {ep} does not divide {name}'s {shape.num_experts} experts")
     return {"model": name, "ep": ep, "experts": shape.num_experts // ep,
             "topk": min(shape.experts_per_token, shape.num_experts // ep), "hidden": shape.hidden_size,
-            "ffn": shape.moe_ffn_hidden_size}
+            "ffn": shape.moe_ffn_hidden_size, "attention": shape.attention, "heads": shape.num_attention_heads,
+            "query_groups": shape.num_key_value_heads, "head_dim": shape.head_dim}
 
 
-def build(s: dict, precision: str, block: str = "moe"):
+def model_attention(s: dict, window: str, names: set[str]) -> tuple[dict, dict]:
+    """The TransformerConfig keywords of the model's own attention (and its experts' activation, biases) for
+    ``--attention model``, and what was set, by name (a setting this megatron-core lacks is refused)."""
+    if s["attention"] != "gqa":
+        raise SystemExit(f"--attention model builds GQA attention; {s['model']} has {s['attention']}: use "
+                         "--attention generic")
+    settings = dict(MODEL_SETTINGS.get(s["model"], {}))
+    sliding = settings.pop("sliding", None)
+    if window == "sliding" and sliding is None:
+        raise SystemExit(f"--window sliding: {s['model']} has no sliding window")
+    kwargs = dict(num_attention_heads=s["heads"], num_query_groups=s["query_groups"], kv_channels=s["head_dim"])
+    if settings.pop("quick_gelu", False):
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+        kwargs["activation_func"] = quick_gelu
+    kwargs |= settings
+    if window == "sliding":
+        kwargs["window_size"] = sliding
+    missing = sorted(set(kwargs) - names)
+    if missing:
+        raise SystemExit(f"this megatron-core's TransformerConfig has no {', '.join(missing)}: it cannot build "
+                         f"{s['model']}'s attention")
+    return kwargs, {k: (v.__name__ if callable(v) else v) for k, v in kwargs.items()}
+
+
+def build(s: dict, precision: str, block: str = "moe", attention: str = "generic", window: str = "full"):
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -79,8 +121,14 @@ def build(s: dict, precision: str, block: str = "moe"):
     names = {f.name for f in fields(TransformerConfig)}
     if "moe_router_force_load_balancing" in names:
         kwargs["moe_router_force_load_balancing"] = True
+    own: dict = {}
+    if block == "layer" and attention == "model":
+        extra, own = model_attention(s, window, names)
+        kwargs |= extra
     config = TransformerConfig(**kwargs)
-    spec = get_gpt_layer_with_transformer_engine_spec(num_experts=s["experts"], moe_grouped_gemm=True)
+    spec = get_gpt_layer_with_transformer_engine_spec(num_experts=s["experts"], moe_grouped_gemm=True,
+                                                      qk_layernorm=bool(kwargs.get("qk_layernorm")))
+    build.settings = own  # what --attention model set, for the record
     if block == "layer":  # the whole decoder layer: the attention block (TE, causal, no RoPE) and the MoE block
         layer = build_module(spec, config=config, layer_number=1).cuda()
         return layer, "moe_router_force_load_balancing" in kwargs
@@ -167,6 +215,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="token counts, the smallest first")
     ap.add_argument("--block", choices=["moe", "layer"], default="moe",
                     help="the MoE block alone (the planner's figures), or the whole decoder layer with its attention")
+    ap.add_argument("--attention", choices=["generic", "model"], default="generic",
+                    help="with --block layer: one generic GQA block, or the model's own (GQA models)")
+    ap.add_argument("--window", choices=["full", "sliding"], default="full",
+                    help="with --attention model: a full-attention layer, or a sliding-window one")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--batch", type=int, default=20, help="passes per timed batch")
     ap.add_argument("--json", type=Path)
@@ -177,10 +229,14 @@ def main() -> None:
     for model, ep in ((m, e) for m in args.model for e in args.ep):
         s = model_shape(model, ep)
         for precision in args.precision:
-            layer, balanced = build(s, precision, args.block)
+            layer, balanced = build(s, precision, args.block, args.attention, args.window)
             rows = [probe(layer, t, s["hidden"], precision, args.repeats, args.batch) for t in sorted(args.tokens)]
             first = rows[0]
             one = {"shape": s, "precision": precision, "balanced_routing": balanced, "rows": rows,
+                   "attention": ({"kind": "model", "window": args.window, "settings": build.settings}
+                                 if args.block == "layer" and args.attention == "model" else
+                                 {"kind": "generic GQA: 32 heads, 4 query groups, 128 channels"}
+                                 if args.block == "layer" else None),
                    # the host-bound floors at the smallest count: the planner's host time of a layer's passes
                    "host_fwd_s": first["fwd_wall_s"], "host_bwd_s": first["fwd_bwd_wall_s"] - first["fwd_wall_s"],
                    "gpu_share_at_floor": first["fwd_bwd_event_s"] / first["fwd_bwd_wall_s"]}
