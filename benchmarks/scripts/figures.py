@@ -1698,7 +1698,25 @@ def host_probe() -> dict:
     head = ("| model (bf16, EP 8) | local experts | layer fwd (ms) | MoE block fwd (ms) | difference | layer bwd (ms) "
             "| MoE block bwd (ms) | difference | layer fwd wall by tokens (ms) |\n"
             "|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    return {"layer-table": "\n\n" + head + "\n" + "\n".join(rows) + "\n\n"}
+    return {"layer-table": "\n\n" + head + "\n" + "\n".join(rows) + "\n\n"} | layer_gpu_figures()
+
+
+def layer_gpu_figures() -> dict:
+    """results/host-sync-probe: the planner as committed against the whole-layer probes' GPU time
+    (scripts/plan/layer_gpu.py), the GPU-bound counts marked."""
+    spec = importlib.util.spec_from_file_location("layer_gpu", BENCH / "scripts" / "plan" / "layer_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [r for name in ("host_sync_layer.json", "host_sync_layer_models.json")
+            for r in module.compare(data(f"{HOST_PROBE}/{name}"), "H100")]
+    bound = [r for r in rows if r["gpu_bound"]]
+    lines = [f"| {r['model']} | {r['tokens']:,} | {r['measured_s'] * 1e3:.2f} | {r['planned_s'] * 1e3:.2f} | "
+             f"{r['measured_over_planned']:.2f}x | {'GPU' if r['gpu_bound'] else 'host'} |" for r in rows]
+    head = ("| model (bf16, EP 8, generic attention) | tokens | measured fwd+bwd, CUDA events (ms) | planned GPU (ms) "
+            "| measured / planned | bound by |\n|---|---:|---:|---:|---:|---|")
+    return {"layer-gpu-table": "\n\n" + head + "\n" + "\n".join(lines) + "\n\n",
+            "layer-gpu.bound-rows": str(len(bound)),
+            "layer-gpu.bound-ratio": ", ".join(f"{r['measured_over_planned']:.2f}x" for r in bound)}
 
 
 FP8_ALLGATHER = "fp8-allgather"
