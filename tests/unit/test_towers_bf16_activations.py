@@ -18,13 +18,12 @@ path written by hand makes), is 1.60 times it: outside.
 
 from __future__ import annotations
 
-import math
 from unittest import mock
 
 import pytest
 import torch
-from transformers import MuseSparkVisionConfig
-from transformers.models.muse_spark import modeling_muse_spark as hf_modeling
+import towers_bf16_checks as checks
+from towers_bf16_checks import BOUND, GRID, VISION, distance, ours, run
 
 from muse_stack.engines.mcore import towers
 from muse_stack.models.muse_spark import vision as vision_mod
@@ -33,81 +32,17 @@ from muse_stack.models.muse_spark.vision import EAGER_CHAINS, MuseSparkVisionMod
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-#: 4 blocks (three window, one full attention), width 128, 4 heads, windows of 6 x 6 patches
-VISION = dict(num_hidden_layers=4, hidden_size=128, num_attention_heads=4, intermediate_size=256, pos_emb_height=6,
-              pos_emb_width=6)
-#: an image with partial windows, one without, and a two-frame video
-GRID = torch.tensor([[1, 12, 8], [1, 6, 10], [2, 8, 8]])
-BOUND = math.sqrt(2)
-
-
-def transformers_tower() -> hf_modeling.MuseSparkVisionModel:
-    """transformers' vision tower in bf16, its weights perturbed away from the initial ones and zeros."""
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = hf_modeling.MuseSparkVisionModel(MuseSparkVisionConfig(**VISION, attn_implementation="sdpa"))
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=gen))
-    return model.to(torch.bfloat16).eval()
-
-
-def ours(reference: torch.nn.Module, dtype: torch.dtype, *, bf16_activations: bool,
-         recompute: bool = False) -> MuseSparkVisionModel:
-    model = MuseSparkVisionModel(VisionConfig(**VISION)).eval()
-    model.load_state_dict(reference.state_dict(), strict=True)
-    model = model.to(dtype)
-    model.recompute = recompute
-    towers.install_towers_bf16_activations(model, bf16_activations)
-    return model
-
-
-def pixels() -> torch.Tensor:
-    gen = torch.Generator().manual_seed(1)
-    return torch.randn(int(GRID.prod(dim=1).sum()), VisionConfig(**VISION).patch_dim, generator=gen).to(torch.bfloat16)
-
-
-def run(model, px: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tower's output and the gradient of a fixed loss of it, every parameter's in one float64 vector (in the
-    order of transformers' state dict, whose names ours shares)."""
-    model.zero_grad(set_to_none=True)
-    if isinstance(model, MuseSparkVisionModel):
-        out = model(px.to(model.patch_embedder.patch_embedding.weight.dtype), GRID)
-    else:
-        out = model(pixel_values=px, grid_thw=GRID).last_hidden_state
-    weights = torch.linspace(-1, 1, out.shape[-1], dtype=torch.float64)
-    (out.double() * weights).square().sum().backward()
-    params = dict(model.named_parameters())
-    return out.detach(), torch.cat([params[k].grad.double().flatten() for k in sorted(params)])
-
-
-def distance(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.double() - b.double()).norm().item()
-
 
 @pytest.fixture
 def reference(one_thread):
     """transformers' bf16 tower, the inputs, its output and gradients and the exact ones (on one thread, as every
     run of these tests: the CPU's bf16 reductions round by the thread count)."""
-    hf = transformers_tower()
-    px = pixels()
-    return hf, px, run(hf, px), run(ours(hf, torch.float64, bf16_activations=False), px)
+    return checks.reference()
 
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["kept", "recomputed"])
 def test_bf16_activations_round_where_transformers_bf16_tower_rounds(reference, recompute):
-    hf, px, (hf_out, hf_grad), (exact_out, exact_grad) = reference
-    model = ours(hf, torch.bfloat16, bf16_activations=True, recompute=recompute)
-    out, grad = run(model, px)
-    assert out.dtype == hf_out.dtype == torch.bfloat16
-    assert distance(out, hf_out) <= BOUND * distance(hf_out, exact_out)
-    assert distance(grad, hf_grad) <= BOUND * distance(hf_grad, exact_grad)
-    # the default keeps fp32 activations: nearer the exact result than either bf16 tower, forward and backward
-    default_out, default_grad = run(ours(hf, torch.bfloat16, bf16_activations=False, recompute=recompute), px)
-    assert default_out.dtype == torch.float32
-    assert distance(default_out, exact_out) < min(distance(out, exact_out), distance(hf_out, exact_out))
-    assert distance(default_grad, exact_grad) < min(distance(grad, exact_grad), distance(hf_grad, exact_grad))
+    checks.check_rounds_where_transformers_rounds(reference, recompute)
 
 
 def test_a_norm_with_bf16_statistics_falls_outside_the_bound(reference):
