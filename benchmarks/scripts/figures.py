@@ -1716,6 +1716,7 @@ def layer_gpu_figures() -> dict:
             "| measured / planned | bound by |\n|---|---:|---:|---:|---:|---|")
     return {"layer-gpu-table": "\n\n" + head + "\n" + "\n".join(lines) + "\n\n",
             "layer-gpu.bound-rows": str(len(bound)),
+            "layer-gpu.bound-where": ", ".join(f"{r['model']} at {r['tokens']:,} tokens" for r in bound),
             "layer-gpu.bound-ratio": ", ".join(f"{r['measured_over_planned']:.2f}x" for r in bound)}
 
 

@@ -105,11 +105,8 @@ def towers_params_dtype(precision: str | None) -> str:
 
 def towers_activations_dtype(params_dtype: str, bf16_activations: bool) -> str:
     """The dtype of the vision tower's activations between its GEMMs (``MuseSparkVisionModel.activations_dtype``):
-    the bf16 weights' dtype under ``engine_options.towers_bf16_activations``, else fp32 (float64 for float64
-    weights)."""
-    if bf16_activations and params_dtype == "bfloat16":
-        return "bfloat16"
-    return "float64" if params_dtype == "float64" else "float32"
+    the bf16 weights' dtype under ``engine_options.towers_bf16_activations``, else fp32."""
+    return "bfloat16" if bf16_activations and params_dtype == "bfloat16" else "float32"
 
 
 def traffic_shape(towers: TowersConfig, text_hidden_size: int, dtype: str, activations: str) -> dict[str, Any]:
@@ -176,7 +173,7 @@ class TowerPlan:
     @property
     def activation_bytes(self) -> int:
         """Bytes of one activation element (:attr:`activations_dtype`)."""
-        return {"bfloat16": 2, "float32": 4, "float64": 8}[self.activations_dtype]
+        return {"bfloat16": 2, "float32": 4}[self.activations_dtype]
 
     @property
     def params(self) -> int:

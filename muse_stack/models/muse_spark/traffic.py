@@ -217,12 +217,10 @@ def run_image_path(towers: TowersConfig, text_hidden_size: int, params_dtype: to
     the vision blocks recomputed in it; ``activations_dtype``: the vision tower's, as an engine sets it, None
     for its own fp32)."""
     from muse_stack.models.muse_spark.perception import media_features
-    from muse_stack.models.muse_spark.vision import wide_dtype
 
     host = _host(towers, text_hidden_size, params_dtype, layer_types)
     host.vision_tower.recompute = recompute
-    if activations_dtype is not None and activations_dtype != wide_dtype(params_dtype):
-        host.vision_tower.activations_dtype = activations_dtype
+    host.vision_tower.activations_dtype = activations_dtype
     for name, trains in (("vision_tower", vision_trains), ("audio_tower", False),
                          ("vision_adapter", projector_trains), ("vision_projection", projector_trains)):
         getattr(host, name).requires_grad_(trains)
